@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine: `make example` and `make test`.
+# Both create .venv from this project's own pyproject.toml on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+EXAMPLE := example
+
+.PHONY: example test bench clean
+
+$(BIN)/keyfill: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+example: $(BIN)/keyfill
+	$(BIN)/keyfill generate --out $(EXAMPLE)/source --partitions 4 --keys 2000 --records 200000 \
+		--chunk-records 20000 --skew 1.1 --null-keys 0.01 --headers --seed 7 --overwrite
+	$(BIN)/keyfill inspect $(EXAMPLE)/source --top 5
+
+test: $(BIN)/keyfill
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/keyfill
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(EXAMPLE)

@@ -1,0 +1,5 @@
+import sys
+
+from keyfill.cli import main
+
+sys.exit(main())

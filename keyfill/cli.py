@@ -1,0 +1,184 @@
+"""The `keyfill` command: one entry point, a subcommand per job.
+
+Each subcommand imports its package only when it runs, so `keyfill --help` is instant and
+`keyfill generate` never starts Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1]")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+# --- generate --------------------------------------------------------------------------
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from keyfill.generate import GeneratorConfig as G
+
+    p = sub.add_parser(
+        "generate",
+        help="write a synthetic payments archive (envelope format)",
+        description="Write a realistic synthetic source archive: a payments topic with Zipf-skewed "
+        "user keys placed by Kafka's default partitioner, out-of-order event times, null keys, "
+        "optional headers. Deterministic for a given --seed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", required=True, help="archive root: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("--topic", default=G.topic, help="topic name")
+    p.add_argument("--partitions", type=_positive_int, default=G.partitions, help="Kafka partitions")
+    p.add_argument("--keys", type=_positive_int, default=G.keys, help="distinct user keys")
+    p.add_argument("--records", type=int, default=G.records, help="records in all")
+    p.add_argument("--chunk-records", type=_positive_int, default=G.chunk_records, help="records per chunk file")
+    p.add_argument("--skew", type=float, default=G.skew, help="Zipf exponent of the byte volume per key")
+    p.add_argument("--seed", type=int, default=G.seed, help="random seed; same seed, same archive")
+    p.add_argument("--jitter-ms", type=int, default=G.jitter_ms, help="bound on out-of-order event time")
+    p.add_argument("--null-keys", type=_fraction, default=G.null_keys, help="fraction of records without a key")
+    p.add_argument("--headers", action="store_true", help="give records Kafka headers (trace-id, source)")
+    p.add_argument("--hot-key-share", type=float, default=None,
+                   help="give one key this share of all records, e.g. 0.9")
+    p.add_argument("--rate", type=float, default=G.rate, help="records per second of event time")
+    p.add_argument("--start", default=None, help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)")
+    p.add_argument("--codec", default=G.codec, choices=["null", "deflate", "snappy"], help="Avro codec")
+    p.add_argument("--threads", type=_positive_int, default=G.threads, help="parallel uploads")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing archive at --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from keyfill.generate import GeneratorConfig, generate
+
+    start_ms = {}
+    if args.start:
+        start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=timezone.utc)
+        start_ms = {"start_ms": int(start.timestamp() * 1000)}
+    cfg = GeneratorConfig(
+        out=args.out, topic=args.topic, partitions=args.partitions, keys=args.keys, records=args.records,
+        chunk_records=args.chunk_records, skew=args.skew, seed=args.seed, jitter_ms=args.jitter_ms,
+        null_keys=args.null_keys, headers=args.headers, hot_key_share=args.hot_key_share, rate=args.rate,
+        codec=args.codec, threads=args.threads, overwrite=args.overwrite, **start_ms,
+    )  # fmt: skip
+    r = generate(cfg, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps({"url": r.url, "records": r.records, "chunks": r.chunks, "bytes": r.bytes,
+                          "seconds": round(r.seconds, 3)}))  # fmt: skip
+    else:
+        rate = r.records / r.seconds if r.seconds else 0.0
+        print(
+            f"wrote {r.records:,} records in {r.chunks} chunks ({_mb(r.bytes)}) to {r.url} "
+            f"in {r.seconds:.1f} s: {rate:,.0f} records/s, {r.bytes / 1e6 / max(r.seconds, 1e-9):,.1f} MB/s"
+        )
+    return 0
+
+
+# --- inspect ---------------------------------------------------------------------------
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a source archive",
+        description="Print an archive's partitions, chunks, records, bytes, time span and heaviest keys. "
+        "Partitions and chunks come from file headers; the heaviest keys need one scan of the records.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("url", help="archive root: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("--top", type=int, default=10, help="heaviest keys to list")
+    p.add_argument("--no-scan", action="store_true", help="headers only: skip the key scan")
+    p.add_argument("--threads", type=_positive_int, default=8, help="parallel reads")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from keyfill.summary import inspect_archive
+    from keygroups.storage import open_storage
+
+    store = open_storage(args.url, threads=args.threads)
+    s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads,
+                        progress=not (args.no_progress or args.json))  # fmt: skip
+    if args.json:
+        print(json.dumps(s.to_json(), indent=2))
+        return 0
+    print(f"archive   {s.url}")
+    print(f"records   {s.records:,} in {s.chunks} chunks, {_mb(s.file_bytes)} on storage")
+    print(f"time      {_iso(s.min_timestamp)} .. {_iso(s.max_timestamp)}"
+          f" ({(s.max_timestamp - s.min_timestamp) / 1000:,.0f} s)")  # fmt: skip
+    print()
+    print(f"{'topic':<16} {'part':>4} {'chunks':>6} {'records':>12} {'offsets':>25} {'MB':>10}")
+    for p in s.partitions:
+        offsets = f"{p.first_offset}..{p.last_offset}"
+        print(f"{p.topic:<16} {p.partition:>4} {p.chunks:>6} {p.records:>12,} {offsets:>25} {p.bytes / 1e6:>10,.1f}")
+    for gap in s.gaps:
+        print(f"gap: {gap}")
+    if s.heaviest_keys:
+        print()
+        print(f"{s.distinct_keys:,} distinct keys, {_mb(s.payload_bytes or 0)} of payload; heaviest:")
+        print(f"{'key':<24} {'records':>12} {'bytes':>14} {'share':>7}")
+        for k in s.heaviest_keys:
+            name = "(null key)" if k.key is None else k.key
+            print(f"{name:<24} {k.records:>12,} {k.bytes:>14,} {k.share:>7.2%}")
+    return 0
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keyfill",
+        description="Fast historical backfill: compact a Kafka archive into volume-balanced key "
+        "groups once, then replay it in parallel with per-key order and lockstep event time.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_generate(sub)
+    _add_inspect(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from keygroups.envelope import CorruptFile
+    from keygroups.storage import StorageError
+
+    try:
+        return args.run(args)
+    except (StorageError, CorruptFile, ValueError) as exc:
+        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"keyfill {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

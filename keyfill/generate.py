@@ -1,0 +1,372 @@
+"""A realistic synthetic source archive: a payments topic as a Kafka producer fleet would
+have written it, for examples, tests and benchmarks.
+
+Keys are users whose record volume follows a Zipf law (optionally one hot key holding a
+given share), placed on partitions by Kafka's default partitioner; event timestamps rise
+with bounded out-of-order jitter; a fraction of records has no key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from compactor.envelope_archive import encode_chunk
+from keyfill.partitioner import kafka_partitions
+from keygroups._numba import njit
+from keygroups.envelope import ARROW_SCHEMA, CODECS, HEADER_TYPE
+from keygroups.storage import Storage, StorageError, open_storage
+
+DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+_BLOCK = 1 << 18  # records drawn per step; fixed so output never depends on machine or threads
+_CURRENCIES = (b"EUR", b"USD", b"GBP", b"CHF")
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    out: str
+    topic: str = "payments"
+    partitions: int = 8
+    keys: int = 10_000
+    records: int = 1_000_000
+    chunk_records: int = 100_000
+    skew: float = 1.1
+    seed: int = 0
+    jitter_ms: int = 2_000
+    null_keys: float = 0.01
+    headers: bool = False
+    hot_key_share: float | None = None
+    rate: float = 1_000.0  # records per second of event time
+    start_ms: int = DEFAULT_START_MS
+    codec: str = "snappy"
+    threads: int = 8
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.partitions >= 1, "--partitions must be at least 1"),
+            (self.keys >= 1, "--keys must be at least 1"),
+            (self.records >= 0, "--records must not be negative"),
+            (self.chunk_records >= 1, "--chunk-records must be at least 1"),
+            (self.skew >= 0, "--skew must not be negative"),
+            (self.jitter_ms >= 0, "--jitter-ms must not be negative"),
+            (0 <= self.null_keys <= 1, "--null-keys is a fraction in [0, 1]"),
+            (self.rate > 0, "--rate must be positive"),
+            (self.codec in CODECS, f"--codec must be one of {', '.join(CODECS)}"),
+            (
+                self.hot_key_share is None or 0 < self.hot_key_share < 1,
+                "--hot-key-share is a fraction in (0, 1)",
+            ),
+            (bool(self.topic) and "/" not in self.topic, "--topic must be a non-empty name without '/'"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+@dataclass
+class GenerateResult:
+    url: str
+    records: int = 0
+    chunks: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    per_partition: dict[int, int] = field(default_factory=dict)
+
+
+def user_key(i: int, keys: int = 10**8) -> bytes:
+    """Key of user i; all keys of an archive have the same width."""
+    return b"user-%0*d" % (max(8, len(str(keys - 1))), i)
+
+
+def key_probabilities(cfg: GeneratorConfig) -> np.ndarray:
+    """Share of records (and so of bytes) per key id: Zipf over ranks, key 0 heaviest."""
+    ranks = np.arange(1, cfg.keys + 1, dtype=np.float64)
+    p = ranks ** -cfg.skew
+    if cfg.hot_key_share is not None:
+        if cfg.keys == 1:
+            return np.ones(1)
+        rest = p[1:] / p[1:].sum() * (1 - cfg.hot_key_share)
+        return np.concatenate([[cfg.hot_key_share], rest])
+    return p / p.sum()
+
+
+class _Draw:
+    """Draws blocks of records in production order from one seeded generator."""
+
+    def __init__(self, cfg: GeneratorConfig):
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.p = key_probabilities(cfg)
+        self.cdf = np.cumsum(self.p)
+        self.cdf[-1] = 1.0
+        self.users = [user_key(i, cfg.keys) for i in range(cfg.keys)]
+        self.key_matrix = np.frombuffer(b"".join(self.users), np.uint8).reshape(cfg.keys, -1)
+        self.key_partition = kafka_partitions(self.users, cfg.partitions)
+        self.next_offset = np.zeros(cfg.partitions, dtype=np.int64)
+        self.produced = 0
+
+    def block(self, n: int) -> pa.RecordBatch:
+        """The next n records, grouped by partition (rows bounds[p]:bounds[p+1] are p's)."""
+        cfg, rng = self.cfg, self.rng
+        key_id = np.searchsorted(self.cdf, rng.random(n), side="right").clip(0, cfg.keys - 1)
+        null = rng.random(n) < cfg.null_keys
+        partition = np.where(null, rng.integers(0, cfg.partitions, n), self.key_partition[key_id]).astype(np.int32)
+        nominal = cfg.start_ms + ((self.produced + np.arange(n)) * 1000.0 / cfg.rate).astype(np.int64)
+        ts = nominal - rng.integers(0, cfg.jitter_ms + 1, n)
+        cents = rng.integers(100, 500_000, n)
+        merchant = rng.integers(0, 5_000, n)
+        currency = rng.integers(0, len(_CURRENCIES), n)
+        self.produced += n
+
+        # Group by partition, keeping production order inside each; offsets continue each
+        # partition's count.
+        order = np.argsort(partition, kind="stable")
+        key_id, null, partition, ts = key_id[order], null[order], partition[order], ts[order]
+        cents, merchant, currency = cents[order], merchant[order], currency[order]
+        counts = np.bincount(partition, minlength=cfg.partitions)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        offset = self.next_offset[partition] + np.arange(n) - starts[partition]
+        self.next_offset += counts
+        self.bounds = starts
+
+        width = self.key_matrix.shape[1]
+        key_bytes = self.key_matrix[key_id]  # (n, width) uint8
+        values = _payment_json(key_bytes, null, cents, merchant, currency, ts, _CURRENCY_BYTES)
+        keys = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [pa.array(~null).buffers()[1], pa.py_buffer(np.arange(n + 1, dtype=np.int32) * width),
+             pa.py_buffer(key_bytes)],
+            null_count=int(null.sum()),
+        )
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(partition),
+                pa.array(offset),
+                pa.array(ts, pa.timestamp("ms", tz="UTC")),
+                keys,
+                values,
+                self._headers(n),
+            ],
+            schema=ARROW_SCHEMA,
+        )
+
+    def _headers(self, n: int) -> pa.Array:
+        """No headers, or per record a trace id and (in 3 of 4 records) a source tag."""
+        if not self.cfg.headers:
+            return pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], HEADER_TYPE))
+        trace = self.rng.integers(0, 256, (n, 8), dtype=np.uint8)
+        has_source = self.rng.random(n) < 0.75
+        source_null = self.rng.random(n) < 0.5
+        list_offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(1 + has_source.astype(np.int32), out=list_offsets[1:])
+        m = int(list_offsets[-1])
+        key_off, key_data = np.empty(m + 1, np.int32), np.empty(8 * m, np.uint8)
+        val_off, val_data = np.empty(m + 1, np.int32), np.empty(16 * m, np.uint8)
+        val_valid = np.empty(m, np.bool_)
+        _fill_headers(trace, has_source, source_null, _HEX_DIGITS, key_off, key_data, val_off, val_data, val_valid)
+        items = pa.StructArray.from_arrays(
+            [
+                _from_offsets(pa.string(), key_off, key_data),
+                _from_offsets(pa.binary(), val_off, val_data, valid=val_valid),
+            ],
+            fields=list(HEADER_TYPE),
+        )
+        return pa.ListArray.from_arrays(list_offsets, items)
+
+
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+_CURRENCY_BYTES = np.frombuffer(b"".join(_CURRENCIES), np.uint8).reshape(len(_CURRENCIES), 3)
+
+
+def _from_offsets(typ: pa.DataType, offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    validity = None if valid is None else pa.array(valid).buffers()[1]
+    nulls = 0 if valid is None else int((~valid).sum())
+    return pa.Array.from_buffers(typ, len(offsets) - 1, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=nulls)
+
+
+@njit(cache=True)
+def _fill_headers(trace, has_source, source_null, hexdigits, key_off, key_data, val_off, val_data, val_valid):
+    """Header items: ("trace-id", 16 hex chars) and, where has_source, ("source", "checkout" or null)."""
+    trace_id = np.frombuffer(b"trace-id", np.uint8)
+    source = np.frombuffer(b"source", np.uint8)
+    checkout = np.frombuffer(b"checkout", np.uint8)
+    j = kp = vp = 0
+    for i in range(trace.shape[0]):
+        key_off[j] = kp
+        val_off[j] = vp
+        key_data[kp : kp + 8] = trace_id
+        kp += 8
+        for b in range(8):
+            val_data[vp] = hexdigits[trace[i, b] >> 4]
+            val_data[vp + 1] = hexdigits[trace[i, b] & 15]
+            vp += 2
+        val_valid[j] = True
+        j += 1
+        if has_source[i]:
+            key_off[j] = kp
+            val_off[j] = vp
+            key_data[kp : kp + 6] = source
+            kp += 6
+            val_valid[j] = not source_null[i]
+            if val_valid[j]:
+                val_data[vp : vp + 8] = checkout
+                vp += 8
+            j += 1
+    key_off[j] = kp
+    val_off[j] = vp
+
+
+@njit(cache=True)
+def _put_int(out, pos, v):
+    """Decimal digits of a non-negative int (hand-written: numba has no str formatting)."""
+    if v == 0:
+        out[pos] = 48
+        return pos + 1
+    digits = 0
+    t = v
+    while t > 0:
+        t //= 10
+        digits += 1
+    for i in range(digits - 1, -1, -1):
+        out[pos + i] = 48 + v % 10
+        v //= 10
+    return pos + digits
+
+
+@njit(cache=True)
+def _put_text(out, pos, text):
+    for b in text:
+        out[pos] = b
+        pos += 1
+    return pos
+
+
+@njit(cache=True)
+def _payment_json_fill(out, offsets, key_bytes, null, cents, merchant, currency, ts, currencies,
+                       p_user, p_null, p_amount, p_merchant, p_currency, p_ts, p_end):
+    pos = 0
+    for i in range(null.shape[0]):
+        offsets[i] = pos
+        pos = _put_text(out, pos, p_user)
+        if null[i]:
+            pos = _put_text(out, pos, p_null)
+        else:
+            out[pos] = 34
+            pos = _put_text(out, pos + 1, key_bytes[i])
+            out[pos] = 34
+            pos += 1
+        pos = _put_text(out, pos, p_amount)
+        pos = _put_int(out, pos, cents[i] // 100)
+        out[pos] = 46
+        out[pos + 1] = 48 + (cents[i] % 100) // 10
+        out[pos + 2] = 48 + cents[i] % 10
+        pos = _put_text(out, pos + 3, p_merchant)
+        m = merchant[i]
+        for d in range(4, -1, -1):
+            out[pos + d] = 48 + m % 10
+            m //= 10
+        pos = _put_text(out, pos + 5, p_currency)
+        pos = _put_text(out, pos, currencies[currency[i]])
+        pos = _put_text(out, pos, p_ts)
+        pos = _put_int(out, pos, ts[i])
+        pos = _put_text(out, pos, p_end)
+    offsets[null.shape[0]] = pos
+    return pos
+
+
+def _payment_json(key_bytes, null, cents, merchant, currency, ts, currencies) -> pa.Array:
+    """Values as JSON payments, `{"user":..,"amount":..,"merchant":..,"currency":..,"ts":..}`,
+    formatted by a compiled loop: Python string formatting would be half the generator's time."""
+    n = len(null)
+    out = np.empty(n * (key_bytes.shape[1] + 120), np.uint8)
+    offsets = np.empty(n + 1, np.int32)
+    parts = [np.frombuffer(t, np.uint8) for t in
+             (b'{"user":', b"null", b',"amount":', b',"merchant":"m-', b'","currency":"', b'","ts":', b"}")]
+    end = _payment_json_fill(out, offsets, key_bytes, null, cents, merchant, currency, ts, currencies, *parts)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out[:end])])
+
+
+def generate(cfg: GeneratorConfig, *, progress: bool = True, store: Storage | None = None) -> GenerateResult:
+    """Write the archive. On failure, the chunks this run wrote are removed again."""
+    from tqdm import tqdm
+
+    store = store or open_storage(cfg.out, threads=cfg.threads)
+    if not cfg.overwrite and store.list():
+        raise StorageError(f"{store.url}: destination is not empty; pass --overwrite to replace it")
+    if cfg.overwrite:
+        store.delete_prefix(f"{cfg.topic}/")
+    result = GenerateResult(url=store.url)
+    started = time.perf_counter()
+    draw = _Draw(cfg)
+    pending: dict[int, list[pa.RecordBatch]] = {p: [] for p in range(cfg.partitions)}
+    pending_n = np.zeros(cfg.partitions, dtype=np.int64)
+    written: list[str] = []
+    in_flight: list[Future] = []
+    lock = threading.Lock()
+
+    def write_one(piece: pa.RecordBatch) -> None:
+        key, data = encode_chunk(piece, cfg.topic, codec=cfg.codec)
+        with lock:
+            written.append(key)
+            result.chunks += 1
+            result.bytes += len(data)
+        store.write(key, data)
+
+    def flush(pool: ThreadPoolExecutor, p: int, final: bool) -> None:
+        if pending_n[p] == 0:
+            return
+        table = pa.Table.from_batches(pending[p], schema=ARROW_SCHEMA).combine_chunks()
+        cut = 0
+        while table.num_rows - cut >= cfg.chunk_records or (final and cut < table.num_rows):
+            piece = table.slice(cut, cfg.chunk_records).combine_chunks().to_batches()[0]
+            # Encoding runs in the pool too: the encoder and snappy release the GIL.
+            in_flight.append(pool.submit(write_one, piece))
+            cut += piece.num_rows
+        rest = table.slice(cut)
+        pending[p] = rest.to_batches() if rest.num_rows else []
+        pending_n[p] = rest.num_rows
+        while len(in_flight) > 2 * cfg.threads:
+            in_flight.pop(0).result()
+
+    bar = tqdm(total=cfg.records, unit="rec", unit_scale=True, disable=not progress, desc="generate", mininterval=0.5)
+    try:
+        with ThreadPoolExecutor(max_workers=cfg.threads) as pool:
+            try:
+                remaining = cfg.records
+                while remaining:
+                    n = min(_BLOCK, remaining)
+                    batch = draw.block(n)
+                    bounds = draw.bounds
+                    for p in range(cfg.partitions):
+                        if bounds[p + 1] > bounds[p]:
+                            pending[p].append(batch.slice(bounds[p], bounds[p + 1] - bounds[p]))
+                            pending_n[p] += bounds[p + 1] - bounds[p]
+                            flush(pool, p, final=False)
+                    remaining -= n
+                    bar.update(n)
+                for p in range(cfg.partitions):
+                    flush(pool, p, final=True)
+            finally:
+                for f in in_flight:
+                    f.result()
+    except BaseException:
+        for key in written:
+            try:
+                store.delete(key)
+            except Exception:
+                pass
+        raise
+    finally:
+        bar.close()
+    result.records = cfg.records
+    result.per_partition = {p: int(n) for p, n in enumerate(draw.next_offset) if n}
+    result.seconds = time.perf_counter() - started
+    return result

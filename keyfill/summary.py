@@ -1,0 +1,127 @@
+"""`keyfill inspect`: what is in a source archive, from headers and (optionally) one scan."""
+
+from __future__ import annotations
+
+import heapq
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compactor.envelope_archive import ArchiveIndex, build_index, read_chunk
+from keygroups.envelope import record_bytes
+from keygroups.storage import Storage
+
+
+@dataclass
+class PartitionSummary:
+    topic: str
+    partition: int
+    chunks: int
+    records: int
+    bytes: int
+    first_offset: int
+    last_offset: int
+    min_timestamp: int
+    max_timestamp: int
+
+
+@dataclass
+class KeyVolume:
+    key: str | None  # None: the null-key records
+    records: int
+    bytes: int
+    share: float  # of all payload bytes
+
+
+@dataclass
+class ArchiveSummary:
+    url: str
+    partitions: list[PartitionSummary]
+    records: int
+    chunks: int
+    file_bytes: int
+    min_timestamp: int
+    max_timestamp: int
+    gaps: list[str]
+    payload_bytes: int | None = None  # key + value + headers, from the scan
+    distinct_keys: int | None = None
+    heaviest_keys: list[KeyVolume] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def summarize_index(index: ArchiveIndex) -> ArchiveSummary:
+    parts = []
+    for (topic, p), chunks in sorted(index.chunks.items()):
+        parts.append(
+            PartitionSummary(
+                topic=topic,
+                partition=p,
+                chunks=len(chunks),
+                records=sum(c.records for c in chunks),
+                bytes=sum(c.size for c in chunks),
+                first_offset=chunks[0].first_offset,
+                last_offset=chunks[-1].last_offset,
+                min_timestamp=min(c.min_timestamp for c in chunks),
+                max_timestamp=max(c.max_timestamp for c in chunks),
+            )
+        )
+    return ArchiveSummary(
+        url=index.url,
+        partitions=parts,
+        records=sum(p.records for p in parts),
+        chunks=sum(p.chunks for p in parts),
+        file_bytes=sum(p.bytes for p in parts),
+        min_timestamp=min(p.min_timestamp for p in parts),
+        max_timestamp=max(p.max_timestamp for p in parts),
+        gaps=list(index.gaps),
+    )
+
+
+def _key_volumes(batch: pa.RecordBatch) -> pa.Table:
+    t = pa.table({"key": batch.column("key"), "bytes": record_bytes(batch)})
+    return t.group_by("key", use_threads=False).aggregate([("bytes", "sum"), ("bytes", "count")])
+
+
+def inspect_archive(store: Storage, *, top: int = 10, scan: bool = True, progress: bool = False,
+                    threads: int = 8) -> ArchiveSummary:
+    """Summary from the index; with `scan`, one pass over the records adds the heaviest keys."""
+    index = build_index(store, threads=threads)
+    summary = summarize_index(index)
+    if not scan:
+        return summary
+    from tqdm import tqdm
+
+    chunks = index.all_chunks()
+    partials: list[pa.Table] = []
+    with ThreadPoolExecutor(max_workers=threads) as pool, tqdm(
+        total=len(chunks), unit="chunk", desc="scan", disable=not progress
+    ) as bar:
+        for t in pool.map(lambda c: _key_volumes(read_chunk(store, c)), chunks):
+            partials.append(t)
+            bar.update(1)
+    merged = pa.concat_tables(partials).group_by("key", use_threads=False).aggregate(
+        [("bytes_sum", "sum"), ("bytes_count", "sum")]
+    )
+    keys = merged.column("key").to_pylist()
+    volume = merged.column("bytes_sum_sum").to_numpy()
+    counts = merged.column("bytes_count_sum").to_numpy()
+    total = int(volume.sum())
+    # Ties broken by key so the listing is stable.
+    best = heapq.nsmallest(top, range(len(keys)), key=lambda i: (-int(volume[i]), keys[i] or b""))
+    summary.payload_bytes = total
+    summary.distinct_keys = sum(1 for k in keys if k is not None)
+    summary.heaviest_keys = [
+        KeyVolume(
+            key=None if keys[i] is None else keys[i].decode("utf-8", "backslashreplace"),
+            records=int(counts[i]),
+            bytes=int(volume[i]),
+            share=float(volume[i]) / total if total else 0.0,
+        )
+        for i in best
+    ]
+    return summary

@@ -1,0 +1,35 @@
+"""numba's `njit`, with an on-disk cache that works even when site-packages is read-only.
+
+numba caches compiled functions next to their source; in a root-owned install or a Spark
+worker that directory is not writable and every process would recompile (seconds per
+function). Point NUMBA_CACHE_DIR at a user cache folder before numba is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def _ensure_cache_dir() -> None:
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    if os.access(Path(__file__).parent, os.W_OK):
+        return
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    for candidate in (os.path.join(base, "keyfill", "numba"), os.path.join(tempfile.gettempdir(), "keyfill-numba")):
+        try:
+            os.makedirs(candidate, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(candidate, os.W_OK):
+            os.environ["NUMBA_CACHE_DIR"] = candidate
+            return
+
+
+_ensure_cache_dir()
+
+from numba import njit  # noqa: E402  (must follow the cache-dir setup)
+
+__all__ = ["njit"]
