@@ -212,7 +212,7 @@ def read_chunk(store: Storage, chunk: ChunkInfo) -> pa.RecordBatch:
     """All records of a chunk, checked against its header: one partition, offsets strictly
     increasing within the header's bounds, the promised record count."""
     name = store.url_for(chunk.key)
-    _, batch = envelope.read_avro_batch(store.read(chunk.key), name=name)
+    _, batch = envelope.decode_avro(store.read(chunk.key), name=name)
     parts = batch.column("partition").to_numpy(zero_copy_only=False)
     offsets = batch.column("offset").to_numpy(zero_copy_only=False)
     if batch.num_rows != chunk.records:

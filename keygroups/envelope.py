@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import zlib
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 import fastavro
 import numpy as np
@@ -302,6 +303,223 @@ def conform(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
 
 
+# --- fast decoding -------------------------------------------------------------------------
+# fastavro builds a dict per record (about 230K records/s, GIL held). Envelope files have one
+# fixed schema, so a compiled loop over fastavro's raw blocks decodes straight into Arrow
+# buffers and releases the GIL, letting reader threads decode in parallel.
+
+_ERR_EOF, _ERR_UNION, _ERR_NEGATIVE = 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def _get_varint(buf, pos, end):
+    """(value, new pos); new pos -1 when the varint runs past `end` or is too long."""
+    z = np.int64(0)
+    shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            return np.int64(0), -1
+        b = np.int64(buf[pos])
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    return ((z >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(z & 1), pos  # logical shift: z is unsigned
+
+
+@njit(cache=True, nogil=True)
+def _get_bytes(buf, pos, end, dst, dpos):
+    """Copy one length-prefixed byte string into dst; (new pos, new dpos, error)."""
+    length, pos = _get_varint(buf, pos, end)
+    if pos < 0:
+        return pos, dpos, _ERR_EOF
+    if length < 0:
+        return pos, dpos, _ERR_NEGATIVE
+    if pos + length > end:
+        return -1, dpos, _ERR_EOF
+    dst[dpos : dpos + length] = buf[pos : pos + length]
+    return pos + length, dpos + length, 0
+
+
+@njit(cache=True, nogil=True)
+def _decode_blocks(buf, block_ends, block_counts, part, off, ts, k_off, k_data, k_valid, v_off, v_data,
+                   v_valid, h_off, hk_off, hk_data, hv_off, hv_data, hv_valid):
+    """Decode all records; returns (records, header items, error code, failing record)."""
+    i = 0
+    j = 0
+    kp = 0
+    vp = 0
+    hkp = 0
+    hvp = 0
+    pos = 0
+    for b in range(block_ends.shape[0]):
+        end = block_ends[b]
+        for _ in range(block_counts[b]):
+            k_off[i] = kp
+            v_off[i] = vp
+            h_off[i] = j
+            x, pos = _get_varint(buf, pos, end)
+            if pos < 0:
+                return i, j, _ERR_EOF, i
+            part[i] = x
+            x, pos = _get_varint(buf, pos, end)
+            if pos < 0:
+                return i, j, _ERR_EOF, i
+            off[i] = x
+            x, pos = _get_varint(buf, pos, end)
+            if pos < 0:
+                return i, j, _ERR_EOF, i
+            ts[i] = x
+            for field in range(2):
+                branch, pos = _get_varint(buf, pos, end)
+                if pos < 0:
+                    return i, j, _ERR_EOF, i
+                if branch != 0 and branch != 1:
+                    return i, j, _ERR_UNION, i
+                if field == 0:
+                    k_valid[i] = branch == 1
+                    if branch == 1:
+                        pos, kp, err = _get_bytes(buf, pos, end, k_data, kp)
+                        if err:
+                            return i, j, err, i
+                else:
+                    v_valid[i] = branch == 1
+                    if branch == 1:
+                        pos, vp, err = _get_bytes(buf, pos, end, v_data, vp)
+                        if err:
+                            return i, j, err, i
+            while True:  # array blocks: count, items ..., until a zero count
+                count, pos = _get_varint(buf, pos, end)
+                if pos < 0:
+                    return i, j, _ERR_EOF, i
+                if count == 0:
+                    break
+                if count < 0:  # a negative count is followed by the block's byte size
+                    count = -count
+                    _, pos = _get_varint(buf, pos, end)
+                    if pos < 0:
+                        return i, j, _ERR_EOF, i
+                for _ in range(count):
+                    if j >= hk_off.shape[0] - 1:
+                        return i, j, _ERR_EOF, i
+                    hk_off[j] = hkp
+                    hv_off[j] = hvp
+                    pos, hkp, err = _get_bytes(buf, pos, end, hk_data, hkp)
+                    if err:
+                        return i, j, err, i
+                    branch, pos = _get_varint(buf, pos, end)
+                    if pos < 0:
+                        return i, j, _ERR_EOF, i
+                    if branch != 0 and branch != 1:
+                        return i, j, _ERR_UNION, i
+                    hv_valid[j] = branch == 1
+                    if branch == 1:
+                        pos, hvp, err = _get_bytes(buf, pos, end, hv_data, hvp)
+                        if err:
+                            return i, j, err, i
+                    j += 1
+            i += 1
+        if pos != end:
+            return i, j, _ERR_EOF, i
+    k_off[i] = kp
+    v_off[i] = vp
+    h_off[i] = j
+    hk_off[j] = hkp
+    hv_off[j] = hvp
+    return i, j, 0, i
+
+
+def _normal_type(t):
+    """A schema with docs, defaults, namespaces and record names stripped, for comparison."""
+    if isinstance(t, list):
+        return [_normal_type(x) for x in t]
+    if isinstance(t, dict):
+        if t.get("type") == "record":
+            return ("record", tuple((f["name"], _normal_type(f["type"])) for f in t["fields"]))
+        if t.get("type") == "array":
+            return ("array", _normal_type(t["items"]))
+        return (t["type"], t.get("logicalType"))
+    return t
+
+
+_ENVELOPE_SHAPE = _normal_type(AVRO_SCHEMA)
+
+
+def _arrow_binary(n, offsets, data, valid, typ=pa.binary()):
+    nulls = int(n - valid.sum()) if valid is not None else 0
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
+
+
+def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], pa.RecordBatch]:
+    """Metadata and records of an envelope Avro file as one Arrow batch, decoded by the
+    compiled loop; same result as `read_avro_batch` (the fastavro reference), several times
+    faster."""
+    import json
+
+    try:
+        blocks = fastavro.block_reader(io.BytesIO(data))
+        meta = {k: v.decode() if isinstance(v, bytes) else v for k, v in blocks.metadata.items()}
+        if _normal_type(json.loads(meta["avro.schema"])) != _ENVELOPE_SHAPE:
+            raise CorruptFile(f"{name}: Avro schema is not the keyfill envelope schema")
+        raw, counts = [], []
+        for block in blocks:
+            raw.append(block.bytes_.getbuffer())
+            counts.append(block.num_records)
+    except CorruptFile:
+        raise
+    except Exception as exc:
+        raise CorruptFile(f"{name}: not a readable Avro file: {exc}") from exc
+    buf = np.frombuffer(b"".join(raw), dtype=np.uint8) if raw else np.zeros(0, np.uint8)
+    ends = np.cumsum([len(r) for r in raw], dtype=np.int64)
+    counts_arr = np.asarray(counts, dtype=np.int64)
+    n = int(counts_arr.sum())
+    size = buf.shape[0]
+    if n * 6 > size or (counts_arr < 0).any():  # an envelope record takes at least 6 bytes
+        raise CorruptFile(f"{name}: block headers claim {n} records in {size} bytes")
+    max_items = size // 2 + 1  # every header item takes at least two bytes
+    part = np.empty(n, np.int32)
+    off = np.empty(n, np.int64)
+    ts = np.empty(n, np.int64)
+    k_off, v_off, h_off = (np.empty(n + 1, np.int32) for _ in range(3))
+    k_valid, v_valid = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    k_data, v_data, hk_data, hv_data = (np.empty(size, np.uint8) for _ in range(4))
+    hk_off, hv_off = np.empty(max_items + 1, np.int32), np.empty(max_items + 1, np.int32)
+    hv_valid = np.empty(max_items, np.bool_)
+    got, items, err, at = _decode_blocks(buf, ends, counts_arr, part, off, ts, k_off, k_data, k_valid, v_off,
+                                         v_data, v_valid, h_off, hk_off, hk_data, hv_off, hv_data, hv_valid)
+    if err:
+        where = f"record {at}" + (f" (after offset {off[at - 1]})" if at else "")
+        what = {_ERR_EOF: "data ends inside a record", _ERR_UNION: "bad union branch",
+                _ERR_NEGATIVE: "negative length"}[err]
+        raise CorruptFile(f"{name}: {what} at {where}")
+    header_keys = _arrow_binary(items, hk_off[: items + 1], hk_data[: hk_off[items]], None, pa.string())
+    try:
+        header_keys.validate(full=True)  # Avro strings must be UTF-8
+    except pa.ArrowInvalid as exc:
+        raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
+    items_arr = pa.StructArray.from_arrays(
+        [
+            header_keys,
+            _arrow_binary(items, hv_off[: items + 1], hv_data[: hv_off[items]], hv_valid[:items]),
+        ],
+        fields=list(HEADER_TYPE),
+    )
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(part),
+            pa.array(off),
+            pa.array(ts).view(pa.timestamp("ms", tz="UTC")),
+            _arrow_binary(n, k_off, k_data[: k_off[n]], k_valid),
+            _arrow_binary(n, v_off, v_data[: v_off[n]], v_valid),
+            pa.ListArray.from_arrays(pa.array(h_off), items_arr),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+    return meta, batch
+
+
 # --- reading (reference path: fastavro) --------------------------------------------------
 
 
@@ -315,12 +533,16 @@ def read_avro_records(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, 
         raise CorruptFile(f"{name}: not a readable Avro file: {exc}") from exc
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS = timedelta(milliseconds=1)
+
+
 def read_avro_batch(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], pa.RecordBatch]:
     meta, recs = read_avro_records(data, name=name)
     for r in recs:
         ts = r["timestamp"]
-        if not isinstance(ts, int):
-            r["timestamp"] = int(ts.timestamp() * 1000)
+        if not isinstance(ts, int):  # fastavro gives aware datetimes; exact ms, no float rounding
+            r["timestamp"] = (ts - _EPOCH) // _MS
     try:
         return meta, batch_from_records(recs)
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from datetime import datetime, timedelta, timezone
 
 import fastavro
 import pyarrow as pa
@@ -11,6 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups import envelope
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+MS = timedelta(milliseconds=1)
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -30,11 +34,7 @@ record = st.fixed_dictionaries(
 
 
 def fastavro_records(data: bytes) -> list[dict]:
-    out = []
-    for r in fastavro.reader(io.BytesIO(data)):
-        r["timestamp"] = round(r["timestamp"].timestamp() * 1000)
-        out.append(r)
-    return out
+    return [{**r, "timestamp": (r["timestamp"] - EPOCH) // MS} for r in fastavro.reader(io.BytesIO(data))]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,3 +105,49 @@ def test_corrupt_bytes_name_the_object():
         envelope.read_avro_records(b"Obj\x01garbage", name="s3://b/x.avro")
     with pytest.raises(envelope.CorruptFile, match="bad magic"):
         envelope.read_avro_metadata(b"PAR1....", name="f")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(record, max_size=60), codec=st.sampled_from(envelope.CODECS),
+       block_bytes=st.integers(1, 4096))
+def test_fast_decoder_equals_fastavro_reference(records, codec, block_bytes):
+    data = envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes)
+    ref_meta, ref = envelope.read_avro_batch(data)
+    meta, fast = envelope.decode_avro(data)
+    assert meta == ref_meta
+    assert fast.schema == envelope.ARROW_SCHEMA
+    assert fast.equals(ref)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=st.lists(record, min_size=1, max_size=20), block_bytes=st.integers(1, 512))
+def test_fast_decoder_reads_fastavro_written_files(records, block_bytes):
+    """Files from other writers (fastavro here, its own block sizes) decode the same."""
+    buf = io.BytesIO()
+    fastavro.writer(buf, envelope.PARSED_SCHEMA, records, codec="deflate", sync_interval=block_bytes)
+    assert envelope.decode_avro(buf.getvalue())[1].to_pylist() == envelope.read_avro_batch(buf.getvalue())[1].to_pylist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(record, min_size=1, max_size=10), cut=st.floats(0, 1), flip=st.integers(0, 10**6),
+       mode=st.sampled_from(["truncate", "flip"]))
+def test_corrupt_files_raise_corruptfile_never_crash(records, cut, flip, mode):
+    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec="null"))
+    if mode == "truncate":
+        data = data[: int(len(data) * cut)]
+    else:
+        data[flip % len(data)] ^= 0xFF
+    try:
+        _, batch = envelope.decode_avro(bytes(data), name="chunk.avro")
+    except envelope.CorruptFile as exc:
+        assert "chunk.avro" in str(exc)
+    else:  # a flip that still decodes must give a valid batch of the schema
+        assert batch.schema == envelope.ARROW_SCHEMA
+        batch.validate(full=True)
+
+
+def test_foreign_schema_is_refused():
+    buf = io.BytesIO()
+    fastavro.writer(buf, {"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]}, [{"a": 1}])
+    with pytest.raises(envelope.CorruptFile, match="not the keyfill envelope schema"):
+        envelope.decode_avro(buf.getvalue(), name="x.avro")

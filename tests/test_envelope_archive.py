@@ -86,7 +86,7 @@ def test_round_trip_and_index_match_a_full_scan(storage_url, plan, codec, seed):
             rows = batch.to_pylist()
             assert c.records == len(rows)
             assert c.first_offset == rows[0]["offset"] and c.last_offset == rows[-1]["offset"]
-            assert c.min_timestamp == min(r["timestamp"].timestamp() * 1000 for r in rows)
+            assert c.min_timestamp == min(round(r["timestamp"].timestamp() * 1000) for r in rows)
             assert c.max_timestamp == max(round(r["timestamp"].timestamp() * 1000) for r in rows)
             got.extend(rows)
         for r in got:
