@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE := example
 
-.PHONY: example test bench clean
+.PHONY: example test clean
 
 $(BIN)/keyfill: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,6 @@ example: $(BIN)/keyfill
 
 test: $(BIN)/keyfill
 	$(BIN)/python -m pytest
-
-bench: $(BIN)/keyfill
-	$(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf $(VENV) $(EXAMPLE)

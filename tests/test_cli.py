@@ -1,0 +1,89 @@
+"""The `keyfill` command as users run it: help, generate, inspect, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from keyfill.cli import build_parser, main
+
+SUBCOMMANDS = ["generate", "inspect"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "keyfill", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_help_lists_every_subcommand():
+    out = run("--help")
+    assert out.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_each_subcommand_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([name, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: keyfill " + name in capsys.readouterr().out
+
+
+def test_generate_then_inspect_on_both_backends(storage_url, capsys):
+    assert main(["generate", "--out", storage_url, "--records", "5000", "--keys", "50", "--partitions", "3",
+                 "--chunk-records", "1000", "--no-progress", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["records"] == 5000 and written["chunks"] >= 5
+    assert main(["inspect", storage_url, "--json", "--top", "3"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["records"] == 5000
+    assert sorted(p["partition"] for p in summary["partitions"]) == [0, 1, 2]
+    assert summary["chunks"] == written["chunks"]
+    top = summary["heaviest_keys"]
+    assert len(top) == 3 and top[0]["bytes"] >= top[1]["bytes"] >= top[2]["bytes"]
+    assert top[0]["key"] == "user-00000000"  # the Zipf head
+    assert main(["inspect", storage_url, "--no-scan"]) == 0
+    text = capsys.readouterr().out
+    assert "5,000 in" in text and "payments" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "gs://bucket/x"], "gs://bucket/x"),
+        (["inspect", "{tmp}/nothing-here"], "no envelope chunks"),
+        (["generate", "--out", "{tmp}/g", "--null-keys", "2"], "not a fraction"),
+        (["generate", "--out", "{tmp}/g", "--codec", "lz4"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_a_named_error(tmp_path, args, message):
+    out = run(*[a.format(tmp=tmp_path) for a in args])
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_bucket_is_named(s3_server, capsys):
+    assert main(["inspect", "s3://no-such-bucket-here/x", "--no-progress"]) == 2
+    assert "no-such-bucket-here" in capsys.readouterr().err
+
+
+def test_generate_refuses_to_overwrite_without_flag(tmp_path, capsys):
+    args = ["generate", "--out", str(tmp_path), "--records", "100", "--keys", "5", "--no-progress"]
+    assert main(args) == 0
+    assert main(args) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+
+
+def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
+    assert main(["generate", "--out", str(tmp_path), "--records", "3000", "--keys", "5", "--partitions", "1",
+                 "--chunk-records", "1000", "--codec", "null", "--no-progress"]) == 0
+    victim = sorted((tmp_path / "payments" / "partition=0").iterdir())[1]
+    victim.write_bytes(victim.read_bytes()[:-3000])
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path), "--no-progress"]) == 2
+    assert victim.name in capsys.readouterr().err
