@@ -1,6 +1,6 @@
 """The `keyfill` command: one entry point, a subcommand per job.
 
-Each subcommand imports its package only when it runs, so `keyfill --help` is instant and
+Each subcommand imports its package only when it runs, so
 `keyfill generate` never starts Spark.
 """
 
