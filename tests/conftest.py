@@ -1,0 +1,56 @@
+"""Shared fixtures: a real S3 server (SeaweedFS) and fresh storage roots on both backends.
+
+The server starts lazily, on the first test that asks for S3, so `pytest -k local` never
+pays for it; it is never skipped: if it cannot start, the tests that need it error.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+try:
+    from tests.s3server import S3Server, start_seaweedfs
+except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    from s3server import S3Server, start_seaweedfs  # type: ignore[no-redef]
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One SeaweedFS for the session. The AWS variables go into os.environ (not just a
+    client) so that subprocesses such as Spark's Python workers find the server too."""
+    server = start_seaweedfs()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    server.apply_env()
+    try:
+        yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Server) -> str:
+    """A fresh, empty ``s3://bucket/<unique prefix>`` root."""
+    return f"s3://{s3_server.bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def local_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """A fresh, empty local folder."""
+    root = tmp_path / "store"
+    root.mkdir()
+    return str(root)
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, empty root on each backend: storage-touching tests run on both."""
+    return request.getfixturevalue(f"{request.param}_url")

@@ -1,0 +1,473 @@
+"""The storage contract, run against both backends (local folder and SeaweedFS S3)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from keygroups import storage as storage_mod
+from keygroups.storage import (
+    LocalStorage,
+    ObjectInfo,
+    ObjectNotFound,
+    S3Storage,
+    Storage,
+    StorageError,
+    open_storage,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Function-scoped fixtures are fine here: every example works under its own fresh sub-root.
+per_example = settings(
+    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# Printable ASCII (no '/' or '\\': SeaweedFS turns '\\' into '/') plus some non-ASCII, so
+# URL-encoding of keys is exercised; the narrow alphabet makes keys share prefixes often,
+# which is where ordering goes wrong ("a-b" sorts before "a/b" though folder walks differ).
+_BROAD = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in "/\\"] + list("éü日€")
+segment = st.one_of(
+    st.text(alphabet=st.sampled_from("ab-. é"), min_size=1, max_size=3),
+    st.text(alphabet=st.sampled_from(_BROAD), min_size=1, max_size=12),
+).filter(lambda s: s not in (".", "..") and not s.startswith(".keyfill-tmp-"))
+keys = st.lists(segment, min_size=1, max_size=4).map("/".join)
+
+
+def prefix_free(ks: list[str]) -> list[str]:
+    """Drop keys that are another key's folder: a local store cannot hold 'a' and 'a/b'."""
+    return [k for k in ks if not any(o.startswith(k + "/") for o in ks)]
+
+
+@pytest.fixture
+def store(storage_url: str) -> Storage:
+    return open_storage(storage_url)
+
+
+def fresh(store: Storage) -> Storage:
+    return store.sub(f"ex-{uuid.uuid4().hex[:10]}")
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@per_example
+@given(contents=st.dictionaries(keys, st.binary(max_size=3000), min_size=1, max_size=6))
+def test_round_trip_and_listing(store: Storage, contents: dict[str, bytes]) -> None:
+    s = fresh(store)
+    contents = {k: contents[k] for k in prefix_free(list(contents))}
+    for key, data in contents.items():
+        s.write(key, data)
+    for key, data in contents.items():
+        assert s.read(key) == data
+        assert s.size(key) == len(data)
+        assert s.exists(key)
+    assert s.list() == [ObjectInfo(k, len(contents[k])) for k in sorted(contents)]
+    assert s.delete_prefix("") == len(contents)
+    assert s.list() == []
+
+
+@per_example
+@given(key=keys, first=st.binary(max_size=2000), second=st.binary(max_size=2000))
+def test_overwrite_replaces(store: Storage, key: str, first: bytes, second: bytes) -> None:
+    s = fresh(store)
+    s.write(key, first)
+    s.write(key, second)
+    assert s.read(key) == second
+    assert s.list() == [ObjectInfo(key, len(second))]
+
+
+@per_example
+@given(data=st.binary(max_size=5000), start=st.integers(0, 6000), length=st.integers(0, 6000))
+def test_read_range(store: Storage, data: bytes, start: int, length: int) -> None:
+    s = fresh(store)
+    s.write("blob", data)
+    assert s.read_range("blob", start, length) == data[start:start + length]
+
+
+def test_read_range_edges(store: Storage) -> None:
+    data = bytes(range(256)) * 40
+    store.write("d/blob", data)
+    for start, length in [(0, 1), (0, len(data)), (len(data) - 1, 10), (len(data), 5),
+                          (len(data) + 100, 5), (1000, 0), (4095, 2)]:
+        assert store.read_range("d/blob", start, length) == data[start:start + length]
+    store.write("d/empty", b"")
+    assert store.read_range("d/empty", 0, 10) == b""
+    with pytest.raises(ValueError):
+        store.read_range("d/blob", -1, 5)
+    with pytest.raises(ObjectNotFound):
+        store.read_range("d/missing", 0, 0)
+
+
+# --------------------------------------------------------------------------- listing and deletes
+
+
+LAYOUT = {"a/1": b"x", "a/2/x": b"yy", "a/2/y": b"", "ab": b"zzz", "a2": b"w", "a-z": b"-",
+          "b/c/d/e": b"q"}
+
+
+def test_list_by_prefix_sorted_recursive(store: Storage) -> None:
+    for key, data in LAYOUT.items():
+        store.write(key, data)
+
+    def keys_of(prefix: str) -> list[str]:
+        infos = store.list(prefix)
+        assert [i.key for i in infos] == sorted(i.key for i in infos)
+        assert all(i.size == len(LAYOUT[i.key]) for i in infos)
+        return [i.key for i in infos]
+
+    assert keys_of("") == sorted(LAYOUT)
+    assert keys_of("a/") == ["a/1", "a/2/x", "a/2/y"]
+    assert keys_of("a") == ["a-z", "a/1", "a/2/x", "a/2/y", "a2", "ab"]  # string prefix, like S3
+    assert keys_of("a/2") == ["a/2/x", "a/2/y"]
+    assert keys_of("a/2/x") == ["a/2/x"]
+    assert keys_of("b/c/") == ["b/c/d/e"]
+    assert keys_of("nope/") == []
+    assert keys_of("a/1/") == []
+
+
+def test_exists_size_delete(store: Storage) -> None:
+    store.write("dir/k", b"12345")
+    assert store.exists("dir/k") and store.size("dir/k") == 5
+    assert not store.exists("dir")  # a folder is not an object
+    assert not store.exists("dir/other")
+    store.delete("dir/k")
+    assert not store.exists("dir/k")
+    with pytest.raises(ObjectNotFound):
+        store.size("dir/k")
+    store.delete("dir/k")  # missing: not an error
+    store.delete("never/was")
+    store.write("dir/sub/x", b"1")
+    store.delete("dir/sub")  # a folder is not an object either
+    store.delete("dir/sub/x/y")
+    assert store.read("dir/sub/x") == b"1"
+
+
+def test_delete_prefix(store: Storage) -> None:
+    for key, data in LAYOUT.items():
+        store.write(key, data)
+    assert store.delete_prefix("a/") == 3
+    assert [i.key for i in store.list()] == ["a-z", "a2", "ab", "b/c/d/e"]
+    assert store.delete_prefix("a/") == 0
+    assert store.delete_prefix("b") == 1
+    assert [i.key for i in store.list()] == ["a-z", "a2", "ab"]
+    if isinstance(store, LocalStorage):  # emptied folders go too, as on S3
+        assert sorted(os.listdir(store.root)) == ["a-z", "a2", "ab"]
+    store.write("a/again", b"1")  # the pruned folder can be written to again
+    assert store.read("a/again") == b"1"
+
+
+def test_listing_and_deleting_past_one_page(store: Storage) -> None:
+    """S3 lists 1000 keys per page and deletes 1000 per request: cross both limits."""
+    n = 1003
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: store.write(f"many/{i:04d}", b"x"), range(n)))
+    store.write("manz", b"y")
+    assert [i.key for i in store.list("many/")] == [f"many/{i:04d}" for i in range(n)]
+    assert store.delete_prefix("many/") == n
+    assert [i.key for i in store.list()] == ["manz"]
+
+
+# --------------------------------------------------------------------------- sub stores
+
+
+def test_sub(store: Storage) -> None:
+    s = store.sub("p/q")
+    assert s.url == store.url + "/p/q"
+    assert s.url_for("k/v") == store.url + "/p/q/k/v"
+    s.write("k/v", b"data")
+    assert store.read("p/q/k/v") == b"data"
+    assert [i.key for i in store.list()] == ["p/q/k/v"]
+    assert s.list() == [ObjectInfo("k/v", 4)]
+    assert s.sub("k").read("v") == b"data"
+    assert store.sub("p/").sub("q").read("k/v") == b"data"
+    assert store.sub("") is store
+    assert s.delete_prefix("") == 1 and store.list() == []
+    if isinstance(store, S3Storage):
+        assert s._client is store._client  # one connection pool for the family
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_not_found_names_url(store: Storage) -> None:
+    url = store.url_for("no/such/key")
+    for op in (lambda: store.read("no/such/key"),
+               lambda: store.read_range("no/such/key", 0, 10),
+               lambda: store.size("no/such/key")):
+        with pytest.raises(ObjectNotFound) as info:
+            op()
+        assert url in str(info.value)
+    assert not store.exists("no/such/key")
+    assert store.list("no/such/") == []
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/", "../up", "a/../b", "a/./b",
+                                 "x/.keyfill-tmp-123", "nul\x00"])
+def test_invalid_keys(store: Storage, key: str) -> None:
+    with pytest.raises(ValueError):
+        store.write(key, b"x")
+    with pytest.raises(ValueError):
+        store.read(key)
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/x", "hdfs://nn:8020/data", "ftp://host/x",
+                                 "s3a://bucket/x"])
+def test_unknown_scheme(url: str) -> None:
+    with pytest.raises(StorageError) as info:
+        open_storage(url)
+    assert url in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "s3://b/a//c", "s3://b/../x",
+                                 "file://otherhost/x"])
+def test_malformed_url(url: str) -> None:
+    with pytest.raises(StorageError) as info:
+        open_storage(url)
+    assert url in str(info.value)
+
+
+def test_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert open_storage(f"file://{tmp_path}/a%20b").url == f"{tmp_path}/a b"
+    assert open_storage(f"{tmp_path}/x/").url == f"{tmp_path}/x"
+    monkeypatch.chdir(tmp_path)
+    rel = open_storage("rel/dir")
+    assert rel.url == f"{tmp_path}/rel/dir"
+    rel.write("k", b"v")
+    assert (tmp_path / "rel/dir/k").read_bytes() == b"v"
+    for url, root in [("s3://b", "s3://b"), ("s3://b/", "s3://b"), ("s3://b/p/q/", "s3://b/p/q")]:
+        s3 = open_storage(url)
+        assert isinstance(s3, S3Storage) and s3.url == root
+        assert s3.url_for("k") == root + "/k"
+
+
+def test_missing_bucket(s3_server) -> None:  # type: ignore[no-untyped-def]
+    bucket_url = "s3://keyfill-no-such-bucket"
+    s = open_storage(bucket_url + "/some/prefix")
+    ops = [lambda: s.read("k"), lambda: s.read_range("k", 0, 4), lambda: s.write("k", b"x"),
+           lambda: s.list(), lambda: s.exists("k"), lambda: s.size("k"),
+           lambda: s.delete("k"), lambda: s.delete_prefix("")]
+    for op in ops:
+        with pytest.raises(StorageError) as info:
+            op()
+        assert not isinstance(info.value, ObjectNotFound)
+        assert bucket_url in str(info.value) and "bucket" in str(info.value)
+    # ...and the failed write did not create it behind our back.
+    with pytest.raises(StorageError):
+        open_storage(bucket_url).list()
+
+
+def test_unreachable_endpoint_names_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: refused
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s = open_storage("s3://bucket/p")
+    with pytest.raises(StorageError) as info:
+        s.read("k")
+    assert "s3://bucket/p/k" in str(info.value)
+
+
+# --------------------------------------------------------------------------- S3 client setup
+
+
+def test_s3_client_config(s3_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    s = open_storage(f"s3://{s3_server.bucket}/cfg", threads=32)
+    assert isinstance(s, S3Storage)
+    meta = s.client.meta
+    assert meta.endpoint_url == s3_server.endpoint  # AWS_ENDPOINT_URL honoured
+    assert meta.region_name == "us-east-1"  # default when none is configured
+    assert meta.config.max_pool_connections >= 32
+    assert meta.config.retries["mode"] == "standard"
+    assert meta.config.retries["total_max_attempts"] >= 5
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    meta = open_storage(f"s3://{s3_server.bucket}/cfg").client.meta  # type: ignore[attr-defined]
+    assert meta.region_name == "eu-west-3"
+    assert meta.config.retries == {"mode": "adaptive", "total_max_attempts": 3}
+
+
+class _FakeRaw:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        yield self.body
+
+
+@pytest.mark.parametrize("status,code", [(503, "SlowDown"), (500, "InternalError")])
+def test_s3_retries_throttling_and_5xx(s3_url: str, status: int, code: str) -> None:
+    from botocore.awsrequest import AWSResponse
+
+    s = open_storage(s3_url)
+    assert isinstance(s, S3Storage)
+    s.write("k", b"payload")
+    failures = {"left": 2}
+
+    def fail_first(request, **kwargs):  # type: ignore[no-untyped-def]
+        if failures["left"]:
+            failures["left"] -= 1
+            body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+            return AWSResponse(request.url, status, {}, _FakeRaw(body))
+        return None
+
+    s.client.meta.events.register("before-send.s3.GetObject", fail_first)
+    try:
+        assert s.read("k") == b"payload"
+    finally:
+        s.client.meta.events.unregister("before-send.s3.GetObject", fail_first)
+    assert failures["left"] == 0
+
+
+# --------------------------------------------------------------------------- pickling
+
+
+def test_pickle_round_trip(store: Storage) -> None:
+    store.write("k", b"before")
+    copy = pickle.loads(pickle.dumps(store))
+    assert type(copy) is type(store) and copy.url == store.url
+    assert copy.read("k") == b"before"
+    copy.write("k", b"after")
+    assert store.read("k") == b"after"
+    if isinstance(copy, S3Storage):
+        assert copy.sub("x")._client is copy._client
+
+
+def test_pickle_into_fresh_process(store: Storage) -> None:
+    """What Spark does: ship the store to a new Python process that inherits the env."""
+    store.write("in", b"from parent")
+    script = ("import pickle, sys\n"
+              "s = pickle.loads(sys.stdin.buffer.read())\n"
+              "s.write('out', s.read('in') + b' and child')\n")
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", script], input=pickle.dumps(store), env=env,
+                   check=True, timeout=60)
+    assert store.read("out") == b"from parent and child"
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_16_threads(store: Storage, caplog: pytest.LogCaptureFixture) -> None:
+    s = open_storage(store.url, threads=16)
+    barrier = threading.Barrier(16)
+
+    def work(t: int) -> int:
+        barrier.wait()
+        for i in range(12):
+            data = f"{t}-{i}-".encode() * (i + 1)
+            s.write(f"t{t:02d}/{i:02d}", data)
+            assert s.read(f"t{t:02d}/{i:02d}") == data
+            assert s.read_range(f"t{t:02d}/{i:02d}", 1, 3) == data[1:4]
+            assert s.exists(f"t{t:02d}/{i:02d}")
+        return len(s.list(f"t{t:02d}/"))
+
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(work, range(16))) == [12] * 16
+    assert len(s.list()) == 16 * 12
+    # boto3's default pool of 10 would log "Connection pool is full, discarding connection".
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+def test_readers_never_see_partial_writes(store: Storage) -> None:
+    old, new = b"o" * 1_500_000, b"n" * 1_300_000
+    store.write("hot", old)
+    stop = threading.Event()
+    seen: set[bytes] = set()
+
+    def reader() -> None:
+        while not stop.is_set():
+            data = store.read("hot")
+            assert data in (old, new), f"partial read of {len(data)} bytes"
+            seen.add(data[:1])
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(reader) for _ in range(3)]
+        for i in range(12):
+            store.write("hot", new if i % 2 == 0 else old)
+        stop.set()
+        for f in futures:
+            f.result()
+    assert [i.key for i in store.list()] == ["hot"]
+
+
+# --------------------------------------------------------------------------- local atomicity
+
+
+@pytest.mark.parametrize("fail_at", ["write", "fsync", "replace"])
+@pytest.mark.parametrize("existing", [True, False])
+def test_local_write_failure_leaves_nothing_visible(
+        local_url: str, monkeypatch: pytest.MonkeyPatch, fail_at: str, existing: bool) -> None:
+    s = open_storage(local_url)
+    if existing:
+        s.write("dir/k", b"old contents")
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    if fail_at == "write":  # the data write itself fails partway
+        real_open = open
+
+        class Failing:
+            def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+                self.f = f
+
+            def __enter__(self):  # type: ignore[no-untyped-def]
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self.f.close()
+
+            def write(self, data: bytes) -> int:
+                self.f.write(data[: len(data) // 2])
+                raise OSError(28, "No space left on device")
+
+            def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+                return getattr(self.f, name)
+
+        monkeypatch.setattr(storage_mod, "open",
+                            lambda *a, **k: Failing(real_open(*a, **k)), raising=False)
+    else:
+        monkeypatch.setattr(storage_mod.os, fail_at, boom)
+    with pytest.raises(StorageError) as info:
+        s.write("dir/k", b"new contents that never land" * 100)
+    monkeypatch.undo()
+    assert s.url_for("dir/k") in str(info.value) and "No space" in str(info.value)
+    if existing:
+        assert s.read("dir/k") == b"old contents"
+        assert s.list() == [ObjectInfo("dir/k", 12)]
+        assert os.listdir(os.path.join(local_url, "dir")) == ["k"]
+    else:
+        assert s.list() == [] and not s.exists("dir/k")
+        assert os.listdir(os.path.join(local_url, "dir")) == []
+
+
+def test_local_temp_files_hidden(local_url: str) -> None:
+    """A writer killed mid-write (no chance to clean up) leaves a temp file: never listed."""
+    s = open_storage(local_url)
+    s.write("dir/k", b"1")
+    Path(local_url, "dir", ".keyfill-tmp-deadbeef").write_bytes(b"half")
+    assert s.list() == [ObjectInfo("dir/k", 1)]
+    assert s.list("dir/.keyfill") == []
+
+
+def test_local_file_and_folder_clash(local_url: str) -> None:
+    s = open_storage(local_url)
+    s.write("a", b"1")
+    with pytest.raises(StorageError) as info:
+        s.write("a/b", b"2")
+    assert s.url_for("a/b") in str(info.value)
