@@ -150,7 +150,139 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- compact / verify ------------------------------------------------------------------
+
+
+def add_compact_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by `keyfill compact` and `spark-submit jobs/compact.py`."""
+    p.add_argument("source", help="source archive: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("dest", help="where the compacted archive goes")
+    p.add_argument("--groups", type=_positive_int, required=True, help="key groups (the replay's parallelism)")
+    p.add_argument("--slice-duration", default="10m", help="event-time length of a slice: 500ms, 90s, 10m, 1h, 1d")
+    p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"],
+                   help="source layout")
+    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
+    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+    p.add_argument("--topic", help="topic to compact when the source holds several")
+    p.add_argument("--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of group files")
+    p.add_argument("--block-bytes", type=int, default=1 << 20, help="Avro block size of group files")
+    p.add_argument("--allow-gaps", action="store_true",
+                   help="accept offset gaps between chunks (compacted topics), reporting them")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing compacted archive at DEST")
+    p.add_argument("--threads", type=_positive_int, default=16, help="I/O threads per task")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def compact_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from compactor.job import CompactConfig
+
+    return CompactConfig(
+        source=args.source, dest=args.dest, groups=args.groups, slice_duration=args.slice_duration,
+        source_format=args.source_format, key_field=args.key_field, timestamp_field=args.timestamp_field,
+        topic=args.topic, codec=args.codec, block_bytes=args.block_bytes, allow_gaps=args.allow_gaps,
+        overwrite=args.overwrite, threads=args.threads,
+    )  # fmt: skip
+
+
+def print_compact_result(r, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import asdict
+
+    if as_json:
+        print(json.dumps(asdict(r), indent=2))
+        return
+    rate = r.records / r.seconds if r.seconds else 0.0
+    print(f"compacted {r.records:,} records ({_mb(r.payload_bytes)} payload) into {r.dest}")
+    print(f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.files} files, {_mb(r.file_bytes)}")
+    print(f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
+          f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}")  # fmt: skip
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items())
+    print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
+
+
+def _add_compact(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compact",
+        help="compact a source archive into key groups (embedded local Spark)",
+        description="Rewrite a partition-ordered archive as one Avro file per (slice, key group), keys packed "
+        "into volume-balanced groups. Runs on an embedded Spark (--master, default local[*]); on a cluster use "
+        "`spark-submit jobs/compact.py` with the same options.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_compact_arguments(p)
+    p.add_argument("--master", default="local[*]", help="Spark master of the embedded session")
+    p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
+    p.set_defaults(run=_run_compact)
+
+
+def _run_compact(args: argparse.Namespace) -> int:
+    import logging
+
+    from compactor.job import compact
+    from compactor.spark_session import local_spark
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = compact_config(args)
+    spark = local_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        print_compact_result(compact(cfg, spark), args.json)
+    finally:
+        spark.stop()
+    return 0
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="audit a compacted archive against its source",
+        description="Prove nothing was lost, duplicated or reordered: every source record exactly once (counts and "
+        "a per-partition fingerprint), offsets covered without gaps or overlaps, each key in offset order and in "
+        "its group, slice bounds, file checksums, hand-off offsets. Exits 1 with a report on any violation.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("source", help="the source archive")
+    p.add_argument("dest", help="the compacted archive")
+    p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"])
+    p.add_argument("--key-field", help="kafka-connect: value field holding the key")
+    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+    p.add_argument("--threads", type=_positive_int, default=8, help="parallel reads")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from compactor.sources import open_source
+    from compactor.verify import verify
+    from keygroups.storage import open_storage
+
+    source = open_source(args.source, format=args.source_format, key_field=args.key_field,
+                         timestamp_field=args.timestamp_field, threads=args.threads)  # fmt: skip
+    report = verify(source, open_storage(args.dest, threads=args.threads), threads=args.threads,
+                    progress=not (args.no_progress or args.json))  # fmt: skip
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for check, count in report.counts.items():
+            print(f"{'ok  ' if count == 0 else 'FAIL'} {check:<13} {'' if count == 0 else f'{count} violation(s)'}")
+            for message in report.violations[check]:
+                print(f"     {message}")
+        verdict = "verified" if report.ok else "NOT verified"
+        print(f"{verdict}: {report.records:,} records in {report.files} files of {report.dest}")
+    return 0 if report.ok else 1
+
+
 # --- main ------------------------------------------------------------------------------
+
+
+def _spark_task_error(exc: Exception) -> str | None:
+    """The keyfill error inside a failed Spark task (Spark wraps it in a long traceback)."""
+    text = str(exc)
+    for marker in ("keygroups.envelope.CorruptFile: ", "keygroups.storage.StorageError: ",
+                   "keygroups.storage.ObjectNotFound: ", "compactor.envelope_archive.ArchiveError: "):
+        if marker in text:
+            return text.rsplit(marker, 1)[1].strip().splitlines()[0]
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_generate(sub)
     _add_inspect(sub)
+    _add_compact(sub)
+    _add_verify(sub)
     return parser
 
 
@@ -174,6 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except (StorageError, CorruptFile, ValueError) as exc:
         print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        cause = _spark_task_error(exc)
+        if cause is None:
+            raise
+        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+        print(f"keyfill {args.command}: error: {cause}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"keyfill {args.command}: interrupted", file=sys.stderr)

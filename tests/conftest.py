@@ -54,3 +54,15 @@ def local_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
 def storage_url(request: pytest.FixtureRequest) -> str:
     """A fresh, empty root on each backend: storage-touching tests run on both."""
     return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture(scope="session")
+def spark(s3_server):  # type: ignore[no-untyped-def]
+    """One real local[2] Spark for the session (a cold start costs 10-15 s). It starts after
+    the S3 server so its Python workers inherit the AWS environment."""
+    from compactor.spark_session import local_spark
+
+    session = local_spark("local[2]", app="keyfill-tests", driver_memory="2g", progress=False)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

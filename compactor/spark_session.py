@@ -1,0 +1,26 @@
+"""An embedded Spark for `keyfill compact` on one machine (spark-submit brings its own)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def local_spark(master: str = "local[*]", *, app: str = "keyfill", driver_memory: str = "4g",
+                progress: bool = True):  # type: ignore[no-untyped-def]
+    """A local SparkSession whose Python workers run this interpreter (else they may start
+    another Python that lacks keyfill and fail to connect back)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", str(progress).lower())
+        .config("spark.sql.shuffle.partitions", "16")
+        .getOrCreate()
+    )

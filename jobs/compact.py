@@ -1,0 +1,36 @@
+"""spark-submit entry point of the compaction job; same options as `keyfill compact`.
+
+    spark-submit --py-files keyfill.zip jobs/compact.py s3://archive/payments s3://compacted/payments \\
+        --groups 256 --slice-duration 10m
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from keyfill.cli import add_compact_arguments, compact_config, print_compact_result
+
+    parser = argparse.ArgumentParser(prog="jobs/compact.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_compact_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    from pyspark.sql import SparkSession
+
+    from compactor.job import compact
+
+    spark = SparkSession.builder.appName("keyfill compact").getOrCreate()
+    try:
+        print_compact_result(compact(compact_config(args), spark), args.json)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

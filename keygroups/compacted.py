@@ -1,0 +1,188 @@
+"""The compacted archive format: where files live and what the metadata says.
+
+Written by the compactor, read by the reader, so it lives here, in the package both
+depend on. The on-disk layout is documented in docs/compacted-archive.md:
+
+    <root>/_manifest.json                         written last: makes the archive visible
+    <root>/assignment.parquet                     key -> group
+    <root>/slices/<slice:06d>/_slice.json         per-slice metadata
+    <root>/slices/<slice:06d>/group-<g:05d>.avro  one group's records of one slice
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from keygroups.storage import ObjectNotFound, Storage
+
+FORMAT = "keyfill.compacted"
+FORMAT_VERSION = 1
+MANIFEST = "_manifest.json"
+ASSIGNMENT = "assignment.parquet"
+SLICES = "slices"
+
+ASSIGNMENT_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),  # null for the null-key pseudo-keys
+        pa.field("null_key_partition", pa.int32()),  # the partition of a null-key pseudo-key, else null
+        pa.field("group", pa.int32(), nullable=False),
+        pa.field("records", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+    ]
+)
+
+
+class FormatError(ValueError):
+    """A compacted archive that is missing, incomplete or of another format version."""
+
+
+def slice_prefix(s: int) -> str:
+    return f"{SLICES}/{s:06d}"
+
+
+def slice_meta_key(s: int) -> str:
+    return f"{slice_prefix(s)}/_slice.json"
+
+
+def group_file_key(s: int, g: int) -> str:
+    return f"{slice_prefix(s)}/group-{g:05d}.avro"
+
+
+def dumps(obj: Any) -> bytes:
+    """Stable JSON: sorted keys, fixed separators, so equal metadata is equal bytes."""
+    return (json.dumps(obj, sort_keys=True, indent=1, separators=(",", ": ")) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """A partition's records in one slice: a contiguous offset range (gaps only where the
+    source had them)."""
+
+    partition: int
+    first_offset: int
+    last_offset: int
+    records: int
+    min_timestamp: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True)
+class GroupFile:
+    group: int
+    key: str
+    records: int
+    file_bytes: int
+    payload_bytes: int
+    sha256: str
+    min_timestamp: int
+    max_timestamp: int
+
+
+@dataclass
+class SliceMeta:
+    """`_slice.json`: everything about one slice."""
+
+    slice: int
+    start_ms: int  # inclusive; records' running-max timestamps fall in [start_ms, end_ms)
+    end_ms: int
+    partitions: list[PartitionRange] = field(default_factory=list)
+    groups: list[GroupFile] = field(default_factory=list)  # non-empty groups only, by group id
+
+    @property
+    def records(self) -> int:
+        return sum(g.records for g in self.groups)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> SliceMeta:
+        return cls(
+            slice=d["slice"],
+            start_ms=d["start_ms"],
+            end_ms=d["end_ms"],
+            partitions=[PartitionRange(**p) for p in d["partitions"]],
+            groups=[GroupFile(**g) for g in d["groups"]],
+        )
+
+
+@dataclass(frozen=True)
+class SliceSummary:
+    """A slice as the manifest lists it; details in its `_slice.json`."""
+
+    slice: int
+    start_ms: int
+    end_ms: int
+    records: int
+    file_bytes: int
+    files: int
+
+
+@dataclass
+class Manifest:
+    source: dict  # url, format, options
+    config: dict  # groups, slice_duration_ms, codec, block_bytes, null_keys, allow_gaps
+    topic: str
+    groups: int
+    slice_duration_ms: int
+    slices: list[SliceSummary]
+    group_records: list[int]
+    group_payload_bytes: list[int]
+    totals: dict  # records, payload_bytes, file_bytes, files, keys, partitions
+    handoff: dict[str, int]  # partition (as a JSON string key) -> next offset after the archive
+    gaps: list[str] = field(default_factory=list)
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict, *, name: str = MANIFEST) -> Manifest:
+        if d.get("format") != FORMAT:
+            raise FormatError(f"{name}: not a keyfill compacted archive manifest")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise FormatError(
+                f"{name}: format version {d.get('format_version')}; this keyfill reads version {FORMAT_VERSION}"
+            )
+        d = dict(d)
+        d["slices"] = [SliceSummary(**s) for s in d["slices"]]
+        return cls(**d)
+
+
+def write_json(store: Storage, key: str, obj: Any) -> None:
+    store.write(key, dumps(obj))
+
+
+def load_manifest(store: Storage) -> Manifest:
+    """The manifest, or FormatError: without a manifest there is no archive."""
+    try:
+        data = store.read(MANIFEST)
+    except ObjectNotFound:
+        raise FormatError(
+            f"{store.url_for(MANIFEST)}: no manifest; not a compacted archive, or a compaction that did not finish"
+        ) from None
+    try:
+        return Manifest.from_json(json.loads(data), name=store.url_for(MANIFEST))
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{store.url_for(MANIFEST)}: unreadable manifest ({exc})") from None
+
+
+def load_slice(store: Storage, s: int) -> SliceMeta:
+    key = slice_meta_key(s)
+    try:
+        return SliceMeta.from_json(json.loads(store.read(key)))
+    except ObjectNotFound:
+        raise FormatError(f"{store.url_for(key)}: slice metadata missing") from None
+
+
+def load_assignment(store: Storage) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(pa.BufferReader(store.read(ASSIGNMENT)), schema=ASSIGNMENT_SCHEMA)

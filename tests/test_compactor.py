@@ -1,0 +1,240 @@
+"""The compaction job on a real local[2] Spark, audited by `verify`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compactor.envelope_archive import write_chunk
+from compactor.job import CompactConfig, compact, encode_group_file
+from compactor.slicing import SlicingError
+from compactor.sources import open_source
+from compactor.verify import verify
+from keyfill.generate import GeneratorConfig, generate
+from keygroups import compacted, envelope
+from keygroups.storage import StorageError, open_storage
+
+
+def files(url: str) -> dict[str, bytes]:
+    store = open_storage(url)
+    return {o.key: store.read(o.key) for o in store.list()}
+
+
+def replay_in_order(url: str) -> list[dict]:
+    """Records slice by slice, group by group, file order: what a one-thread reader sees."""
+    store = open_storage(url)
+    out = []
+    for s in compacted.load_manifest(store).slices:
+        for g in compacted.load_slice(store, s.slice).groups:
+            _, batch = envelope.decode_avro(store.read(g.key))
+            for r in batch.to_pylist():
+                r["slice"], r["group"] = s.slice, g.group
+                out.append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    src = str(tmp_path_factory.mktemp("src"))
+    generate(GeneratorConfig(out=src, records=60_000, keys=400, partitions=4, chunk_records=7_000, skew=1.2,
+                             jitter_ms=4_000, null_keys=0.03, headers=True, rate=200.0, seed=5), progress=False)
+    return src
+
+
+def test_compact_then_verify_passes_on_both_backends(spark, skewed, storage_url):
+    result = compact(CompactConfig(source=skewed, dest=storage_url, groups=6, slice_duration="1m"), spark)
+    assert result.records == 60_000 and result.groups == 6
+    report = verify(open_source(skewed), open_storage(storage_url))
+    assert report.ok, report.violations
+    assert report.records == 60_000
+    store = open_storage(storage_url)
+    manifest = compacted.load_manifest(store)
+    assert manifest.totals["records"] == 60_000
+    # one file per non-empty (slice, group), named in slice and group order
+    keys = [o.key for o in store.list("slices/") if o.key.endswith(".avro")]
+    assert keys == sorted(keys) and len(keys) == result.files
+    for s in manifest.slices:
+        meta = compacted.load_slice(store, s.slice)
+        assert [g.group for g in meta.groups] == sorted({g.group for g in meta.groups})
+    # hand-off: the next offset after the archive, for every partition
+    src = open_source(skewed).list_chunks()
+    for p in range(4):
+        assert manifest.handoff[str(p)] == max(c.last_offset for c in src if c.partition == p) + 1
+
+
+def test_per_key_order_and_interleaving_inside_files(spark, skewed, tmp_path):
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=skewed, dest=dest, groups=3, slice_duration="2m"), spark)
+    rows = replay_in_order(dest)
+    last: dict = {}
+    for r in rows:  # invariant 1 for a sequential replay of the whole archive
+        k = (r["key"], r["partition"] if r["key"] is None else None)
+        assert r["offset"] > last.get(k, -1)
+        last[k] = r["offset"]
+        # and every partition's own order is kept inside a file
+    for (s, g) in {(r["slice"], r["group"]) for r in rows}:
+        in_file = [r for r in rows if r["slice"] == s and r["group"] == g]
+        for p in {r["partition"] for r in in_file}:
+            offs = [r["offset"] for r in in_file if r["partition"] == p]
+            assert offs == sorted(offs)
+
+
+def test_balance_beats_hashing(spark, skewed, tmp_path):
+    dest = str(tmp_path / "c")
+    r = compact(CompactConfig(source=skewed, dest=dest, groups=8, slice_duration="10m"), spark)
+    a = compacted.load_assignment(open_storage(dest))
+    weights = a.column("bytes").to_numpy()
+    lower_bound = max(weights.sum() / 8, weights.max())
+    assert r.max_group_bytes <= lower_bound * 1.01
+
+
+def test_same_input_same_bytes(spark, skewed, tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    compact(CompactConfig(source=skewed, dest=a, groups=5, slice_duration="1m"), spark)
+    compact(CompactConfig(source=skewed, dest=b, groups=5, slice_duration="1m"), spark)
+    fa, fb = files(a), files(b)
+    manifest_a, manifest_b = json.loads(fa.pop(compacted.MANIFEST)), json.loads(fb.pop(compacted.MANIFEST))
+    assert fa == fb  # invariant 6: assignment, slice metadata, every group file
+    manifest_a["source"].pop("url"), manifest_b["source"].pop("url")
+    assert manifest_a == manifest_b
+
+
+def test_failure_midway_leaves_no_archive_and_rerun_succeeds(spark, skewed, tmp_path):
+    dest = str(tmp_path / "c")
+    cfg = dict(source=skewed, dest=dest, groups=6, slice_duration="1m")
+    with pytest.raises(Exception, match="injected failure"):
+        compact(CompactConfig(**cfg, fail_after_files=2), spark)
+    store = open_storage(dest)
+    assert any(o.key.endswith(".avro") for o in store.list())  # it did write part of the data ...
+    with pytest.raises(compacted.FormatError, match="no manifest"):
+        compacted.load_manifest(store)  # ... but no archive is visible
+    assert not verify(open_source(skewed), store).ok
+    compact(CompactConfig(**cfg), spark)  # invariant 5: a re-run succeeds
+    assert verify(open_source(skewed), store).ok
+
+
+def test_existing_archive_needs_overwrite(spark, skewed, tmp_path):
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=skewed, dest=dest, groups=2, slice_duration="10m"), spark)
+    with pytest.raises(StorageError, match="--overwrite"):
+        compact(CompactConfig(source=skewed, dest=dest, groups=3, slice_duration="10m"), spark)
+    compact(CompactConfig(source=skewed, dest=dest, groups=3, slice_duration="10m", overwrite=True), spark)
+    assert compacted.load_manifest(open_storage(dest)).groups == 3
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(StorageError, match="notes.txt"):
+        compact(CompactConfig(source=skewed, dest=str(foreign), groups=2), spark)
+
+
+def records(partition, offsets, ts, keys):
+    return envelope.batch_from_records([
+        {"partition": partition, "offset": int(o), "timestamp": int(t), "key": k, "value": b"v%d" % o, "headers": []}
+        for o, t, k in zip(offsets, ts, keys)
+    ])
+
+
+def test_empty_slices_are_recorded(spark, tmp_path):
+    src = open_storage(str(tmp_path / "src"))
+    minute = 60_000
+    # partition 0 goes quiet for 5 minutes; partition 1 stops early (an idle partition)
+    write_chunk(src, records(0, range(0, 5), [0, 10, 20, 5, 30], [b"a", b"b", b"a", None, b"c"]), "t")
+    write_chunk(src, records(0, range(5, 8), [6 * minute, 6 * minute + 1, 6 * minute - 9], [b"a", b"b", b"a"]), "t")
+    write_chunk(src, records(1, range(0, 3), [1, 2, 3], [b"x", b"y", None]), "t")
+    dest = str(tmp_path / "c")
+    r = compact(CompactConfig(source=src.url, dest=dest, groups=2, slice_duration="1m"), spark)
+    assert r.slices == 7 and r.empty_slices == 5
+    store = open_storage(dest)
+    empty = compacted.load_slice(store, 3)
+    assert empty.groups == [] and empty.partitions == [] and empty.end_ms - empty.start_ms == minute
+    assert verify(open_source(src.url), store).ok
+    last = compacted.load_slice(store, 6)
+    assert [(p.partition, p.first_offset, p.last_offset) for p in last.partitions] == [(0, 5, 7)]
+
+
+def test_gaps_and_overlaps_are_refused_naming_the_chunks(spark, tmp_path):
+    src = open_storage(str(tmp_path / "src"))
+    write_chunk(src, records(0, range(0, 5), range(5), [b"a"] * 5), "t")
+    write_chunk(src, records(0, range(8, 10), range(8, 10), [b"a"] * 2), "t")
+    with pytest.raises(SlicingError, match="5..7 missing"):
+        compact(CompactConfig(source=src.url, dest=str(tmp_path / "c"), groups=2), spark)
+    assert not open_storage(str(tmp_path / "c")).exists(compacted.MANIFEST)
+    r = compact(CompactConfig(source=src.url, dest=str(tmp_path / "c"), groups=2, allow_gaps=True), spark)
+    assert r.records == 7
+    assert "5..7 missing" in compacted.load_manifest(open_storage(str(tmp_path / "c"))).gaps[0]
+
+
+def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_path):
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=skewed, dest=dest, groups=4, slice_duration="5m"), spark)
+    store = open_storage(dest)
+    meta = compacted.load_slice(store, 0)
+    victim = max(meta.groups, key=lambda g: g.records)
+    _, batch = envelope.decode_avro(store.read(victim.key))
+
+    # 1. drop a record, rewrite the file consistently with its metadata: only the
+    #    source comparison can notice
+    dropped = batch.slice(1)
+    _, data = encode_group_file(dropped, 0, victim.group, "snappy", 1 << 20)
+    store.write(victim.key, data)
+    report = verify(open_source(skewed), store)
+    assert not report.ok and report.counts["exactly_once"] >= 1 and report.counts["checksums"] >= 1
+
+    # 2. swap two records of one key
+    keys = batch.column("key").to_pylist()
+    first = next(k for k in keys if k is not None and keys.count(k) >= 2)
+    i, j = [n for n, k in enumerate(keys) if k == first][:2]
+    order = list(range(batch.num_rows))
+    order[i], order[j] = j, i
+    _, data = encode_group_file(batch.take(pa.array(order)), 0, victim.group, "snappy", 1 << 20)
+    store.write(victim.key, data)
+    report = verify(open_source(skewed), store)
+    assert report.counts["key_order"] >= 1 and report.counts["exactly_once"] == 0
+
+
+@st.composite
+def small_archive(draw):
+    parts = draw(st.integers(1, 3))
+    keys = [None, b"hot"] + [b"k%d" % i for i in range(draw(st.integers(1, 8)))]
+    chunks = []
+    for p in range(parts):
+        n = draw(st.integers(1, 60))
+        ts = np.cumsum(draw(st.lists(st.integers(0, 4000), min_size=n, max_size=n)))
+        ts = ts - np.array(draw(st.lists(st.integers(0, 9000), min_size=n, max_size=n)))
+        ks = draw(st.lists(st.sampled_from(keys), min_size=n, max_size=n))
+        cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3))) - {n})
+        for a, b in zip([0, *cuts], [*cuts, n]):
+            chunks.append((p, list(range(a, b)), ts[a:b].tolist(), ks[a:b]))
+    return chunks, draw(st.integers(1, 5)), draw(st.sampled_from(["2s", "10s", "1m"]))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(case=small_archive())
+def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
+    chunks, groups, duration = case
+    root = tmp_path_factory.mktemp("h")
+    src = open_storage(str(root / "src"))
+    for p, offs, ts, ks in chunks:
+        write_chunk(src, records(p, offs, ts, ks), "t", codec="null")
+    a, b = str(root / "a"), str(root / "b")
+    compact(CompactConfig(source=src.url, dest=a, groups=groups, slice_duration=duration), spark)
+    report = verify(open_source(src.url), open_storage(a))
+    assert report.ok, report.violations
+    rows = replay_in_order(a)
+    assert sorted((r["partition"], r["offset"]) for r in rows) == sorted(
+        (p, o) for p, offs, _, _ in chunks for o in offs)
+    last: dict = {}
+    for r in rows:  # offsets order records within a partition only: a key may span partitions here
+        k = (r["key"], r["partition"])
+        assert r["offset"] > last.get(k, -1)
+        last[k] = r["offset"]
+    compact(CompactConfig(source=src.url, dest=b, groups=groups, slice_duration=duration), spark)
+    fa, fb = files(a), files(b)
+    fa.pop(compacted.MANIFEST), fb.pop(compacted.MANIFEST)
+    assert fa == fb
