@@ -30,6 +30,10 @@ def _ensure_cache_dir() -> None:
 
 _ensure_cache_dir()
 
-from numba import njit  # noqa: E402  (must follow the cache-dir setup)
+import numba  # noqa: E402  (must follow the cache-dir setup)
+from numba import njit  # noqa: E402
+
+if os.environ.get("NUMBA_CACHE_DIR") and numba.config.CACHE_DIR != os.environ["NUMBA_CACHE_DIR"]:
+    numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # numba was imported before us
 
 __all__ = ["njit"]
