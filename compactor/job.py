@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.slicing import ChunkStats, Run, SlicePlan, chunk_runs, parse_duration, plan_slices, record_slices
+from compactor.slicing import ChunkStats, Run, chunk_runs, parse_duration, plan_slices, record_slices
 from compactor.sources import FORMATS, SourceArchive, SourceChunk, open_source
 from keygroups import compacted, envelope
 from keygroups.compacted import GroupFile, Manifest, SliceMeta, SliceSummary

@@ -31,6 +31,7 @@ import pyarrow as pa
 from compactor.envelope_archive import ArchiveError
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups._numba import njit
+from keygroups import envelope
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
 from keygroups.storage import ObjectNotFound, Storage
 
@@ -235,40 +236,14 @@ def _unwrap(avro: _Avro, field: str, struct: str) -> tuple[Any, list[Any]]:
 # list of dicts per record (headers decode at about the speed of the values); these loops
 # decode fastavro's raw blocks straight into Arrow buffers. Other shapes take fastavro.
 
-_EOF, _BAD_UNION, _NEGATIVE, _EXTRA = 1, 2, 3, 4
+_EOF, _BAD_UNION, _NEGATIVE, _EXTRA = envelope.ERR_EOF, envelope.ERR_UNION, envelope.ERR_NEGATIVE, 4
 _ERRORS = {_EOF: "data ends inside a record", _BAD_UNION: "bad union branch", _NEGATIVE: "negative length",
            _EXTRA: "a block holds more bytes than its records"}  # fmt: skip
 
 
-@njit(cache=True, nogil=True)
-def _varint(buf, pos, end):
-    """(zigzag-decoded value, new pos); pos -1 when it runs past `end` or is too long."""
-    z = np.int64(0)
-    shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            return np.int64(0), -1
-        b = np.int64(buf[pos])
-        pos += 1
-        z |= (b & 0x7F) << shift
-        if b < 0x80:
-            break
-        shift += 7
-    return ((z >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(z & 1), pos
-
-
-@njit(cache=True, nogil=True)
-def _copy_bytes(buf, pos, end, dst, dpos):
-    """Copy one length-prefixed string into dst: (new pos, new dpos, error)."""
-    n, pos = _varint(buf, pos, end)
-    if pos < 0:
-        return -1, dpos, _EOF
-    if n < 0:
-        return -1, dpos, _NEGATIVE
-    if pos + n > end:
-        return -1, dpos, _EOF
-    dst[dpos : dpos + n] = buf[pos : pos + n]
-    return pos + n, dpos + n, 0
+# Avro's zigzag varints and length-prefixed bytes, as the envelope decoder reads them.
+_varint = envelope.read_varint
+_copy_bytes = envelope.read_bytes
 
 
 @njit(cache=True, nogil=True)

@@ -153,16 +153,20 @@ def _run_inspect(args: argparse.Namespace) -> int:
 # --- compact / verify ------------------------------------------------------------------
 
 
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"],
+                   help="source layout")
+    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
+    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+
+
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `keyfill compact` and `spark-submit jobs/compact.py`."""
     p.add_argument("source", help="source archive: /path, file:///path or s3://bucket/prefix")
     p.add_argument("dest", help="where the compacted archive goes")
     p.add_argument("--groups", type=_positive_int, required=True, help="key groups (the replay's parallelism)")
     p.add_argument("--slice-duration", default="10m", help="event-time length of a slice: 500ms, 90s, 10m, 1h, 1d")
-    p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"],
-                   help="source layout")
-    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
-    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+    _add_source_options(p)
     p.add_argument("--topic", help="topic to compact when the source holds several")
     p.add_argument("--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of group files")
     p.add_argument("--block-bytes", type=int, default=1 << 20, help="Avro block size of group files")
@@ -242,9 +246,7 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("source", help="the source archive")
     p.add_argument("dest", help="the compacted archive")
-    p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"])
-    p.add_argument("--key-field", help="kafka-connect: value field holding the key")
-    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+    _add_source_options(p)
     p.add_argument("--threads", type=_positive_int, default=8, help="parallel reads")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

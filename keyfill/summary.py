@@ -6,9 +6,7 @@ import heapq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from compactor.envelope_archive import ArchiveIndex, build_index, read_chunk
 from keygroups.envelope import record_bytes

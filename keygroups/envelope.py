@@ -308,11 +308,13 @@ def conform(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
 # fixed schema, so a compiled loop over fastavro's raw blocks decodes straight into Arrow
 # buffers and releases the GIL, letting reader threads decode in parallel.
 
-_ERR_EOF, _ERR_UNION, _ERR_NEGATIVE = 1, 2, 3
+# Error codes of the compiled Avro readers (shared with compactor.kafka_connect).
+ERR_EOF, ERR_UNION, ERR_NEGATIVE = 1, 2, 3
+_ERR_EOF, _ERR_UNION, _ERR_NEGATIVE = ERR_EOF, ERR_UNION, ERR_NEGATIVE
 
 
 @njit(cache=True, nogil=True)
-def _get_varint(buf, pos, end):
+def read_varint(buf, pos, end):
     """(value, new pos); new pos -1 when the varint runs past `end` or is too long."""
     z = np.int64(0)
     shift = 0
@@ -329,9 +331,9 @@ def _get_varint(buf, pos, end):
 
 
 @njit(cache=True, nogil=True)
-def _get_bytes(buf, pos, end, dst, dpos):
+def read_bytes(buf, pos, end, dst, dpos):
     """Copy one length-prefixed byte string into dst; (new pos, new dpos, error)."""
-    length, pos = _get_varint(buf, pos, end)
+    length, pos = read_varint(buf, pos, end)
     if pos < 0:
         return pos, dpos, _ERR_EOF
     if length < 0:
@@ -359,20 +361,20 @@ def _decode_blocks(buf, block_ends, block_counts, part, off, ts, k_off, k_data, 
             k_off[i] = kp
             v_off[i] = vp
             h_off[i] = j
-            x, pos = _get_varint(buf, pos, end)
+            x, pos = read_varint(buf, pos, end)
             if pos < 0:
                 return i, j, _ERR_EOF, i
             part[i] = x
-            x, pos = _get_varint(buf, pos, end)
+            x, pos = read_varint(buf, pos, end)
             if pos < 0:
                 return i, j, _ERR_EOF, i
             off[i] = x
-            x, pos = _get_varint(buf, pos, end)
+            x, pos = read_varint(buf, pos, end)
             if pos < 0:
                 return i, j, _ERR_EOF, i
             ts[i] = x
             for field in range(2):
-                branch, pos = _get_varint(buf, pos, end)
+                branch, pos = read_varint(buf, pos, end)
                 if pos < 0:
                     return i, j, _ERR_EOF, i
                 if branch != 0 and branch != 1:
@@ -380,24 +382,24 @@ def _decode_blocks(buf, block_ends, block_counts, part, off, ts, k_off, k_data, 
                 if field == 0:
                     k_valid[i] = branch == 1
                     if branch == 1:
-                        pos, kp, err = _get_bytes(buf, pos, end, k_data, kp)
+                        pos, kp, err = read_bytes(buf, pos, end, k_data, kp)
                         if err:
                             return i, j, err, i
                 else:
                     v_valid[i] = branch == 1
                     if branch == 1:
-                        pos, vp, err = _get_bytes(buf, pos, end, v_data, vp)
+                        pos, vp, err = read_bytes(buf, pos, end, v_data, vp)
                         if err:
                             return i, j, err, i
             while True:  # array blocks: count, items ..., until a zero count
-                count, pos = _get_varint(buf, pos, end)
+                count, pos = read_varint(buf, pos, end)
                 if pos < 0:
                     return i, j, _ERR_EOF, i
                 if count == 0:
                     break
                 if count < 0:  # a negative count is followed by the block's byte size
                     count = -count
-                    _, pos = _get_varint(buf, pos, end)
+                    _, pos = read_varint(buf, pos, end)
                     if pos < 0:
                         return i, j, _ERR_EOF, i
                 for _ in range(count):
@@ -405,17 +407,17 @@ def _decode_blocks(buf, block_ends, block_counts, part, off, ts, k_off, k_data, 
                         return i, j, _ERR_EOF, i
                     hk_off[j] = hkp
                     hv_off[j] = hvp
-                    pos, hkp, err = _get_bytes(buf, pos, end, hk_data, hkp)
+                    pos, hkp, err = read_bytes(buf, pos, end, hk_data, hkp)
                     if err:
                         return i, j, err, i
-                    branch, pos = _get_varint(buf, pos, end)
+                    branch, pos = read_varint(buf, pos, end)
                     if pos < 0:
                         return i, j, _ERR_EOF, i
                     if branch != 0 and branch != 1:
                         return i, j, _ERR_UNION, i
                     hv_valid[j] = branch == 1
                     if branch == 1:
-                        pos, hvp, err = _get_bytes(buf, pos, end, hv_data, hvp)
+                        pos, hvp, err = read_bytes(buf, pos, end, hv_data, hvp)
                         if err:
                             return i, j, err, i
                     j += 1
