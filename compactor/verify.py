@@ -113,40 +113,24 @@ def _key_order_violations(batch: pa.RecordBatch) -> list[str]:
     return out
 
 
-def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
-    from tqdm import tqdm
+class FileChecker:
+    """Checks one group file on its own: checksum, size, count, key order, group membership,
+    slice offset ranges. Picklable, so Spark tasks can run it."""
 
-    report = VerifyReport(source=source.url, dest=dest.url)
-    try:
-        manifest = compacted.load_manifest(dest)
-    except compacted.FormatError as exc:
-        report.fail("manifest", str(exc))
-        return report
+    def __init__(self, dest: Storage):
+        assignment = compacted.load_assignment(dest)
+        keyed = assignment.filter(pc.is_null(assignment.column("null_key_partition")))
+        self.dest = dest
+        self.key_values = keyed.column("key").combine_chunks()
+        self.key_groups = keyed.column("group").to_numpy()
+        self.null_groups = {
+            p: g
+            for p, g in zip(assignment.column("null_key_partition").to_pylist(), assignment.column("group").to_pylist())
+            if p is not None
+        }
 
-    # Source side: the reference multiset, partition by partition.
-    chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        src_batches = list(tqdm(pool.map(source.read, chunks), total=len(chunks), desc="verify: source",
-                                unit="chunk", disable=not progress))  # fmt: skip
-    src = _digest(src_batches)
-    del src_batches
-
-    # Compacted side.
-    assignment = compacted.load_assignment(dest)
-    keyed = assignment.filter(pc.is_null(assignment.column("null_key_partition")))
-    key_values = keyed.column("key").combine_chunks()
-    key_groups = keyed.column("group").to_numpy()
-    null_groups = {
-        p: g
-        for p, g in zip(assignment.column("null_key_partition").to_pylist(), assignment.column("group").to_pylist())
-        if p is not None
-    }
-    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
-    files = [(m, g) for m in metas for g in m.groups]
-    report.files = len(files)
-
-    def check_file(item: tuple[compacted.SliceMeta, compacted.GroupFile]) -> tuple[pa.RecordBatch, list[tuple[str, str]]]:
-        meta, gf = item
+    def __call__(self, meta: compacted.SliceMeta, gf: compacted.GroupFile) -> tuple[pa.RecordBatch, list[tuple[str, str]]]:
+        dest, key_values, key_groups, null_groups = self.dest, self.key_values, self.key_groups, self.null_groups
         problems: list[tuple[str, str]] = []
         name = dest.url_for(gf.key)
         data = dest.read(gf.key)
@@ -190,14 +174,41 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
                                                  f"slice's range {span}"))  # fmt: skip
         return batch, problems
 
+
+
+def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
+    from tqdm import tqdm
+
+    report = VerifyReport(source=source.url, dest=dest.url)
+    try:
+        manifest = compacted.load_manifest(dest)
+    except compacted.FormatError as exc:
+        report.fail("manifest", str(exc))
+        return report
+
+    # Source side: the reference multiset, partition by partition.
+    chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        src_batches = list(tqdm(pool.map(source.read, chunks), total=len(chunks), desc="verify: source",
+                                unit="chunk", disable=not progress))  # fmt: skip
+    src = _digest(src_batches)
+    del src_batches
+
+    # Compacted side.
+    checker = FileChecker(dest)
+    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
+    files = [(m, g) for m in metas for g in m.groups]
+    report.files = len(files)
+
     out_batches, out_slices = [], []
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        for (meta, _), (batch, problems) in zip(files,  tqdm(pool.map(check_file, files), total=len(files), desc="verify: compacted",
-                                    unit="file", disable=not progress)):  # fmt: skip
+        checked = tqdm(pool.map(lambda item: checker(*item), files), total=len(files), desc="verify: compacted",
+                       unit="file", disable=not progress)  # fmt: skip
+        for (meta, _), (batch, problems) in zip(files, checked):
             out_batches.append(batch)
             out_slices.append(meta.start_ms)
-            for check, message in problems:
-                report.fail(check, message)
+            for name, message in problems:
+                report.fail(name, message)
     dst = _digest(out_batches, out_slices)
     report.records = sum(b.num_rows for b in out_batches)
     del out_batches
@@ -221,7 +232,13 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
                 report.fail("slice_bounds", f"partition {p}: offset {ao[wrong[0]]} is in the slice starting at "
                                             f"{start[wrong[0]]}, its running maximum timestamp says otherwise")  # fmt: skip
 
-    # slice ranges follow each other; manifest totals
+    _metadata_checks(report, manifest, metas)
+    _handoff_checks(report, manifest, {p: int(max(o.max() for o in d.offsets)) for p, d in src.items()})
+    return report
+
+
+def _metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: list[compacted.SliceMeta]) -> None:
+    """Slices one duration long whose partition ranges follow each other; manifest totals."""
     last: dict[int, int] = {}
     for m in metas:
         lo, hi = m.start_ms, m.end_ms
@@ -235,10 +252,119 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     if report.records != manifest.totals["records"]:
         report.fail("manifest", f"files hold {report.records} records, manifest says {manifest.totals['records']}")
 
-    # hand-off offsets
-    for p, digest in src.items():
-        want = int(max(o.max() for o in digest.offsets)) + 1
+
+def _handoff_checks(report: VerifyReport, manifest: compacted.Manifest, last_offsets: dict[int, int]) -> None:
+    for p, last in sorted(last_offsets.items()):
         got = manifest.handoff.get(str(p))
-        if got != want:
-            report.fail("handoff", f"partition {p}: manifest hand-off offset {got}, source's next offset {want}")
+        if got != last + 1:
+            report.fail("handoff", f"partition {p}: manifest hand-off offset {got}, source's next offset {last + 1}")
+
+
+# --- the same audit on Spark, for archives too large for one process -------------------------
+
+_SRC_SCHEMA = "partition int, offset long, ts long, fp long"
+_DST_SCHEMA = "kind int, partition int, offset long, slice_start long, fp long, check string, message string"
+
+
+def _source_task(source: SourceArchive, chunks: list):  # type: ignore[no-untyped-def]
+    def run(batches):  # type: ignore[no-untyped-def]
+        for rows in batches:
+            for i in rows.column("idx").to_pylist():
+                b = source.read(chunks[i])
+                yield pa.RecordBatch.from_arrays(
+                    [b.column("partition"), b.column("offset"), b.column("timestamp").cast(pa.int64()),
+                     pa.array(envelope.record_fingerprints(b).view(np.int64))],
+                    names=["partition", "offset", "ts", "fp"],
+                )  # fmt: skip
+
+    return run
+
+
+def _archive_task(checker: FileChecker, files: list):  # type: ignore[no-untyped-def]
+    def run(batches):  # type: ignore[no-untyped-def]
+        for rows in batches:
+            for i in rows.column("idx").to_pylist():
+                meta, gf = files[i]
+                b, problems = checker(meta, gf)
+                n = b.num_rows
+                yield pa.RecordBatch.from_pydict(
+                    {"kind": pa.array(np.zeros(n, np.int32)), "partition": b.column("partition"),
+                     "offset": b.column("offset"), "slice_start": pa.array(np.full(n, meta.start_ms, np.int64)),
+                     "fp": pa.array(envelope.record_fingerprints(b).view(np.int64)),
+                     "check": pa.nulls(n, pa.string()), "message": pa.nulls(n, pa.string())}  # fmt: skip
+                )
+                if problems:
+                    k = len(problems)
+                    yield pa.RecordBatch.from_pydict(
+                        {"kind": pa.array(np.ones(k, np.int32)), "partition": pa.nulls(k, pa.int32()),
+                         "offset": pa.nulls(k, pa.int64()), "slice_start": pa.nulls(k, pa.int64()),
+                         "fp": pa.nulls(k, pa.int64()), "check": [c for c, _ in problems],
+                         "message": [m for _, m in problems]}  # fmt: skip
+                    )
+
+    return run
+
+
+def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:  # type: ignore[no-untyped-def]
+    """`verify` with the record-level checks done by Spark: files are checked in tasks, and
+    source and archive are joined on (partition, offset), so no process holds the archive."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    report = VerifyReport(source=source.url, dest=dest.url)
+    try:
+        manifest = compacted.load_manifest(dest)
+    except compacted.FormatError as exc:
+        report.fail("manifest", str(exc))
+        return report
+    sc = spark.sparkContext
+    chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
+    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
+    files = [(m, g) for m in metas for g in m.groups]
+    report.files = len(files)
+
+    def indices(n: int):  # type: ignore[no-untyped-def]
+        return spark.createDataFrame(sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))),
+                                     "idx int")  # fmt: skip
+
+    sc.setJobDescription("keyfill verify")
+    src = indices(len(chunks)).mapInArrow(_source_task(source, chunks), _SRC_SCHEMA)
+    dst = indices(len(files)).mapInArrow(_archive_task(FileChecker(dest), files), _DST_SCHEMA)
+    dst = dst.persist(StorageLevel.MEMORY_AND_DISK)
+    joined = None
+    try:
+        for r in dst.filter("kind = 1").select("check", "message").toArrow().to_pylist():
+            report.fail(r["check"], r["message"])
+        records = dst.filter("kind = 0").select("partition", "offset", "slice_start", F.col("fp").alias("afp"))
+        joined = src.join(records, on=["partition", "offset"], how="full_outer").persist(StorageLevel.MEMORY_AND_DISK)
+        report.records = records.count()
+
+        def each(check: str, frame, message) -> None:  # type: ignore[no-untyped-def]
+            count = frame.count()
+            for r in frame.limit(_MAX_REPORTED).toArrow().to_pylist():
+                report.fail(check, message(r))
+            report.counts[check] += max(0, count - min(count, _MAX_REPORTED))
+
+        each("exactly_once", joined.filter("slice_start IS NULL"),
+             lambda r: f"partition {r['partition']} offset {r['offset']}: in the source, not in the archive")
+        each("exactly_once", joined.filter("ts IS NULL"),
+             lambda r: f"partition {r['partition']} offset {r['offset']}: in the archive, not in the source")
+        each("exactly_once", records.groupBy("partition", "offset").count().filter("count > 1"),
+             lambda r: f"partition {r['partition']} offset {r['offset']}: {r['count']} times in the archive")
+        each("exactly_once", joined.filter("fp != afp"),
+             lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source")
+        d = manifest.slice_duration_ms
+        w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
+        runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
+        each("slice_bounds", runmax.filter(F.floor(F.col("runmax") / d) * d != F.col("slice_start")),
+             lambda r: f"partition {r['partition']}: offset {r['offset']} is in the slice starting at "
+                       f"{r['slice_start']}, its running maximum timestamp says otherwise")  # fmt: skip
+        last = src.groupBy("partition").agg(F.max("offset").alias("last")).toArrow().to_pylist()
+    finally:
+        dst.unpersist()
+        if joined is not None:
+            joined.unpersist()
+    _metadata_checks(report, manifest, metas)
+    _handoff_checks(report, manifest, {r["partition"]: r["last"] for r in last})
     return report

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from datetime import datetime, timezone
 
@@ -153,7 +154,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 # --- compact / verify ------------------------------------------------------------------
 
 
-def _add_source_options(p: argparse.ArgumentParser) -> None:
+def add_source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"],
                    help="source layout")
     p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
@@ -166,7 +167,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dest", help="where the compacted archive goes")
     p.add_argument("--groups", type=_positive_int, required=True, help="key groups (the replay's parallelism)")
     p.add_argument("--slice-duration", default="10m", help="event-time length of a slice: 500ms, 90s, 10m, 1h, 1d")
-    _add_source_options(p)
+    add_source_options(p)
     p.add_argument("--topic", help="topic to compact when the source holds several")
     p.add_argument("--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of group files")
     p.add_argument("--block-bytes", type=int, default=1 << 20, help="Avro block size of group files")
@@ -246,8 +247,12 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("source", help="the source archive")
     p.add_argument("dest", help="the compacted archive")
-    _add_source_options(p)
+    add_source_options(p)
     p.add_argument("--threads", type=_positive_int, default=8, help="parallel reads")
+    p.add_argument("--spark", action="store_true",
+                   help="check records on an embedded Spark (--master) instead of in this process: for archives "
+                        "whose offsets do not fit in memory")
+    p.add_argument("--master", default="local[*]", help="Spark master with --spark")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_verify)
@@ -260,9 +265,25 @@ def _run_verify(args: argparse.Namespace) -> int:
 
     source = open_source(args.source, format=args.source_format, key_field=args.key_field,
                          timestamp_field=args.timestamp_field, threads=args.threads)  # fmt: skip
-    report = verify(source, open_storage(args.dest, threads=args.threads), threads=args.threads,
-                    progress=not (args.no_progress or args.json))  # fmt: skip
-    if args.json:
+    dest = open_storage(args.dest, threads=args.threads)
+    if args.spark:
+        from compactor.spark_session import local_spark
+        from compactor.verify import verify_spark
+
+        spark = local_spark(args.master, app="keyfill verify")
+        spark.sparkContext.setLogLevel("WARN")
+        try:
+            report = verify_spark(source, dest, spark)
+        finally:
+            spark.stop()
+    else:
+        report = verify(source, dest, threads=args.threads, progress=not (args.no_progress or args.json))
+    print_verify_report(report, args.json)
+    return 0 if report.ok else 1
+
+
+def print_verify_report(report, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
         for check, count in report.counts.items():
@@ -271,20 +292,19 @@ def _run_verify(args: argparse.Namespace) -> int:
                 print(f"     {message}")
         verdict = "verified" if report.ok else "NOT verified"
         print(f"{verdict}: {report.records:,} records in {report.files} files of {report.dest}")
-    return 0 if report.ok else 1
 
 
 # --- main ------------------------------------------------------------------------------
 
 
+_TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*(?:Error|File|Found): (.+)$", re.M)
+
+
 def _spark_task_error(exc: Exception) -> str | None:
-    """The keyfill error inside a failed Spark task (Spark wraps it in a long traceback)."""
-    text = str(exc)
-    for marker in ("keygroups.envelope.CorruptFile: ", "keygroups.storage.StorageError: ",
-                   "keygroups.storage.ObjectNotFound: ", "compactor.envelope_archive.ArchiveError: "):
-        if marker in text:
-            return text.rsplit(marker, 1)[1].strip().splitlines()[0]
-    return None
+    """The keyfill error raised inside a Spark task: Spark wraps it in its own exception
+    with both tracebacks; the user needs the one line that names the object."""
+    found = _TASK_ERROR.findall(str(exc))
+    return found[-1].strip() if found else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -308,16 +328,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.run(args)
-    except (StorageError, CorruptFile, ValueError) as exc:
-        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:
         cause = _spark_task_error(exc)
-        if cause is None:
+        if cause is None and not isinstance(exc, (StorageError, CorruptFile, ValueError)):
             raise
-        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-        print(f"keyfill {args.command}: error: {cause}", file=sys.stderr)
+        print(f"keyfill {args.command}: error: {cause or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"keyfill {args.command}: interrupted", file=sys.stderr)

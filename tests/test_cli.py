@@ -87,3 +87,33 @@ def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
     capsys.readouterr()
     assert main(["inspect", str(tmp_path), "--no-progress"]) == 2
     assert victim.name in capsys.readouterr().err
+
+
+def test_compact_and_verify_commands_end_to_end(tmp_path):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    assert main(["generate", "--out", src, "--records", "4000", "--keys", "30", "--partitions", "2",
+                 "--chunk-records", "1000", "--no-progress"]) == 0
+    out = run("compact", src, dest, "--groups", "3", "--slice-duration", "1m", "--master", "local[2]", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["records"] == 4000 and result["groups"] == 3
+    out = run("verify", src, dest, "--spark", "--master", "local[2]")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verified: 4,000 records" in out.stdout
+    # a damaged group file: verify exits 1 and names it
+    victim = sorted((tmp_path / "c" / "slices").rglob("group-*.avro"))[0]
+    victim.write_bytes(victim.read_bytes()[:-20])
+    out = run("verify", src, dest, "--no-progress")
+    assert out.returncode == 1 and victim.name in out.stdout and "FAIL checksums" in out.stdout
+
+
+def test_compact_names_a_corrupt_chunk(tmp_path):
+    src = tmp_path / "src"
+    assert main(["generate", "--out", str(src), "--records", "3000", "--keys", "5", "--partitions", "1",
+                 "--chunk-records", "1000", "--codec", "null", "--no-progress"]) == 0
+    victim = sorted((src / "payments" / "partition=0").iterdir())[1]
+    victim.write_bytes(victim.read_bytes()[:-3000])
+    out = run("compact", str(src), str(tmp_path / "c"), "--groups", "2", "--master", "local[2]")
+    assert out.returncode == 2
+    assert victim.name in out.stderr and "Traceback" not in out.stderr.split("error:")[-1]
+    assert not (tmp_path / "c" / "_manifest.json").exists()

@@ -14,7 +14,7 @@ from compactor.envelope_archive import write_chunk
 from compactor.job import CompactConfig, compact, encode_group_file
 from compactor.slicing import SlicingError
 from compactor.sources import open_source
-from compactor.verify import verify
+from compactor.verify import verify, verify_spark
 from keyfill.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import StorageError, open_storage
@@ -52,6 +52,9 @@ def test_compact_then_verify_passes_on_both_backends(spark, skewed, storage_url)
     report = verify(open_source(skewed), open_storage(storage_url))
     assert report.ok, report.violations
     assert report.records == 60_000
+    on_spark = verify_spark(open_source(skewed), open_storage(storage_url), spark)
+    assert on_spark.ok, on_spark.violations
+    assert on_spark.records == 60_000 and on_spark.files == report.files
     store = open_storage(storage_url)
     manifest = compacted.load_manifest(store)
     assert manifest.totals["records"] == 60_000
@@ -184,6 +187,10 @@ def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_pat
     store.write(victim.key, data)
     report = verify(open_source(skewed), store)
     assert not report.ok and report.counts["exactly_once"] >= 1 and report.counts["checksums"] >= 1
+    on_spark = verify_spark(open_source(skewed), store, spark)
+    assert on_spark.counts["exactly_once"] == 1 and on_spark.counts["checksums"] >= 1
+    lost = batch.column("offset")[0].as_py()
+    assert f"offset {lost}: in the source, not in the archive" in on_spark.violations["exactly_once"][0]
 
     # 2. swap two records of one key
     keys = batch.column("key").to_pylist()
@@ -195,6 +202,8 @@ def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_pat
     store.write(victim.key, data)
     report = verify(open_source(skewed), store)
     assert report.counts["key_order"] >= 1 and report.counts["exactly_once"] == 0
+    on_spark = verify_spark(open_source(skewed), store, spark)
+    assert on_spark.counts["key_order"] >= 1 and on_spark.counts["exactly_once"] == 0
 
 
 @st.composite

@@ -6,7 +6,6 @@ import io
 from datetime import datetime, timedelta, timezone
 
 import fastavro
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
