@@ -1,1 +1,13 @@
-"""keyfill reader."""
+"""keyfill's reader: barrier-synchronised parallel replay of a compacted archive.
+
+    import reader
+    with reader.replay("s3://bucket/compacted", threads=16) as events:
+        for ev in events:
+            if isinstance(ev, reader.Records): ...      # ev.batch: pyarrow.RecordBatch
+            elif isinstance(ev, reader.Watermark): ...  # ev.timestamp_ms
+            state = events.checkpoint()                 # resume later with resume=state
+"""
+
+from reader.replay import RECORD_SCHEMA, Records, Replay, ReplayError, Watermark, replay
+
+__all__ = ["replay", "Replay", "Records", "Watermark", "ReplayError", "RECORD_SCHEMA"]

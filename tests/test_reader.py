@@ -1,0 +1,205 @@
+"""The barrier-synchronised replay: DESIGN.md invariants 1-4 for any thread count, and
+exactly-once across any number of checkpoint/restore points."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import reader
+from compactor.envelope_archive import build_index, read_chunk, write_chunk
+from compactor.job import CompactConfig, compact
+from keyfill.generate import GeneratorConfig, generate
+from keygroups import compacted, envelope
+from keygroups.storage import open_storage
+
+def hypothesis_settings(examples: int) -> settings:
+    return settings(max_examples=examples, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def source_table(url: str) -> pa.Table:
+    store = open_storage(url)
+    return pa.Table.from_batches([read_chunk(store, c) for c in build_index(store).all_chunks()])
+
+
+def running_max_before(src: pa.Table) -> dict[tuple[int, int], tuple[int, int]]:
+    """(partition, offset) -> (timestamp, running max of earlier records in the partition)."""
+    out = {}
+    parts = src.column("partition").to_numpy()
+    offs = src.column("offset").to_numpy()
+    ts = src.column("timestamp").cast(pa.int64()).to_numpy()
+    for p in np.unique(parts):
+        m = parts == p
+        o, t = offs[m], ts[m]
+        order = np.argsort(o)
+        o, t = o[order], t[order]
+        before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(t)[:-1]])
+        out.update({(int(p), int(a)): (int(b), int(c)) for a, b, c in zip(o, t, before)})
+    return out
+
+
+class Archives(dict):
+    def __repr__(self) -> str:  # keeps hypothesis' failure reports readable
+        return f"<archives {sorted(self)}>"
+
+
+@pytest.fixture(scope="module")
+def archives(spark, tmp_path_factory):
+    """A skewed archive (null keys, headers, jitter, several slices) and a hot-key one."""
+    root = tmp_path_factory.mktemp("reader")
+    out = Archives()
+    for name, extra, groups in [("skewed", dict(skew=1.2, null_keys=0.05), 7),
+                                ("hot", dict(hot_key_share=0.9, null_keys=0.0), 16)]:
+        src = str(root / f"{name}-src")
+        generate(GeneratorConfig(out=src, records=20_000, keys=300, partitions=3, chunk_records=3_000,
+                                 jitter_ms=5_000, headers=True, rate=100.0, seed=9, **extra), progress=False)
+        dest = str(root / f"{name}-c")
+        compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration="20s"), spark)
+        table = source_table(src)
+        out[name] = (dest, table, running_max_before(table))
+    # an archive with empty slices and an idle partition
+    src = open_storage(str(root / "gappy-src"))
+    recs = lambda p, offs, ts, keys: envelope.batch_from_records(  # noqa: E731
+        [{"partition": p, "offset": o, "timestamp": t, "key": k, "value": b"x", "headers": []}
+         for o, t, k in zip(offs, ts, keys)])
+    write_chunk(src, recs(0, range(4), [0, 5_000, 2_000, 400_000], [b"a", b"b", b"a", b"a"]), "t")
+    write_chunk(src, recs(1, range(3), [1, 2, 300_000 - 1], [b"c", None, b"c"]), "t")
+    dest = str(root / "gappy-c")
+    compact(CompactConfig(source=src.url, dest=dest, groups=3, slice_duration="1m"), spark)
+    table = source_table(src.url)
+    out["gappy"] = (dest, table, running_max_before(table))
+    return out
+
+
+def run(events, limit: int | None = None) -> tuple[list, dict | None]:
+    """Events up to `limit` (all when None) and the checkpoint taken right after them."""
+    got = []
+    for ev in events:
+        got.append(ev)
+        if limit is not None and len(got) >= limit:
+            return got, events.checkpoint()
+    return got, None
+
+
+def check_invariants(events: list, table: pa.Table, before: dict, bound: int) -> None:
+    rows = []
+    watermark = None
+    marks = []
+    for ev in events:
+        if isinstance(ev, reader.Watermark):
+            assert watermark is None or ev.timestamp_ms >= watermark  # 4: never backwards
+            watermark = ev.timestamp_ms
+            marks.append(ev.timestamp_ms)
+            continue
+        assert ev.batch.schema == reader.RECORD_SCHEMA
+        assert set(ev.batch.column("key_group").to_pylist()) == {ev.group}
+        for p, o, t in zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist(),
+                           ev.batch.column("timestamp").cast(pa.int64()).to_pylist()):
+            if watermark is not None and t < watermark:  # 3: late in the replay => late originally
+                ts, runmax = before[(p, o)]
+                assert ts < runmax - bound, (p, o, t, watermark)
+        rows.extend(zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist(),
+                        ev.batch.column("key").to_pylist()))
+    # 2: exactly the source's records, each once
+    assert sorted((p, o) for p, o, _ in rows) == sorted(
+        zip(table.column("partition").to_pylist(), table.column("offset").to_pylist()))
+    # 1: per key (per partition) in offset order
+    last: dict = {}
+    for p, o, k in rows:
+        assert o > last.get((k, p), -1)
+        last[(k, p)] = o
+    assert marks == sorted(marks)
+
+
+@hypothesis_settings(60)
+@given(name=st.sampled_from(["skewed", "hot", "gappy"]), threads=st.integers(1, 16),
+       batch_size=st.sampled_from([1, 7, 100, 65_536]), bound=st.sampled_from([0, 1_000, 30_000]))
+def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound):
+    dest, table, before = archives[name]
+    with reader.replay(dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound) as events:
+        got, _ = run(events)
+    check_invariants(got, table, before, bound)
+    manifest = compacted.load_manifest(open_storage(dest))
+    assert [e.timestamp_ms for e in got if isinstance(e, reader.Watermark)] == [
+        s.end_ms - bound for s in manifest.slices]
+
+
+@hypothesis_settings(40)
+@given(name=st.sampled_from(["skewed", "hot", "gappy"]), data=st.data())
+def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, name, data):
+    dest, table, before = archives[name]
+    all_events: list = []
+    state = None
+    for _ in range(data.draw(st.integers(1, 5))):
+        threads = data.draw(st.integers(1, 16))
+        limit = data.draw(st.integers(1, 40))
+        with reader.replay(dest, threads=threads, batch_size=data.draw(st.sampled_from([3, 50, 5000])),
+                           resume=state) as events:
+            got, checkpoint = run(events, limit)
+        all_events += got
+        if checkpoint is None:
+            state = None
+            break
+        state = json.loads(json.dumps(checkpoint))  # crosses a process boundary as JSON
+    if state is not None:  # finish
+        with reader.replay(dest, threads=data.draw(st.integers(1, 16)), resume=state) as events:
+            got, _ = run(events)
+        all_events += got
+    check_invariants(all_events, table, before, 0)
+
+
+def test_a_finished_replay_checkpoint_resumes_to_nothing(archives):
+    dest, _, _ = archives["gappy"]
+    with reader.replay(dest, threads=2) as events:
+        run(events)
+        state = events.checkpoint()
+    with reader.replay(dest, threads=5, resume=state) as events:
+        assert run(events)[0] == []
+
+
+def test_checkpoint_of_another_archive_is_refused(archives):
+    with reader.replay(archives["hot"][0], threads=2) as events:
+        state = events.checkpoint()
+    with pytest.raises(ValueError, match="slices"):
+        reader.replay(archives["gappy"][0], resume=state)
+
+
+def test_a_corrupt_file_fails_the_consumer_naming_file_and_group(archives, tmp_path):
+    import shutil
+
+    dest = str(tmp_path / "copy")
+    shutil.copytree(archives["skewed"][0], dest)
+    store = open_storage(dest)
+    meta = compacted.load_slice(store, 1)
+    victim = meta.groups[0]
+    store.write(victim.key, store.read(victim.key)[:-50])
+    started = time.monotonic()
+    with pytest.raises(reader.ReplayError) as err:
+        with reader.replay(dest, threads=4) as events:
+            run(events)
+    assert victim.key in str(err.value) and f"group {victim.group}" in str(err.value)
+    assert time.monotonic() - started < 30
+    assert not [t for t in threading.enumerate() if t.name.startswith("keyfill-replay")]
+
+
+def test_leaving_early_stops_all_threads(archives):
+    dest, _, _ = archives["skewed"]
+    with reader.replay(dest, threads=8, batch_size=10, queue_batches=2) as events:
+        for i, _ in enumerate(events):
+            if i == 3:
+                break
+    time.sleep(0.2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("keyfill-replay") and t.is_alive()]
+
+
+def test_missing_manifest_is_a_clear_error(tmp_path):
+    with pytest.raises(compacted.FormatError, match="no manifest"):
+        reader.replay(str(tmp_path))
