@@ -10,7 +10,7 @@ import pytest
 
 from keyfill.cli import build_parser, main
 
-SUBCOMMANDS = ["generate", "inspect"]
+SUBCOMMANDS = ["generate", "inspect", "compact", "verify", "replay"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -100,6 +100,14 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
     out = run("verify", src, dest, "--spark", "--master", "local[2]")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verified: 4,000 records" in out.stdout
+    checkpoint = tmp_path / "replay.json"
+    out = run("replay", dest, "--threads", "3", "--checkpoint-file", str(checkpoint), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["records"] == 4000
+    assert json.loads(checkpoint.read_text())["slice"] == result["slices"]
+    out = run("replay", dest, "--checkpoint-file", str(checkpoint), "--json")  # resumes at the end
+    assert json.loads(out.stdout) | {"seconds": 0, "records_per_second": 0} == {
+        "records": 0, "seconds": 0, "records_per_second": 0, "watermark": None, "threads": 16, "resumed": True}
     # a damaged group file: verify exits 1 and names it
     victim = sorted((tmp_path / "c" / "slices").rglob("group-*.avro"))[0]
     victim.write_bytes(victim.read_bytes()[:-20])
