@@ -13,11 +13,13 @@ by `read_ahead_bytes`), which hides object-store latency.
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -80,12 +82,19 @@ class Replay:
         watermark_bound_ms: int = 0,
         read_ahead_bytes: int = 256 << 20,
         queue_batches: int | None = None,
+        max_drift_ms: int | None = None,
+        pacing: str = "drift",
+        pacing_sleep_s: float = 0.001,
         store: Storage | None = None,
     ):
         if threads < 1:
             raise ValueError("threads must be at least 1")
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if pacing not in ("drift", "proportional", "none"):
+            raise ValueError("pacing must be 'drift' (with max_drift_ms), 'proportional' or 'none'")
+        if max_drift_ms is not None and max_drift_ms < 0:
+            raise ValueError("max_drift_ms must not be negative")
         self.store = store or open_storage(url, threads=max(threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.threads = threads
@@ -101,6 +110,16 @@ class Replay:
         self._io = ThreadPoolExecutor(max_workers=max(2, threads), thread_name_prefix="keyfill-read")
         self._started = False
         self._finished = False
+        self.pacing = pacing
+        self.pacing_sleep_s = pacing_sleep_s
+        self.max_drift_ms = max_drift_ms if pacing == "drift" else None
+        self._cond = threading.Condition()
+        self._progress = [0] * threads
+        self._active = [False] * threads
+        self.max_spread_ms = 0
+        self.trace: list | None = None  # tests: (thread, event time, slowest other, was slowest) per paced batch
+        self._group_bytes = weights
+        self._heaviest = int(weights.max()) if len(weights) else 0
 
         # Position: the slice being replayed, records of each group already yielded in it.
         self._slice = 0
@@ -158,6 +177,10 @@ class Replay:
                 meta = self._slice_meta(metas, s)
                 prefetch(s)
                 prefetch(s + 1)
+                own = [gf for gf in meta.groups if gf.group in mine]
+                if own:  # event time starts at the earliest record it will emit, known from metadata
+                    self._begin_slice(t, min(gf.min_timestamp for gf in own))
+                runs = []  # per group: its batches with a non-decreasing event-time key
                 for gf in meta.groups:
                     if gf.group not in mine:
                         continue
@@ -173,8 +196,14 @@ class Replay:
                     skip = self._skip.get(gf.group, 0) if s == first else 0
                     batch = batch.slice(skip)
                     batch = batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, gf.group, np.int32)))
-                    for start in range(0, batch.num_rows, self.batch_size):
-                        self._put(Records(batch.slice(start, self.batch_size), s, gf.group))
+                    if self.max_drift_ms is None:  # stream file by file: decoding overlaps consuming
+                        self._emit(t, self._pieces(batch, s, gf.group))
+                    else:
+                        runs.append(self._pieces(batch, s, gf.group))
+                # Under a drift bound, emit this thread's groups merged by event time (each group
+                # in its own order), so its event time only moves forward within the slice.
+                self._emit(t, heapq.merge(*runs))
+                self._end_slice(t)
                 self._put(_SliceDone(t, s))
                 self._barrier.wait()
         except threading.BrokenBarrierError:
@@ -182,6 +211,79 @@ class Replay:
         except BaseException as exc:  # surfaces in the consumer
             self._put(_Failed(exc), force=True)
             self._barrier.abort()
+
+    def _emit(self, t: int, pieces: Iterable[tuple[int, int, int, Records]]) -> None:
+        for ts, _, _, records in pieces:
+            self._pace(t, ts)
+            self._put(records)
+            self._advance(t, ts, records.group)
+
+    def _pieces(self, batch: pa.RecordBatch, s: int, g: int) -> list[tuple[int, int, int, Records]]:
+        """The group's batches, keyed by the running maximum of their timestamps (never
+        decreasing, so a merge on it keeps the group's order). Under a drift bound a batch
+        also never spans more than half the bound of event time, or one batch of a light
+        group could cover its whole slice and jump past the bound at once."""
+        n = batch.num_rows
+        if n == 0:
+            return []
+        runmax = np.maximum.accumulate(batch.column("timestamp").cast(pa.int64()).to_numpy())
+        cuts = set(range(0, n, self.batch_size))
+        if self.max_drift_ms is not None:
+            step = max(1, self.max_drift_ms // 2)
+            cuts.update((np.flatnonzero(np.diff(runmax // step)) + 1).tolist())
+        bounds = sorted(cuts) + [n]
+        return [
+            (int(runmax[b - 1]), g, i, Records(batch.slice(a, b - a), s, g))
+            for i, (a, b) in enumerate(zip(bounds, bounds[1:]))
+        ]
+
+    # --- event-time pacing ------------------------------------------------------------------
+
+    def _begin_slice(self, t: int, start_ms: int) -> None:
+        with self._cond:
+            self._progress[t] = start_ms
+            self._active[t] = True
+            self._cond.notify_all()
+
+    def _end_slice(self, t: int) -> None:
+        with self._cond:
+            self._active[t] = False
+            self._cond.notify_all()
+
+    def _advance(self, t: int, ts: int, group: int) -> None:
+        with self._cond:
+            self._progress[t] = max(self._progress[t], ts)
+            spread = self._spread_locked()
+            self.max_spread_ms = max(self.max_spread_ms, spread)
+            self._cond.notify_all()
+        if self.pacing == "proportional" and self._heaviest:
+            # The seed design's heuristic, kept for comparison: lighter groups sleep longer.
+            time.sleep(self.pacing_sleep_s * (self._heaviest - self._group_bytes[group]) / self._heaviest)
+
+    def _pace(self, t: int, ts: int) -> None:
+        """With max_drift_ms: wait while this thread would get ahead of the slowest other
+        active thread by more than the bound. The slowest thread (ties: the lowest id) never
+        waits, so nothing deadlocks."""
+        if self.max_drift_ms is None:
+            return
+        with self._cond:
+            while not self._stop.is_set():
+                others = [(self._progress[u], u) for u in range(self.threads) if u != t and self._active[u]]
+                slowest = not others or (self._progress[t], t) < min(others)
+                if slowest or ts - min(others)[0] <= self.max_drift_ms:
+                    if self.trace is not None:
+                        self.trace.append((t, ts, None if not others else min(others)[0], slowest))
+                    return
+                self._cond.wait(0.05)
+
+    def _spread_locked(self) -> int:
+        active = [self._progress[u] for u in range(self.threads) if self._active[u]]
+        return max(active) - min(active) if len(active) > 1 else 0
+
+    def spread_ms(self) -> int:
+        """Event-time spread across the threads still working on the current slice."""
+        with self._cond:
+            return self._spread_locked()
 
     def _slice_meta(self, metas: list, s: int) -> compacted.SliceMeta:
         if metas[s] is None:
@@ -257,6 +359,9 @@ class Replay:
 
 
 def replay(url: str, *, threads: int = 16, resume: dict | None = None, **options: Any) -> Replay:
-    """Replay the compacted archive at `url` with `threads` readers; see `Replay` for options
-    (batch_size, watermark_bound_ms, read_ahead_bytes, queue_batches)."""
+    """Replay the compacted archive at `url` with `threads` readers. Options: batch_size
+    (records per batch), watermark_bound_ms (B: watermark = slice end - B), read_ahead_bytes
+    (GETs of the next slice in flight), queue_batches (batches buffered for the consumer),
+    max_drift_ms (a thread ahead of the slowest active one by more than this pauses),
+    pacing ("drift", or "proportional": the seed design's sleep heuristic, for comparison)."""
     return Replay(url, threads=threads, resume=resume, **options)

@@ -121,10 +121,12 @@ def check_invariants(events: list, table: pa.Table, before: dict, bound: int) ->
 
 @hypothesis_settings(60)
 @given(name=st.sampled_from(["skewed", "hot", "gappy"]), threads=st.integers(1, 16),
-       batch_size=st.sampled_from([1, 7, 100, 65_536]), bound=st.sampled_from([0, 1_000, 30_000]))
-def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound):
+       batch_size=st.sampled_from([1, 7, 100, 65_536]), bound=st.sampled_from([0, 1_000, 30_000]),
+       drift=st.sampled_from([None, 0, 2_000]))
+def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound, drift):
     dest, table, before = archives[name]
-    with reader.replay(dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound) as events:
+    with reader.replay(dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound,
+                       max_drift_ms=drift) as events:
         got, _ = run(events)
     check_invariants(got, table, before, bound)
     manifest = compacted.load_manifest(open_storage(dest))
@@ -154,6 +156,20 @@ def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, nam
             got, _ = run(events)
         all_events += got
     check_invariants(all_events, table, before, 0)
+
+
+@pytest.mark.parametrize("drift", [0, 500, 3_000])
+def test_drift_bound_holds_back_threads_that_run_ahead(archives, drift):
+    dest, _, _ = archives["hot"]
+    with reader.replay(dest, threads=6, batch_size=50, max_drift_ms=drift) as events:
+        events.trace = []
+        run(events)
+    assert len({t for t, *_ in events.trace}) > 1
+    # a thread moves past the slowest other by more than the bound only when it is the slowest
+    assert all(was_slowest or ts - slowest_other <= drift for _, ts, slowest_other, was_slowest in events.trace)
+    with reader.replay(dest, threads=6, batch_size=50, pacing="none") as free:
+        run(free)
+    assert events.max_spread_ms < free.max_spread_ms
 
 
 def test_a_finished_replay_checkpoint_resumes_to_nothing(archives):
