@@ -219,3 +219,50 @@ def test_leaving_early_stops_all_threads(archives):
 def test_missing_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(compacted.FormatError, match="no manifest"):
         reader.replay(str(tmp_path))
+
+
+@st.composite
+def random_archive(draw):
+    """Small archives of any shape: partitions, keys (hot, null), jitter, idle stretches."""
+    keys = [None, b"hot"] + [b"k%d" % i for i in range(draw(st.integers(1, 12)))]
+    chunks = []
+    for p in range(draw(st.integers(1, 4))):
+        n = draw(st.integers(1, 80))
+        steps = np.array(draw(st.lists(st.sampled_from([0, 1, 10, 500, 30_000]), min_size=n, max_size=n)))
+        ts = np.cumsum(steps) - np.array(draw(st.lists(st.integers(0, 8_000), min_size=n, max_size=n)))
+        weights = [1, draw(st.integers(1, 30))] + [1] * (len(keys) - 2)
+        ks = [keys[i] for i in np.random.default_rng(n).choice(len(keys), n, p=np.array(weights) / sum(weights))]
+        cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3))) - {n})
+        for a, b in zip([0, *cuts], [*cuts, n]):
+            chunks.append((p, list(range(a, b)), ts[a:b].tolist(), ks[a:b]))
+    return chunks, draw(st.integers(1, 9)), draw(st.sampled_from(["1s", "10s", "1m"]))
+
+
+@hypothesis_settings(10)
+@given(case=random_archive(), data=st.data())
+def test_random_archives_replay_exactly_once_in_order_across_restarts(spark, tmp_path_factory, case, data):
+    chunks, groups, duration = case
+    root = tmp_path_factory.mktemp("rnd")
+    src = open_storage(str(root / "src"))
+    for p, offs, ts, ks in chunks:
+        write_chunk(src, envelope.batch_from_records(
+            [{"partition": p, "offset": o, "timestamp": t, "key": k, "value": b"%d" % o, "headers": []}
+             for o, t, k in zip(offs, ts, ks)]), "t", codec="null")
+    dest = str(root / "c")
+    compact(CompactConfig(source=src.url, dest=dest, groups=groups, slice_duration=duration), spark)
+    table = source_table(src.url)
+    before = running_max_before(table)
+    bound = data.draw(st.sampled_from([0, 2_000]))
+    events, state = [], None
+    for _ in range(data.draw(st.integers(0, 4))):
+        with reader.replay(dest, threads=data.draw(st.integers(1, 16)), batch_size=data.draw(st.integers(1, 20)),
+                           watermark_bound_ms=bound, resume=state,
+                           max_drift_ms=data.draw(st.sampled_from([None, 1_000]))) as ev:
+            got, state = run(ev, data.draw(st.integers(1, 15)))
+        events += got
+        if state is None:
+            break
+    else:
+        with reader.replay(dest, threads=data.draw(st.integers(1, 16)), watermark_bound_ms=bound, resume=state) as ev:
+            events += run(ev)[0]
+    check_invariants(events, table, before, bound)
