@@ -19,6 +19,7 @@ example: $(BIN)/keyfill
 	$(BIN)/keyfill inspect $(EXAMPLE)/source --top 5 --no-progress
 	$(BIN)/keyfill compact $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
 	$(BIN)/keyfill verify $(EXAMPLE)/source $(EXAMPLE)/compacted --no-progress
+	$(BIN)/keyfill replay $(EXAMPLE)/compacted --threads 4 --no-progress
 
 test: $(BIN)/keyfill
 	$(BIN)/python -m pytest
