@@ -310,6 +310,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=_positive_int, default=16, help="reader threads")
     p.add_argument("--batch-size", type=_positive_int, default=65_536, help="records per batch")
     p.add_argument("--watermark-bound-ms", type=int, default=0, help="bounded out-of-orderness B of the watermarks")
+    p.add_argument("--max-drift-ms", type=int, help="pause threads this far ahead of the slowest in event time")
     p.add_argument("--checkpoint-file", help="save the position here; resume from it if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -340,7 +341,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     watermark = None
     started = time.perf_counter()
     with reader.replay(args.url, threads=args.threads, resume=resume, batch_size=args.batch_size,
-                       watermark_bound_ms=args.watermark_bound_ms) as events:  # fmt: skip
+                       watermark_bound_ms=args.watermark_bound_ms, max_drift_ms=args.max_drift_ms) as events:  # fmt: skip
         total = events.manifest.totals["records"]
         bar = tqdm(total=total, unit="rec", unit_scale=True, desc="replay", disable=args.no_progress or args.json,
                    initial=0, mininterval=0.5)  # fmt: skip
@@ -351,7 +352,8 @@ def _run_replay(args: argparse.Namespace) -> int:
                     bar.update(ev.batch.num_rows)
                 else:
                     watermark = ev.timestamp_ms
-                    bar.set_postfix_str(f"watermark {_iso(watermark)}", refresh=False)
+                    bar.set_postfix_str(f"watermark {_iso(watermark)}, spread {events.spread_ms() / 1000:.1f} s",
+                                        refresh=False)  # fmt: skip
                     save(events.checkpoint())
         except KeyboardInterrupt:
             save(events.checkpoint())
@@ -361,13 +363,15 @@ def _run_replay(args: argparse.Namespace) -> int:
         save(events.checkpoint())
     seconds = time.perf_counter() - started
     summary = {"records": records, "seconds": round(seconds, 3), "records_per_second": round(records / seconds),
-               "watermark": watermark, "threads": args.threads, "resumed": resume is not None}  # fmt: skip
+               "watermark": watermark, "threads": args.threads, "resumed": resume is not None,
+               "max_spread_ms": events.max_spread_ms}  # fmt: skip
     if args.json:
         print(json.dumps(summary))
     else:
         last = "none" if watermark is None else _iso(watermark)
         print(f"replayed {records:,} records in {seconds:.1f} s ({records / seconds:,.0f} records/s) with "
-              f"{args.threads} threads; last watermark {last}" + (" (resumed)" if resume else ""))
+              f"{args.threads} threads; last watermark {last}; max event-time spread across threads "
+              f"{events.max_spread_ms / 1000:.1f} s" + (" (resumed)" if resume else ""))
     return 0
 
 

@@ -8,6 +8,8 @@
             state = events.checkpoint()                 # resume later with resume=state
 """
 
+from reader.partitioner import consumer_indexes, partition_batches
 from reader.replay import RECORD_SCHEMA, Records, Replay, ReplayError, Watermark, replay
 
-__all__ = ["replay", "Replay", "Records", "Watermark", "ReplayError", "RECORD_SCHEMA"]
+__all__ = ["replay", "Replay", "Records", "Watermark", "ReplayError", "RECORD_SCHEMA", "partition_batches",
+           "consumer_indexes"]

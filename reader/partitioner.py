@@ -28,11 +28,11 @@ import pyarrow as pa
 from keygroups._numba import njit
 
 __all__ = [
-    "partition_batches",
+    "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
+    "UPPER_BOUND_MAX_PARALLELISM",
     "consumer_indexes",
     "flink_default_max_parallelism",
-    "UPPER_BOUND_MAX_PARALLELISM",
-    "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
+    "partition_batches",
 ]
 
 #: Flink's ``Transformation.UPPER_BOUND_MAX_PARALLELISM``: the most key groups a job can have.
@@ -211,7 +211,8 @@ def _stable_split(dest: Any, consumers: int) -> tuple[Any, Any, bool]:
 
 def _check_int(name: str, value: object, low: int, high: int, why: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        # ValueError, not TypeError: callers catch one exception for any bad parallelism
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")  # noqa: TRY004
     if not low <= int(value) <= high:
         raise ValueError(f"{name} must be in [{low}, {high}] ({why}), got {value}")
     return int(value)
@@ -331,7 +332,9 @@ def partition_batches(
         return [batch]
     perm, bounds, ordered = _stable_split(dest, d)
     source = batch if ordered else batch.take(pa.array(perm, type=pa.int64()))
-    return [source.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i in range(d)]
+    empty = source.slice(0, 0)  # shared by all empty outputs: cheap when D is in the thousands
+    b = bounds.tolist()
+    return [source.slice(b[i], b[i + 1] - b[i]) if b[i + 1] > b[i] else empty for i in range(d)]
 
 
 def flink_default_max_parallelism(parallelism: int) -> int:
