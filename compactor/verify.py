@@ -176,18 +176,31 @@ class FileChecker:
 
 
 
-def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
-    from tqdm import tqdm
-
+def _plan(source: SourceArchive, dest: Storage):  # type: ignore[no-untyped-def]
+    """A fresh report and what to audit: manifest, source chunks, slice metadata, group
+    files; no plan when the manifest is missing or unreadable (reported)."""
     report = VerifyReport(source=source.url, dest=dest.url)
     try:
         manifest = compacted.load_manifest(dest)
     except compacted.FormatError as exc:
         report.fail("manifest", str(exc))
+        return report, None
+    chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
+    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
+    files = [(m, g) for m in metas for g in m.groups]
+    report.files = len(files)
+    return report, (manifest, chunks, metas, files)
+
+
+def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
+    from tqdm import tqdm
+
+    report, plan = _plan(source, dest)
+    if plan is None:
         return report
+    manifest, chunks, metas, files = plan
 
     # Source side: the reference multiset, partition by partition.
-    chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
     with ThreadPoolExecutor(max_workers=threads) as pool:
         src_batches = list(tqdm(pool.map(source.read, chunks), total=len(chunks), desc="verify: source",
                                 unit="chunk", disable=not progress))  # fmt: skip
@@ -196,9 +209,6 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
 
     # Compacted side.
     checker = FileChecker(dest)
-    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
-    files = [(m, g) for m in metas for g in m.groups]
-    report.files = len(files)
 
     out_batches, out_slices = [], []
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -312,17 +322,11 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:  
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    report = VerifyReport(source=source.url, dest=dest.url)
-    try:
-        manifest = compacted.load_manifest(dest)
-    except compacted.FormatError as exc:
-        report.fail("manifest", str(exc))
+    report, plan = _plan(source, dest)
+    if plan is None:
         return report
+    manifest, chunks, metas, files = plan
     sc = spark.sparkContext
-    chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
-    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
-    files = [(m, g) for m in metas for g in m.groups]
-    report.files = len(files)
 
     def indices(n: int):  # type: ignore[no-untyped-def]
         return spark.createDataFrame(sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))),
