@@ -114,6 +114,7 @@ class Replay:
         self.pacing_sleep_s = pacing_sleep_s
         self.max_drift_ms = max_drift_ms if pacing == "drift" else None
         self._cond = threading.Condition()
+        self._meta_lock = threading.Lock()
         self._progress = [0] * threads
         self._active = [False] * threads
         self.max_spread_ms = 0
@@ -286,13 +287,17 @@ class Replay:
             return self._spread_locked()
 
     def _slice_meta(self, metas: list, s: int) -> compacted.SliceMeta:
-        if metas[s] is None:
-            if self.manifest.slices[s].records == 0:
-                summary = self.manifest.slices[s]
-                metas[s] = compacted.SliceMeta(slice=s, start_ms=summary.start_ms, end_ms=summary.end_ms)
-            else:
-                metas[s] = compacted.load_slice(self.store, s)
-        return metas[s]
+        """Slice metadata, fetched once for all threads (empty slices need no fetch)."""
+        if metas[s] is not None:  # already loaded: no need to queue behind a fetch of another slice
+            return metas[s]
+        with self._meta_lock:
+            if metas[s] is None:
+                if self.manifest.slices[s].records == 0:
+                    summary = self.manifest.slices[s]
+                    metas[s] = compacted.SliceMeta(slice=s, start_ms=summary.start_ms, end_ms=summary.end_ms)
+                else:
+                    metas[s] = compacted.load_slice(self.store, s)
+            return metas[s]
 
     def _put(self, item: Any, force: bool = False) -> None:
         while not self._stop.is_set() or force:
