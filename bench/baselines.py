@@ -33,6 +33,7 @@ from compactor.envelope_archive import ArchiveIndex, ChunkInfo, build_index
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 from reader.partitioner import consumer_indexes, flink_default_max_parallelism
+from reader.replay import put_until_stopped
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
 
@@ -126,13 +127,7 @@ class _BaselineReplay:
                 fetch.shutdown(wait=False, cancel_futures=True)
 
     def _put(self, item: object, force: bool = False) -> None:
-        while not self._stop.is_set() or force:
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                if force and self._stop.is_set():
-                    return
+        put_until_stopped(self._queue, item, self._stop, force=force)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._started:

@@ -66,7 +66,16 @@ class _Failed:
     error: BaseException
 
 
-_STOP = object()
+def put_until_stopped(q: queue.Queue, item: Any, stop: threading.Event, *, force: bool = False) -> None:
+    """Put on a bounded queue, giving up once `stop` is set (unless `force`: an error must
+    still reach the consumer, but not block forever if nobody is left to read it)."""
+    while not stop.is_set() or force:
+        try:
+            q.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            if force and stop.is_set():
+                return
 
 
 class Replay:
@@ -300,13 +309,7 @@ class Replay:
             return metas[s]
 
     def _put(self, item: Any, force: bool = False) -> None:
-        while not self._stop.is_set() or force:
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                if force and self._stop.is_set():
-                    return
+        put_until_stopped(self._queue, item, self._stop, force=force)
 
     # --- consumer ---------------------------------------------------------------------------
 
