@@ -152,44 +152,29 @@ WRITE_SCHEMA = (
     "slice int, grp int, key string, records long, file_bytes long, payload_bytes long, sha256 string, "
     "min_ts long, max_ts long"
 )
-_assignment_cache: dict[str, tuple[pa.Array, np.ndarray, dict[int, int]]] = {}
+_assignment_cache: dict[str, compacted.KeyAssignment] = {}
 
 
-def _load_assignment(dest: Storage) -> tuple[pa.Array, np.ndarray, dict[int, int]]:
-    """(keys, their groups, null-key partition -> group), once per worker process."""
+def _load_assignment(dest: Storage) -> compacted.KeyAssignment:
+    """The key -> group lookup, loaded once per worker process."""
     if dest.url not in _assignment_cache:
-        t = compacted.load_assignment(dest)
-        keyed = t.filter(pc.is_null(t.column("null_key_partition")))
-        nulls = t.filter(pc.is_valid(t.column("null_key_partition")))
-        null_groups = dict(zip(nulls.column("null_key_partition").to_pylist(), nulls.column("group").to_pylist()))
         _assignment_cache.clear()
-        _assignment_cache[dest.url] = (
-            keyed.column("key").combine_chunks(),
-            keyed.column("group").to_numpy(),
-            null_groups,
-        )
+        _assignment_cache[dest.url] = compacted.KeyAssignment.from_table(compacted.load_assignment(dest))
     return _assignment_cache[dest.url]
 
 
 def _decode_task(source: SourceArchive, chunks: list[SourceChunk], dest: Storage, duration_ms: int, base: int):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        keys, groups, null_groups = _load_assignment(dest)
+        assignment = _load_assignment(dest)
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
                 batch = _read_checked(source, chunk)
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 slices, order_ts = record_slices(ts, row["prefix_max"], duration_ms, base)
-                idx = pc.index_in(batch.column("key"), value_set=keys).to_numpy(zero_copy_only=False)
-                key_null = batch.column("key").is_null().to_numpy(zero_copy_only=False)
-                grp = np.empty(batch.num_rows, np.int32)
-                if (~key_null).any():
-                    found = idx[~key_null]
-                    if np.isnan(found.astype(np.float64)).any():
-                        raise RuntimeError(f"{source.store.url_for(chunk.key)}: a key missing from the assignment")
-                    grp[~key_null] = groups[found.astype(np.int64)]
-                if key_null.any():
-                    grp[key_null] = null_groups[chunk.partition]
+                grp = assignment.group_of(batch.column("key"), batch.column("partition").to_numpy())
+                if (grp == compacted.MISSING).any():
+                    raise RuntimeError(f"{source.store.url_for(chunk.key)}: a key missing from the assignment")
                 yield pa.RecordBatch.from_arrays(
                     [
                         pa.array(slices, pa.int32()),

@@ -118,19 +118,11 @@ class FileChecker:
     slice offset ranges. Picklable, so Spark tasks can run it."""
 
     def __init__(self, dest: Storage):
-        assignment = compacted.load_assignment(dest)
-        keyed = assignment.filter(pc.is_null(assignment.column("null_key_partition")))
         self.dest = dest
-        self.key_values = keyed.column("key").combine_chunks()
-        self.key_groups = keyed.column("group").to_numpy()
-        self.null_groups = {
-            p: g
-            for p, g in zip(assignment.column("null_key_partition").to_pylist(), assignment.column("group").to_pylist())
-            if p is not None
-        }
+        self.assignment = compacted.KeyAssignment.from_table(compacted.load_assignment(dest))
 
     def __call__(self, meta: compacted.SliceMeta, gf: compacted.GroupFile) -> tuple[pa.RecordBatch, list[tuple[str, str]]]:
-        dest, key_values, key_groups, null_groups = self.dest, self.key_values, self.key_groups, self.null_groups
+        dest = self.dest
         problems: list[tuple[str, str]] = []
         name = dest.url_for(gf.key)
         data = dest.read(gf.key)
@@ -149,19 +141,17 @@ class FileChecker:
         # group membership
         keys = batch.column("key")
         null = keys.is_null().to_numpy(zero_copy_only=False)
-        idx = pc.index_in(keys, value_set=key_values).to_numpy(zero_copy_only=False)
         parts = batch.column("partition").to_numpy()
-        if (~null).any():
-            found = idx[~null]
-            missing = np.isnan(found.astype(np.float64))
-            if missing.any():
-                problems.append(("key_order", f"{name}: {int(missing.sum())} records with keys not in the assignment"))
-            elif (key_groups[found.astype(np.int64)] != gf.group).any():
-                problems.append(("key_order", f"{name}: holds keys the assignment puts in other groups"))
+        grp = self.assignment.group_of(keys, parts)
+        missing = ~null & (grp == compacted.MISSING)
+        if missing.any():
+            problems.append(("key_order", f"{name}: {int(missing.sum())} records with keys not in the assignment"))
+        elif (grp[~null] != gf.group).any():
+            problems.append(("key_order", f"{name}: holds keys the assignment puts in other groups"))
         for p in np.unique(parts[null]).tolist():
-            if null_groups.get(p) != gf.group:
+            if self.assignment.null_groups.get(p) != gf.group:
                 problems.append(("key_order", f"{name}: null-key records of partition {p} belong to group "
-                                              f"{null_groups.get(p)}"))  # fmt: skip
+                                              f"{self.assignment.null_groups.get(p)}"))  # fmt: skip
         # slice bounds
         ranges = {r.partition: r for r in meta.partitions}
         offsets = batch.column("offset").to_numpy()

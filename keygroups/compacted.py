@@ -15,7 +15,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from keygroups.storage import ObjectNotFound, Storage
 
@@ -186,3 +188,36 @@ def load_assignment(store: Storage) -> pa.Table:
     import pyarrow.parquet as pq
 
     return pq.read_table(pa.BufferReader(store.read(ASSIGNMENT)), schema=ASSIGNMENT_SCHEMA)
+
+
+MISSING = -1  # group_of: a key the assignment does not know
+
+
+@dataclass
+class KeyAssignment:
+    """The assignment as a lookup: keyed records by key, null-key records by partition."""
+
+    keys: pa.Array
+    groups: np.ndarray
+    null_groups: dict[int, int]
+
+    @classmethod
+    def from_table(cls, t: pa.Table) -> KeyAssignment:
+        keyed = t.filter(pc.is_null(t.column("null_key_partition")))
+        nulls = t.filter(pc.is_valid(t.column("null_key_partition")))
+        return cls(
+            keys=keyed.column("key").combine_chunks(),
+            groups=keyed.column("group").to_numpy(),
+            null_groups=dict(zip(nulls.column("null_key_partition").to_pylist(), nulls.column("group").to_pylist())),
+        )
+
+    def group_of(self, keys: pa.Array, partitions: np.ndarray) -> np.ndarray:
+        """Group per record (int32), MISSING where the assignment has no such key."""
+        out = np.full(len(keys), MISSING, np.int32)
+        null = keys.is_null().to_numpy(zero_copy_only=False)
+        idx = pc.index_in(keys, value_set=self.keys).to_numpy(zero_copy_only=False).astype(np.float64)
+        known = ~null & ~np.isnan(idx)
+        out[known] = self.groups[idx[known].astype(np.int64)]
+        for p in np.unique(partitions[null]).tolist():
+            out[null & (partitions == p)] = self.null_groups.get(p, MISSING)
+        return out
