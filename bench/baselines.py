@@ -33,7 +33,7 @@ from compactor.envelope_archive import ArchiveIndex, ChunkInfo, build_index
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 from reader.partitioner import consumer_indexes, flink_default_max_parallelism
-from reader.replay import put_until_stopped
+from reader.replay import drain, put_until_stopped
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
 
@@ -154,11 +154,7 @@ class _BaselineReplay:
     def close(self) -> None:
         """Stop all threads promptly; safe to call twice."""
         self._stop.set()
-        while True:  # unblock readers waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        drain(self._queue)
         for w in self._workers:
             w.join(timeout=5)
 

@@ -66,6 +66,15 @@ class _Failed:
     error: BaseException
 
 
+def drain(q: queue.Queue) -> None:
+    """Empty a queue so producers blocked on it can see the stop flag and leave."""
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
 def put_until_stopped(q: queue.Queue, item: Any, stop: threading.Event, *, force: bool = False) -> None:
     """Put on a bounded queue, giving up once `stop` is set (unless `force`: an error must
     still reach the consumer, but not block forever if nobody is left to read it)."""
@@ -350,11 +359,7 @@ class Replay:
         """Stop all threads promptly; safe to call twice."""
         self._stop.set()
         self._barrier.abort()
-        while True:  # unblock producers waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        drain(self._queue)
         for w in self._workers:
             w.join(timeout=5)
         self._io.shutdown(wait=False, cancel_futures=True)
