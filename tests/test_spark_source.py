@@ -1,0 +1,278 @@
+"""The Spark source (`format("keyfill")`) on a real local[2] Spark: exactly once, whole
+slices per micro-batch, per-key order, restarts from a checkpoint, windowed results equal to
+a batch computation over the source, admission control and clear errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
+from test_reader import hypothesis_settings, source_table
+
+import reader.spark
+from compactor.job import CompactConfig, compact
+from keyfill.generate import GeneratorConfig, generate
+from keygroups import compacted
+from keygroups.storage import open_storage
+
+JITTER_MS = 4_000
+
+
+@pytest.fixture(scope="module")
+def archive(spark, tmp_path_factory):
+    """~12 slices of 20 s over 3 partitions, skewed keys, null keys, headers, jitter."""
+    reader.spark.register(spark)
+    root = tmp_path_factory.mktemp("spark-source")
+    src = str(root / "src")
+    generate(GeneratorConfig(out=src, records=24_000, keys=400, partitions=3, chunk_records=4_000, skew=1.2,
+                             null_keys=0.03, jitter_ms=JITTER_MS, headers=True, rate=100.0, seed=11), progress=False)
+    dest = str(root / "compacted")
+    compact(CompactConfig(source=src, dest=dest, groups=6, slice_duration="20s"), spark)
+    return dest, source_table(src)
+
+
+def identity(table: pa.Table) -> list[tuple]:
+    """Each record as a comparable tuple: everything the source holds."""
+    cols = [table.column(c).to_pylist() for c in ("partition", "offset", "key", "value")]
+    ts = table.column("timestamp").cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()).to_pylist()
+    headers = [tuple((h["key"], h["value"]) for h in hs) for hs in table.column("headers").to_pylist()]
+    return sorted(zip(cols[0], cols[1], ts, cols[2], cols[3], headers))
+
+
+def stream(spark, url: str, **options: str):  # type: ignore[no-untyped-def]
+    r = spark.readStream.format("keyfill")
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load(url)
+
+
+def run_collecting(df, checkpoint: str) -> list[tuple[int, pa.Table]]:  # type: ignore[no-untyped-def]
+    """Run an AvailableNow query; return each micro-batch's rows in the order Spark hands
+    them to the sink (Spark partition by partition, each in its read order)."""
+    batches: list[tuple[int, pa.Table]] = []
+    (df.writeStream.foreachBatch(lambda b, i: batches.append((i, b.toArrow())))
+     .option("checkpointLocation", checkpoint).trigger(availableNow=True).start().awaitTermination())
+    return batches
+
+
+def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
+    url, src = archive
+    df = spark.read.format("keyfill").load(url)
+    assert [f.name for f in df.schema.fields] == [
+        "partition", "offset", "timestamp", "key", "value", "headers", "key_group", "slice"]
+    got = df.toArrow()
+    assert identity(got) == identity(src)
+    manifest = compacted.load_manifest(open_storage(url))
+    store = open_storage(url)
+    for s, summary in enumerate(manifest.slices):  # every record carries its slice and group
+        meta = compacted.load_slice(store, s) if summary.records else None
+        in_slice = got.filter(pc.equal(got.column("slice"), s))
+        assert in_slice.num_rows == summary.records
+        if meta:
+            assert dict(Counter(in_slice.column("key_group").to_pylist())) == {g.group: g.records for g in meta.groups}
+
+
+@pytest.mark.parametrize("options", [{"maxSlicesPerTrigger": "3"}, {"maxBytesPerTrigger": "1"},
+                                     {"maxSlicesPerTrigger": "2", "numPartitions": "2"}])
+def test_available_now_writes_whole_slices_exactly_once_in_key_order(spark, archive, tmp_path, options):
+    url, src = archive
+    manifest = compacted.load_manifest(open_storage(url))
+    batches = run_collecting(stream(spark, url, **options), str(tmp_path / "ck"))
+    assert len(batches) > 1
+    assert identity(pa.concat_tables([t for _, t in batches])) == identity(src)  # exactly once
+    seen_slices: list[int] = []
+    last: dict = {}
+    for _, t in sorted(batches, key=lambda b: b[0]):
+        slices = Counter(t.column("slice").to_pylist())
+        # whole slices: every slice of the batch is complete, and batches follow slice order
+        assert all(n == manifest.slices[s].records for s, n in slices.items())
+        assert not seen_slices or min(slices) > max(seen_slices)
+        if "maxSlicesPerTrigger" in options:
+            assert len(slices) <= int(options["maxSlicesPerTrigger"])
+        if "maxBytesPerTrigger" in options:  # every slice is above 1 byte: one per batch
+            assert len(slices) == 1
+        seen_slices.extend(slices)
+        # per-key order: within a Kafka partition, a key's offsets rise in sink order
+        for k, p, o in zip(t.column("key").to_pylist(), t.column("partition").to_pylist(),
+                           t.column("offset").to_pylist()):
+            assert o > last.get((k, p), -1), (k, p, o)
+            last[(k, p)] = o
+
+
+def test_windowed_counts_equal_a_batch_computation_over_the_source(spark, archive, tmp_path):
+    """With a watermark delay of the source's own out-of-orderness, nothing may be dropped
+    as late: whole-slice micro-batches keep Spark's watermark behind every record to come."""
+    url, src = archive
+    windows = (stream(spark, url, maxSlicesPerTrigger="3")
+               .withWatermark("timestamp", f"{JITTER_MS} milliseconds")
+               .groupBy(F.window("timestamp", "30 seconds"), "key").count())
+    final: dict = {}
+
+    def keep(batch, _):  # type: ignore[no-untyped-def]
+        for r in batch.collect():
+            final[(r["window"]["start"], r["key"])] = r["count"]
+
+    (windows.writeStream.outputMode("update").foreachBatch(keep).option("checkpointLocation", str(tmp_path / "ck"))
+     .trigger(availableNow=True).start().awaitTermination())
+    ts = src.column("timestamp").cast(pa.int64()).to_numpy()
+    starts = ts - ts % 30_000
+    expected = Counter(zip(starts.tolist(), src.column("key").to_pylist()))
+    got = {(int(w.timestamp() * 1000), k): n for (w, k), n in final.items()}
+    assert len(got) > 50
+    assert got == dict(expected)
+
+
+def test_restart_from_checkpoint_after_k_batches_is_exactly_once(spark, archive, tmp_path):
+    url, src = archive
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    df = stream(spark, url, maxSlicesPerTrigger="1")
+    q = (df.writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
+         .trigger(processingTime="0 seconds").start())
+    deadline = time.time() + 120
+    while (q.lastProgress or {}).get("batchId", -1) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    q.stop()
+    first = spark.read.parquet(out).count()
+    assert 0 < first < src.num_rows, "the stop should come part-way"
+    (stream(spark, url, maxSlicesPerTrigger="4").writeStream.format("parquet").option("path", out)
+     .option("checkpointLocation", ck).trigger(availableNow=True).start().awaitTermination())
+    assert identity(spark.read.parquet(out).toArrow()) == identity(src)
+
+
+def test_streaming_from_s3(spark, archive, s3_url, tmp_path):
+    url, src = archive
+    local, remote = open_storage(url), open_storage(s3_url)
+    for info in local.list(""):
+        remote.write(info.key, local.read(info.key))
+    batches = run_collecting(stream(spark, s3_url, maxSlicesPerTrigger="5"), str(tmp_path / "ck"))
+    assert identity(pa.concat_tables([t for _, t in batches])) == identity(src)
+
+
+def test_a_corrupt_file_fails_the_query_naming_it(spark, archive, tmp_path):
+    url, _ = archive
+    local, copy = open_storage(url), open_storage(str(tmp_path / "copy"))
+    for info in local.list(""):
+        copy.write(info.key, local.read(info.key))
+    meta = compacted.load_slice(copy, 1)
+    victim = meta.groups[0].key
+    data = bytearray(copy.read(victim))
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    copy.write(victim, bytes(data))
+    with pytest.raises(Exception) as err:
+        spark.read.format("keyfill").load(copy.url).count()
+    assert victim in str(err.value)
+
+
+def test_option_errors_name_the_option(spark, tmp_path):
+    with pytest.raises(Exception, match="maxSlicesPerTrigger"):
+        (stream(spark, str(tmp_path), maxSlicesPerTrigger="lots").writeStream.format("noop")
+         .option("checkpointLocation", str(tmp_path / "ck")).start().awaitTermination(60))
+    with pytest.raises(reader.spark.SourceOptionError, match="numPartitions"):
+        reader.spark.Options.parse({"path": "x", "numPartitions": "0"})
+    with pytest.raises(reader.spark.SourceOptionError, match="archive URL"):
+        reader.spark.Options.parse({})
+    with pytest.raises(Exception, match="_manifest.json"):
+        spark.read.format("keyfill").load(str(tmp_path)).count()
+
+
+# --- planning, without Spark: admission control and partitions ----------------------------
+
+
+@hypothesis_settings(300)
+@given(limit=st.one_of(st.just(ReadAllAvailable()), st.builds(ReadMaxFiles, st.integers(1, 5)),
+                       st.builds(ReadMaxBytes, st.integers(1, 2_000_000)), st.builds(ReadMaxRows, st.integers(1, 5_000))),
+       max_slices=st.none() | st.integers(1, 4), parts=st.none() | st.integers(1, 8),
+       start=st.integers(0, 3))
+def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(archive, limit, max_slices, parts,
+                                                                             start):
+    url, _ = archive
+    opts = {"path": url, "startingSlice": str(start)}
+    if max_slices:
+        opts["maxSlicesPerTrigger"] = str(max_slices)
+    if parts:
+        opts["numPartitions"] = str(parts)
+    rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse(opts))
+    manifest = rdr.planner.manifest
+    offset = rdr.initialOffset()
+    assert offset == {"slice": start}
+    seen = []
+    while True:
+        end = rdr.latestOffset(offset, limit)
+        assert json.loads(json.dumps(end)) == end
+        if end == offset:
+            break
+        taken = [s for s in range(offset["slice"], end["slice"]) if manifest.slices[s].records]
+        assert taken, "every batch holds at least one slice with records"
+        last = manifest.slices[end["slice"] - 1]
+        assert last.records or end["slice"] == len(manifest.slices)  # empty slices only ride along
+        if len(taken) > 1:  # beyond one slice, the limits hold
+            if isinstance(limit, ReadMaxFiles):
+                assert len(taken) <= limit.max_files
+            if isinstance(limit, ReadMaxBytes):
+                assert sum(manifest.slices[s].file_bytes for s in taken) <= limit.max_bytes
+            if isinstance(limit, ReadMaxRows):
+                assert sum(manifest.slices[s].records for s in taken) <= limit.max_rows
+            if max_slices and not isinstance(limit, (ReadAllAvailable, ReadMaxFiles)):
+                assert len(taken) <= max_slices  # the option applies on top of other limits
+        plan = rdr.partitions(offset, end)
+        assert len(plan) <= (parts or manifest.groups)
+        files = [(f.slice, f.group) for p in plan for f in p.files]
+        expected = [(s, g.group) for s in range(offset["slice"], end["slice"])
+                    for g in rdr.planner.slice_meta(s).groups]
+        assert sorted(files) == sorted(expected) and len(set(files)) == len(files)
+        owners = defaultdict(set)
+        for i, p in enumerate(plan):  # a group lives in one partition, read slice by slice
+            assert [f.slice for f in p.files] == sorted(f.slice for f in p.files)
+            for f in p.files:
+                owners[f.group].add(i)
+        assert all(len(o) == 1 for o in owners.values())
+        seen.extend(files)
+        offset = end
+    assert offset == {"slice": len(manifest.slices)}
+    assert len(seen) == sum(s.files for s in manifest.slices[start:])
+
+
+def test_bundled_partitions_are_balanced_by_bytes(archive):
+    url, _ = archive
+    rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url, "numPartitions": "2"}))
+    plan = rdr.partitions({"slice": 0}, {"slice": len(rdr.planner.manifest.slices)})
+    groups_of = [{f.group for f in p.files} for p in plan]
+    assert len(plan) == 2 and not groups_of[0] & groups_of[1]
+    loads = [sum(f.file_bytes for f in p.files) for p in plan]
+    per_group = defaultdict(int)
+    for p in plan:
+        for f in p.files:
+            per_group[f.group] += f.file_bytes
+    assert max(loads) - min(loads) <= max(per_group.values())  # no worse than one group's bytes
+    assert np.sum(loads) == sum(s.file_bytes for s in rdr.planner.manifest.slices)
+
+
+@pytest.mark.parametrize("fmt", ["spark", "csv", "json"])
+def test_handoff_names_the_next_offset_after_the_archive_for_every_partition(archive, capsys, fmt):
+    from keyfill.cli import main
+
+    url, src = archive
+    parts = src.column("partition").to_numpy()
+    offs = src.column("offset").to_numpy()
+    expected = {int(p): int(offs[parts == p].max()) + 1 for p in np.unique(parts)}
+    assert main(["handoff", url, "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    if fmt == "spark":
+        assert json.loads(out) == {"payments": {str(p): o for p, o in expected.items()}}
+    elif fmt == "csv":
+        rows = [line.split(",") for line in out.splitlines()]
+        assert {int(p): int(o) for t, p, o in rows} == expected and {t for t, _, _ in rows} == {"payments"}
+    else:
+        doc = json.loads(out)
+        assert {int(p): o for p, o in doc["offsets"].items()} == expected
+        assert doc["records"] == src.num_rows
+        assert json.loads(doc["spark_starting_offsets"]) == {"payments": {str(p): o for p, o in expected.items()}}
