@@ -305,12 +305,14 @@ def conform(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
 
 # --- fast decoding -------------------------------------------------------------------------
 # fastavro builds a dict per record (about 230K records/s, GIL held). Envelope files have one
-# fixed schema, so a compiled loop over fastavro's raw blocks decodes straight into Arrow
-# buffers and releases the GIL, letting reader threads decode in parallel.
+# fixed schema, so compiled loops read the container's block framing and the records straight
+# into Arrow buffers with the GIL released (only the small header, decompression and the
+# Arrow wrapping run in Python), letting reader threads decode in parallel.
 
 # Error codes of the compiled Avro readers (shared with compactor.kafka_connect).
 ERR_EOF, ERR_UNION, ERR_NEGATIVE = 1, 2, 3
 _ERR_EOF, _ERR_UNION, _ERR_NEGATIVE = ERR_EOF, ERR_UNION, ERR_NEGATIVE
+_ERR_SYNC, _ERR_RANGE = 5, 6
 
 
 @njit(cache=True, nogil=True)
@@ -345,91 +347,212 @@ def read_bytes(buf, pos, end, dst, dpos):
 
 
 @njit(cache=True, nogil=True)
-def _decode_blocks(buf, block_ends, block_counts, part, off, ts, k_off, k_data, k_valid, v_off, v_data,
-                   v_valid, h_off, hk_off, hk_data, hv_off, hv_data, hv_valid):
-    """Decode all records; returns (records, header items, error code, failing record)."""
+def _scan_blocks(buf, pos, sync, starts, ends, counts, fill):
+    """Walk the container's data blocks from `pos` (each: record count, byte size, data, sync
+    marker); with `fill`, record them. (blocks, error, byte position of the error)."""
+    end = buf.shape[0]
+    nblocks = 0
+    while pos < end:
+        at = pos
+        count, pos = read_varint(buf, pos, end)
+        if pos < 0:
+            return nblocks, _ERR_EOF, at
+        size, pos = read_varint(buf, pos, end)
+        if pos < 0:
+            return nblocks, _ERR_EOF, at
+        if count < 0 or size < 0:
+            return nblocks, _ERR_NEGATIVE, at
+        if size > end - pos - 16:
+            return nblocks, _ERR_EOF, at
+        if fill:
+            starts[nblocks] = pos
+            ends[nblocks] = pos + size
+            counts[nblocks] = count
+        pos += size
+        for k in range(16):
+            if buf[pos + k] != sync[k]:
+                return nblocks, _ERR_SYNC, pos
+        pos += 16
+        nblocks += 1
+    return nblocks, 0, 0
+
+
+@njit(cache=True, nogil=True)
+def _frame_blocks(buf, pos, sync):
+    """(data starts, data ends, record counts, error, byte position of the error) of the
+    container's blocks: counted first, then recorded."""
+    none = np.empty(0, np.int64)
+    nblocks, err, at = _scan_blocks(buf, pos, sync, none, none, none, False)
+    if err:
+        return none, none, none, err, at
+    starts, ends, counts = np.empty(nblocks, np.int64), np.empty(nblocks, np.int64), np.empty(nblocks, np.int64)
+    _scan_blocks(buf, pos, sync, starts, ends, counts, True)
+    return starts, ends, counts, 0, 0
+
+
+@njit(cache=True, nogil=True)
+def _skip_bytes(buf, pos, end):
+    """(start, length, new pos) of a length-prefixed byte string, or an error in new pos:
+    -1 past the end, -2 negative length."""
+    length, pos = read_varint(buf, pos, end)
+    if pos < 0:
+        return 0, 0, -1
+    if length < 0:
+        return 0, 0, -2
+    if pos + length > end:
+        return 0, 0, -1
+    return pos, length, pos + length
+
+
+@njit(cache=True, nogil=True)
+def _grow(a, need):
+    if need <= a.shape[0]:
+        return a
+    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _gather(buf, pos, length, n):
+    """Concatenate buf[pos[i] : pos[i] + length[i]] into exact Arrow offsets (int32) and data."""
+    offsets = np.empty(n + 1, np.int32)
+    total = 0
+    for i in range(n):
+        offsets[i] = total
+        total += length[i]
+    offsets[n] = total
+    data = np.empty(total, np.uint8)
+    for i in range(n):
+        data[offsets[i] : offsets[i + 1]] = buf[pos[i] : pos[i] + length[i]]
+    return offsets, data
+
+
+@njit(cache=True, nogil=True)
+def _decode_records(buf, starts, ends, counts):
+    """Decode every record of the blocks [starts[b], ends[b]) of `buf`. A first pass parses
+    and records where each byte string lies; a second copies them into buffers of exactly
+    their size, so the Arrow batch holds no slack. Returns (error, failing record, partition,
+    offset, timestamp, key offsets/data/valid, value offsets/data/valid, header offsets,
+    header key offsets/data, header value offsets/data/valid)."""
+    n = 0
+    for b in range(counts.shape[0]):
+        n += counts[b]
+    part = np.empty(n, np.int32)
+    off = np.empty(n, np.int64)
+    ts = np.empty(n, np.int64)
+    k_pos, k_len = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    v_pos, v_len = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    k_valid, v_valid = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
+    h_off = np.empty(n + 1, np.int32)
+    cap = 16
+    hk_pos, hk_len = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    hv_pos, hv_len = np.empty(cap, np.int64), np.zeros(cap, np.int64)
+    hv_valid = np.zeros(cap, np.bool_)
     i = 0
     j = 0
-    kp = 0
-    vp = 0
-    hkp = 0
-    hvp = 0
-    pos = 0
-    for b in range(block_ends.shape[0]):
-        end = block_ends[b]
-        for _ in range(block_counts[b]):
-            k_off[i] = kp
-            v_off[i] = vp
+    err = 0
+    for b in range(starts.shape[0]):
+        pos = starts[b]
+        end = ends[b]
+        for _ in range(counts[b]):
             h_off[i] = j
             x, pos = read_varint(buf, pos, end)
             if pos < 0:
-                return i, j, _ERR_EOF, i
+                err = _ERR_EOF
+                break
+            if x < -(2**31) or x >= 2**31:
+                err = _ERR_RANGE  # an int field beyond 32 bits
+                break
             part[i] = x
             x, pos = read_varint(buf, pos, end)
             if pos < 0:
-                return i, j, _ERR_EOF, i
+                err = _ERR_EOF
+                break
             off[i] = x
             x, pos = read_varint(buf, pos, end)
             if pos < 0:
-                return i, j, _ERR_EOF, i
+                err = _ERR_EOF
+                break
             ts[i] = x
             for field in range(2):
                 branch, pos = read_varint(buf, pos, end)
                 if pos < 0:
-                    return i, j, _ERR_EOF, i
+                    err = _ERR_EOF
+                    break
                 if branch != 0 and branch != 1:
-                    return i, j, _ERR_UNION, i
-                if field == 0:
-                    k_valid[i] = branch == 1
-                    if branch == 1:
-                        pos, kp, err = read_bytes(buf, pos, end, k_data, kp)
-                        if err:
-                            return i, j, err, i
-                else:
-                    v_valid[i] = branch == 1
-                    if branch == 1:
-                        pos, vp, err = read_bytes(buf, pos, end, v_data, vp)
-                        if err:
-                            return i, j, err, i
+                    err = _ERR_UNION
+                    break
+                if branch == 1:
+                    start, length, pos = _skip_bytes(buf, pos, end)
+                    if pos < 0:
+                        err = _ERR_EOF if pos == -1 else _ERR_NEGATIVE
+                        break
+                    if field == 0:
+                        k_valid[i], k_pos[i], k_len[i] = True, start, length
+                    else:
+                        v_valid[i], v_pos[i], v_len[i] = True, start, length
+            if err:
+                break
             while True:  # array blocks: count, items ..., until a zero count
                 count, pos = read_varint(buf, pos, end)
                 if pos < 0:
-                    return i, j, _ERR_EOF, i
+                    err = _ERR_EOF
+                    break
                 if count == 0:
                     break
                 if count < 0:  # a negative count is followed by the block's byte size
                     count = -count
                     _, pos = read_varint(buf, pos, end)
                     if pos < 0:
-                        return i, j, _ERR_EOF, i
+                        err = _ERR_EOF
+                        break
+                if count > (end - pos) // 2:  # every item takes at least two bytes
+                    err = _ERR_EOF
+                    break
+                if j + count > hk_pos.shape[0]:
+                    need = j + count
+                    hk_pos, hk_len, hv_pos = _grow(hk_pos, need), _grow(hk_len, need), _grow(hv_pos, need)
+                    hv_len, hv_valid = _grow(hv_len, need), _grow(hv_valid, need)
                 for _ in range(count):
-                    if j >= hk_off.shape[0] - 1:
-                        return i, j, _ERR_EOF, i
-                    hk_off[j] = hkp
-                    hv_off[j] = hvp
-                    pos, hkp, err = read_bytes(buf, pos, end, hk_data, hkp)
-                    if err:
-                        return i, j, err, i
+                    start, length, pos = _skip_bytes(buf, pos, end)
+                    if pos < 0:
+                        err = _ERR_EOF if pos == -1 else _ERR_NEGATIVE
+                        break
+                    hk_pos[j], hk_len[j] = start, length
                     branch, pos = read_varint(buf, pos, end)
                     if pos < 0:
-                        return i, j, _ERR_EOF, i
+                        err = _ERR_EOF
+                        break
                     if branch != 0 and branch != 1:
-                        return i, j, _ERR_UNION, i
+                        err = _ERR_UNION
+                        break
                     hv_valid[j] = branch == 1
+                    hv_len[j] = 0
                     if branch == 1:
-                        pos, hvp, err = read_bytes(buf, pos, end, hv_data, hvp)
-                        if err:
-                            return i, j, err, i
+                        start, length, pos = _skip_bytes(buf, pos, end)
+                        if pos < 0:
+                            err = _ERR_EOF if pos == -1 else _ERR_NEGATIVE
+                            break
+                        hv_pos[j], hv_len[j] = start, length
                     j += 1
+                if err:
+                    break
+            if err:
+                break
             i += 1
+        if err:
+            break
         if pos != end:
-            return i, j, _ERR_EOF, i
-    k_off[i] = kp
-    v_off[i] = vp
+            err = _ERR_EOF
+            break
     h_off[i] = j
-    hk_off[j] = hkp
-    hv_off[j] = hvp
-    return i, j, 0, i
+    k_off, k_data = _gather(buf, k_pos, k_len, i)
+    v_off, v_data = _gather(buf, v_pos, v_len, i)
+    hk_off, hk_data = _gather(buf, hk_pos, hk_len, j)
+    hv_off, hv_data = _gather(buf, hv_pos, hv_len, j)
+    return (err, i, part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off,
+            hk_off, hk_data, hv_off, hv_data, hv_valid[:j].copy())
 
 
 def _normal_type(t):
@@ -446,75 +569,144 @@ def _normal_type(t):
 
 
 _ENVELOPE_SHAPE = _normal_type(AVRO_SCHEMA)
+_MAGIC = b"Obj\x01"
+
+
+def _read_long(data, pos: int) -> tuple[int, int]:
+    z = shift = 0
+    while True:
+        b = data[pos]  # IndexError past the end
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (z >> 1) ^ -(z & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _read_header(data, name: str) -> tuple[dict[str, str], bytes, int]:
+    """(metadata, sync marker, position of the first block) of an Avro object container."""
+    if bytes(data[:4]) != _MAGIC:
+        raise CorruptFile(f"{name}: not an Avro object container file (bad magic bytes)")
+    meta: dict[str, str] = {}
+    pos = 4
+    try:
+        while True:  # map<bytes>: blocks of count, (key, value)..., until a zero count
+            count, pos = _read_long(data, pos)
+            if count == 0:
+                break
+            if count < 0:
+                count = -count
+                _, pos = _read_long(data, pos)
+            for _ in range(count):
+                item = []
+                for _ in range(2):
+                    length, pos = _read_long(data, pos)
+                    if length < 0 or pos + length > len(data):
+                        raise ValueError("bad length in the file header")
+                    item.append(bytes(data[pos : pos + length]).decode())
+                    pos += length
+                meta[item[0]] = item[1]
+    except (IndexError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CorruptFile(f"{name}: not a readable Avro file: {exc or 'header ends early'}") from None
+    sync = bytes(data[pos : pos + 16])
+    if len(sync) != 16:
+        raise CorruptFile(f"{name}: not a readable Avro file: header ends early")
+    return meta, sync, pos + 16
+
+
+def _decompress(codec: str, view: memoryview, starts: np.ndarray, ends: np.ndarray, name: str):
+    """(buffer, starts, ends) of the decompressed blocks. snappy goes straight into one
+    buffer sized from the blocks' own length prefixes; cramjam and zlib release the GIL."""
+    sizes = np.empty(len(starts), np.int64)
+    try:
+        if codec == "snappy":
+            import cramjam
+
+            for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+                if e - s < 4:
+                    raise ValueError("snappy block shorter than its checksum")
+                sizes[b] = cramjam.snappy.decompress_raw_len(view[s : e - 4])
+            out_ends = np.cumsum(sizes)
+            out = np.empty(int(out_ends[-1]) if len(sizes) else 0, np.uint8)
+            for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+                a = int(out_ends[b] - sizes[b])
+                piece = out[a : int(out_ends[b])]
+                if cramjam.snappy.decompress_raw_into(view[s : e - 4], piece) != sizes[b]:
+                    raise ValueError("snappy block shorter than it says")
+                if zlib.crc32(piece) != int.from_bytes(view[e - 4 : e], "big"):
+                    raise ValueError("snappy block checksum mismatch")
+        elif codec == "deflate":
+            pieces = [zlib.decompress(view[s:e], -15) for s, e in zip(starts.tolist(), ends.tolist())]
+            sizes[:] = [len(p) for p in pieces]
+            out_ends = np.cumsum(sizes)
+            out = np.frombuffer(b"".join(pieces), np.uint8)
+        else:
+            raise CorruptFile(f"{name}: unsupported Avro codec {codec!r}")
+    except CorruptFile:
+        raise
+    except Exception as exc:  # zlib.error, cramjam's DecompressionError, ValueError
+        raise CorruptFile(f"{name}: a {codec} block does not decompress: {exc}") from None
+    return out, out_ends - sizes, out_ends
 
 
 def _arrow_binary(n, offsets, data, valid, typ=pa.binary()):
-    nulls = int(n - valid.sum()) if valid is not None else 0
+    nulls = int(n - np.count_nonzero(valid)) if valid is not None else 0
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
 
 
+_ERRORS = {_ERR_EOF: "data ends inside a record", _ERR_UNION: "bad union branch", _ERR_NEGATIVE: "negative length",
+           _ERR_RANGE: "partition out of the int range"}
+
+
 def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], pa.RecordBatch]:
-    """Metadata and records of an envelope Avro file as one Arrow batch, decoded by the
-    compiled loop; same result as `read_avro_batch` (the fastavro reference), several times
-    faster."""
+    """Metadata and records of an envelope Avro file as one Arrow batch, decoded by compiled
+    loops; same result as `read_avro_batch` (the fastavro reference), about 10x faster. The
+    container framing and the records are parsed with the GIL released; the batch's buffers
+    are exactly as large as its data (none of them is a view on `data`)."""
     import json
 
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    meta, sync, pos = _read_header(view, name)
     try:
-        blocks = fastavro.block_reader(io.BytesIO(data))
-        meta = {k: v.decode() if isinstance(v, bytes) else v for k, v in blocks.metadata.items()}
-        if _normal_type(json.loads(meta["avro.schema"])) != _ENVELOPE_SHAPE:
-            raise CorruptFile(f"{name}: Avro schema is not the keyfill envelope schema")
-        raw, counts = [], []
-        for block in blocks:
-            raw.append(block.bytes_.getbuffer())
-            counts.append(block.num_records)
-    except CorruptFile:
-        raise
-    except Exception as exc:
-        raise CorruptFile(f"{name}: not a readable Avro file: {exc}") from exc
-    buf = np.frombuffer(b"".join(raw), dtype=np.uint8) if raw else np.zeros(0, np.uint8)
-    ends = np.cumsum([len(r) for r in raw], dtype=np.int64)
-    counts_arr = np.asarray(counts, dtype=np.int64)
-    n = int(counts_arr.sum())
-    size = buf.shape[0]
-    if n * 6 > size or (counts_arr < 0).any():  # an envelope record takes at least 6 bytes
-        raise CorruptFile(f"{name}: block headers claim {n} records in {size} bytes")
-    max_items = size // 2 + 1  # every header item takes at least two bytes
-    part = np.empty(n, np.int32)
-    off = np.empty(n, np.int64)
-    ts = np.empty(n, np.int64)
-    k_off, v_off, h_off = (np.empty(n + 1, np.int32) for _ in range(3))
-    k_valid, v_valid = np.empty(n, np.bool_), np.empty(n, np.bool_)
-    k_data, v_data, hk_data, hv_data = (np.empty(size, np.uint8) for _ in range(4))
-    hk_off, hv_off = np.empty(max_items + 1, np.int32), np.empty(max_items + 1, np.int32)
-    hv_valid = np.empty(max_items, np.bool_)
-    got, items, err, at = _decode_blocks(buf, ends, counts_arr, part, off, ts, k_off, k_data, k_valid, v_off,
-                                         v_data, v_valid, h_off, hk_off, hk_data, hv_off, hv_data, hv_valid)
+        schema = json.loads(meta["avro.schema"])
+    except (KeyError, ValueError) as exc:
+        raise CorruptFile(f"{name}: not a readable Avro file: no valid schema ({exc})") from None
+    if _normal_type(schema) != _ENVELOPE_SHAPE:
+        raise CorruptFile(f"{name}: Avro schema is not the keyfill envelope schema")
+    buf = np.frombuffer(view, np.uint8)
+    starts, ends, counts, err, at = _frame_blocks(buf, pos, np.frombuffer(sync, np.uint8))
+    if err:
+        what = "sync marker mismatch" if err == _ERR_SYNC else "bad block header" if err == _ERR_NEGATIVE \
+            else "file ends inside a block"
+        raise CorruptFile(f"{name}: not a readable Avro file: {what} at byte {at}")
+    codec = meta.get("avro.codec", "null")
+    if codec != "null":
+        buf, starts, ends = _decompress(codec, view, starts, ends, name)
+    if (counts > (ends - starts) // 6).any():  # an envelope record takes at least 6 bytes
+        raise CorruptFile(f"{name}: block headers claim {int(counts.sum())} records in {int((ends - starts).sum())} bytes")
+    (err, at, part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off,
+     hk_off, hk_data, hv_off, hv_data, hv_valid) = _decode_records(buf, starts, ends, counts)  # fmt: skip
     if err:
         where = f"record {at}" + (f" (after offset {off[at - 1]})" if at else "")
-        what = {_ERR_EOF: "data ends inside a record", _ERR_UNION: "bad union branch",
-                _ERR_NEGATIVE: "negative length"}[err]
-        raise CorruptFile(f"{name}: {what} at {where}")
-    header_keys = _arrow_binary(items, hk_off[: items + 1], hk_data[: hk_off[items]], None, pa.string())
+        raise CorruptFile(f"{name}: {_ERRORS[err]} at {where}")
+    n, items = len(part), len(hv_valid)
+    header_keys = _arrow_binary(items, hk_off, hk_data, None, pa.string())
     try:
         header_keys.validate(full=True)  # Avro strings must be UTF-8
     except pa.ArrowInvalid as exc:
         raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
     items_arr = pa.StructArray.from_arrays(
-        [
-            header_keys,
-            _arrow_binary(items, hv_off[: items + 1], hv_data[: hv_off[items]], hv_valid[:items]),
-        ],
-        fields=list(HEADER_TYPE),
-    )
+        [header_keys, _arrow_binary(items, hv_off, hv_data, hv_valid)], fields=list(HEADER_TYPE))
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(part),
             pa.array(off),
             pa.array(ts).view(pa.timestamp("ms", tz="UTC")),
-            _arrow_binary(n, k_off, k_data[: k_off[n]], k_valid),
-            _arrow_binary(n, v_off, v_data[: v_off[n]], v_valid),
+            _arrow_binary(n, k_off, k_data, k_valid),
+            _arrow_binary(n, v_off, v_data, v_valid),
             pa.ListArray.from_arrays(pa.array(h_off), items_arr),
         ],
         schema=ARROW_SCHEMA,

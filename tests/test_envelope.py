@@ -118,20 +118,42 @@ def test_fast_decoder_equals_fastavro_reference(records, codec, block_bytes):
     assert fast.equals(ref)
 
 
-@settings(max_examples=60, deadline=None)
-@given(records=st.lists(record, min_size=1, max_size=20), block_bytes=st.integers(1, 512))
-def test_fast_decoder_reads_fastavro_written_files(records, block_bytes):
-    """Files from other writers (fastavro here, its own block sizes) decode the same."""
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(record, min_size=1, max_size=20), block_bytes=st.integers(1, 512),
+       codec=st.sampled_from(envelope.CODECS),
+       metadata=st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: not k.startswith("avro.")),
+                                st.text(max_size=20), max_size=3))
+def test_fast_decoder_reads_fastavro_written_files(records, block_bytes, codec, metadata):
+    """Files from other writers (fastavro here: its own header, block sizes and codecs)
+    decode the same, metadata included."""
     buf = io.BytesIO()
-    fastavro.writer(buf, envelope.PARSED_SCHEMA, records, codec="deflate", sync_interval=block_bytes)
-    assert envelope.decode_avro(buf.getvalue())[1].to_pylist() == envelope.read_avro_batch(buf.getvalue())[1].to_pylist()
+    fastavro.writer(buf, envelope.PARSED_SCHEMA, records, codec=codec, sync_interval=block_bytes,
+                    metadata=metadata)
+    meta, fast = envelope.decode_avro(buf.getvalue())
+    ref_meta, ref = envelope.read_avro_batch(buf.getvalue())
+    assert meta == ref_meta
+    assert fast.to_pylist() == ref.to_pylist() == envelope.batch_from_records(records).to_pylist()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=50, deadline=None)
+@given(records=st.lists(record, max_size=30), block_bytes=st.integers(1, 600))
+def test_fast_decoder_buffers_hold_exactly_the_data(records, block_bytes):
+    """No slack and no views on the file: every data buffer is as long as its strings."""
+    data = envelope.encode_avro(envelope.batch_from_records(records), codec="null", block_bytes=block_bytes)
+    _, batch = envelope.decode_avro(bytearray(data))  # any bytes-like input
+    headers = batch.column("headers").values
+    for arr in (batch.column("key"), batch.column("value"), headers.field("key"), headers.field("value")):
+        lengths = [len(v) if isinstance(v, bytes) else len(v.encode()) for v in arr.to_pylist() if v is not None]
+        assert arr.buffers()[2].size == sum(lengths)
+    assert batch.to_pylist() == envelope.read_avro_batch(data)[1].to_pylist()
+
+
+@settings(max_examples=400, deadline=None)
 @given(records=st.lists(record, min_size=1, max_size=10), cut=st.floats(0, 1), flip=st.integers(0, 10**6),
-       mode=st.sampled_from(["truncate", "flip"]))
-def test_corrupt_files_raise_corruptfile_never_crash(records, cut, flip, mode):
-    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec="null"))
+       mode=st.sampled_from(["truncate", "flip"]), codec=st.sampled_from(envelope.CODECS),
+       block_bytes=st.sampled_from([1, 200, envelope.DEFAULT_BLOCK_BYTES]))
+def test_corrupt_files_raise_corruptfile_never_crash(records, cut, flip, mode, codec, block_bytes):
+    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes))
     if mode == "truncate":
         data = data[: int(len(data) * cut)]
     else:
