@@ -8,7 +8,9 @@ everyone has finished slice s, so every record of slice s reaches the consumer b
 watermark of s and before any record of s + 1 (DESIGN.md invariants 1-4).
 
 While a thread decodes slice s, its files of slice s + 1 are already being fetched (bounded
-by `read_ahead_bytes`), which hides object-store latency.
+by `read_ahead_bytes`), which hides object-store latency. A file larger than `range_bytes`
+(the hot group's, typically) is fetched as several concurrent ranged GETs, so one thread is
+not serialised behind one long transfer while the others wait at the barrier.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pyarrow as pa
 
 import keygroups
 from keygroups import compacted, envelope
-from keygroups.storage import Storage, open_storage
+from keygroups.storage import Storage, StorageError, open_storage
 
 CHECKPOINT_VERSION = 1
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
@@ -99,6 +101,7 @@ class Replay:
         batch_size: int = 65_536,
         watermark_bound_ms: int = 0,
         read_ahead_bytes: int = 256 << 20,
+        range_bytes: int = 8 << 20,
         queue_batches: int | None = None,
         max_drift_ms: int | None = None,
         pacing: str = "drift",
@@ -113,12 +116,15 @@ class Replay:
             raise ValueError("pacing must be 'drift' (with max_drift_ms), 'proportional' or 'none'")
         if max_drift_ms is not None and max_drift_ms < 0:
             raise ValueError("max_drift_ms must not be negative")
+        if range_bytes < 0:
+            raise ValueError("range_bytes must not be negative (0: one GET per file)")
         self.store = store or open_storage(url, threads=max(threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.threads = threads
         self.batch_size = batch_size
         self.bound = watermark_bound_ms
         self.read_ahead_bytes = read_ahead_bytes
+        self.range_bytes = range_bytes
         weights = np.asarray(self.manifest.group_payload_bytes, dtype=np.int64)
         self.thread_of_group = keygroups.assign_threads(weights, threads) if len(weights) else np.zeros(0, np.int32)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches or max(4, 2 * threads))
@@ -175,12 +181,46 @@ class Replay:
 
     # --- threads ----------------------------------------------------------------------------
 
-    def _fetch(self, s: int, group_file: compacted.GroupFile) -> bytes:
-        return self.store.read(group_file.key)
+    def _ranges(self, gf: compacted.GroupFile) -> list[tuple[int, int]]:
+        """(start, length) of the ranged GETs for a file larger than `range_bytes`; none for a
+        file fetched whole. The last range asks for one byte more than the slice metadata
+        promises, so an object that is longer than recorded cannot be silently cut short."""
+        size = gf.file_bytes
+        if not self.range_bytes or size <= self.range_bytes:
+            return []
+        starts = list(range(0, size, self.range_bytes))
+        return [(a, min(self.range_bytes, size - a) + (a == starts[-1])) for a in starts]
+
+    def _start_fetch(self, gf: compacted.GroupFile) -> list[Future]:
+        """Read-ahead: the file's GET, or its ranged GETs, in flight on the I/O pool."""
+        ranges = self._ranges(gf)
+        if not ranges:
+            return [self._io.submit(self.store.read, gf.key)]
+        return [self._io.submit(self.store.read_range, gf.key, a, n) for a, n in ranges]
+
+    def _fetch(self, gf: compacted.GroupFile, pending: list[Future] | None) -> bytes:
+        """The file's bytes: from its read-ahead futures, or fetched now (beyond the read-ahead
+        budget; then this thread GETs the first range itself while the pool GETs the rest)."""
+        ranges = self._ranges(gf)
+        if pending is None:
+            if not ranges:
+                return self.store.read(gf.key)
+            pending = [self._io.submit(self.store.read_range, gf.key, a, n) for a, n in ranges[1:]]
+            parts = [self.store.read_range(gf.key, *ranges[0])] + [f.result() for f in pending]
+        else:
+            parts = [f.result() for f in pending]
+        if not ranges:
+            return parts[0]
+        data = b"".join(parts)
+        if len(data) != gf.file_bytes:
+            found = "more" if len(data) > gf.file_bytes else len(data)
+            raise StorageError(f"{self.store.url_for(gf.key)}: the slice metadata says {gf.file_bytes} bytes, "
+                               f"the object has {found}")
+        return data
 
     def _worker(self, t: int, first: int, metas: list[compacted.SliceMeta | None]) -> None:
         mine = {g for g in range(len(self.thread_of_group)) if self.thread_of_group[g] == t}
-        ahead: dict[tuple[int, int], Future] = {}
+        ahead: dict[tuple[int, int], list[Future]] = {}
 
         def prefetch(s: int) -> None:
             if s >= len(metas):
@@ -189,7 +229,7 @@ class Replay:
             for gf in self._slice_meta(metas, s).groups:
                 if gf.group in mine and (s, gf.group) not in ahead and budget >= 0:
                     budget -= gf.file_bytes
-                    ahead[(s, gf.group)] = self._io.submit(self._fetch, s, gf)
+                    ahead[(s, gf.group)] = self._start_fetch(gf)
 
         try:
             for s in range(first, len(metas)):
@@ -207,8 +247,7 @@ class Replay:
                         return
                     name = self.store.url_for(gf.key)
                     try:
-                        pending = ahead.pop((s, gf.group), None)  # None: beyond the read-ahead budget
-                        data = pending.result() if pending is not None else self._fetch(s, gf)
+                        data = self._fetch(gf, ahead.pop((s, gf.group), None))  # None: beyond the budget
                         _, batch = envelope.decode_avro(data, name=name)
                     except BaseException as exc:
                         raise ReplayError(f"group {gf.group}, slice {s}: {name}: {exc}") from exc
@@ -374,7 +413,8 @@ class Replay:
 def replay(url: str, *, threads: int = 16, resume: dict | None = None, **options: Any) -> Replay:
     """Replay the compacted archive at `url` with `threads` readers. Options: batch_size
     (records per batch), watermark_bound_ms (B: watermark = slice end - B), read_ahead_bytes
-    (GETs of the next slice in flight), queue_batches (batches buffered for the consumer),
+    (GETs of the next slice in flight), range_bytes (files larger than this are fetched as
+    concurrent ranged GETs of this size; 0: one GET per file), queue_batches (batches buffered for the consumer),
     max_drift_ms (a thread ahead of the slowest active one by more than this pauses),
     pacing ("drift", or "proportional": the seed design's sleep heuristic, for comparison)."""
     return Replay(url, threads=threads, resume=resume, **options)

@@ -172,6 +172,81 @@ def test_drift_bound_holds_back_threads_that_run_ahead(archives, drift):
     assert events.max_spread_ms < free.max_spread_ms
 
 
+class RangeCountingStore:
+    """Delegates to a Storage and records which reads were whole and which were ranged."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.whole: list[str] = []
+        self.ranged: list[tuple[str, int, int]] = []
+        self._lock = threading.Lock()
+
+    def read(self, key: str) -> bytes:
+        with self._lock:
+            self.whole.append(key)
+        return self._inner.read(key)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        with self._lock:
+            self.ranged.append((key, start, length))
+        return self._inner.read_range(key, start, length)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def copy_archive(src_root: str, dest_url: str):
+    src, dest = open_storage(src_root), open_storage(dest_url)
+    for info in src.list():
+        dest.write(info.key, src.read(info.key))
+    return dest
+
+
+@pytest.mark.parametrize("range_bytes,read_ahead", [(0, 256 << 20), (4_000, 256 << 20), (4_000, 0), (50_000, 60_000)])
+def test_large_files_arrive_as_ranged_gets_with_the_same_events(archives, storage_url, range_bytes, read_ahead):
+    """On local disk and on a real S3 server: files above range_bytes are fetched as several
+    ranged GETs (from the read-ahead, or on demand beyond its budget), and the replay is the
+    same, record for record, as with one GET per file."""
+    src_root, table, before = archives["hot"]
+    store = RangeCountingStore(copy_archive(src_root, storage_url))
+    with reader.replay(storage_url, threads=3, batch_size=400, range_bytes=range_bytes,
+                       read_ahead_bytes=read_ahead, store=store) as events:
+        got, _ = run(events)
+    check_invariants(got, table, before, 0)
+    with reader.replay(src_root, threads=3, batch_size=400) as events:
+        reference, _ = run(events)
+    key = lambda evs: sorted((e.group, e.slice, e.batch.column("offset")[0].as_py(), e.batch.num_rows)  # noqa: E731
+                             for e in evs if isinstance(e, reader.Records))
+    assert key(got) == key(reference)
+    sizes = {gf.key: gf.file_bytes for s in range(len(compacted.load_manifest(store).slices))
+             for gf in compacted.load_slice(store, s).groups}
+    big = {k for k, n in sizes.items() if range_bytes and n > range_bytes}
+    avro = [k for k in store.whole if k.endswith(".avro")]
+    assert sorted(avro) == sorted(set(sizes) - big)  # each small file in one GET, big ones never whole
+    assert {k for k, _, _ in store.ranged} == big
+    for k in big:  # the ranges tile the file (the last asks for one byte more)
+        starts = sorted(a for kk, a, _ in store.ranged if kk == k)
+        assert starts == list(range(0, sizes[k], range_bytes))
+    if range_bytes == 4_000:
+        assert len(big) > 3
+
+
+def test_an_object_longer_than_its_metadata_is_an_error_with_ranged_gets(archives, tmp_path):
+    dest = str(tmp_path / "copy")
+    store = copy_archive(archives["hot"][0], dest)
+    victim = max(compacted.load_slice(store, 0).groups, key=lambda gf: gf.file_bytes)
+    store.write(victim.key, store.read(victim.key) + b"\x00" * 10)
+    with pytest.raises(reader.ReplayError, match="slice metadata says") as err:
+        with reader.replay(dest, threads=2, range_bytes=1_000) as events:
+            run(events)
+    assert victim.key in str(err.value)
+
+
+def test_negative_range_bytes_is_refused(archives):
+    with pytest.raises(ValueError, match="range_bytes"):
+        reader.replay(archives["hot"][0], range_bytes=-1)
+
+
 def test_a_finished_replay_checkpoint_resumes_to_nothing(archives):
     dest, _, _ = archives["gappy"]
     with reader.replay(dest, threads=2) as events:
