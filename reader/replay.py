@@ -239,6 +239,10 @@ class Replay:
                 own = [gf for gf in meta.groups if gf.group in mine]
                 if own:  # event time starts at the earliest record it will emit, known from metadata
                     self._begin_slice(t, min(gf.min_timestamp for gf in own))
+                if self.max_drift_ms is not None:
+                    # Everyone declares where its slice starts before anyone emits: a thread that
+                    # began late would otherwise join below a bound the others already used.
+                    self._barrier.wait()
                 runs = []  # per group: its batches with a non-decreasing event-time key
                 for gf in meta.groups:
                     if gf.group not in mine:
