@@ -20,6 +20,10 @@ example: $(BIN)/keyfill
 	$(BIN)/keyfill compact $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
 	$(BIN)/keyfill verify $(EXAMPLE)/source $(EXAMPLE)/compacted --no-progress
 	$(BIN)/keyfill replay $(EXAMPLE)/compacted --threads 4 --no-progress
+	$(BIN)/keyfill handoff $(EXAMPLE)/compacted --format csv
+	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(abspath $(BIN))/python $(BIN)/spark-submit --master 'local[*]' \
+		--conf spark.log.level=WARN --conf spark.sql.shuffle.partitions=4 \
+		jobs/fraud_backfill.py $(EXAMPLE)/compacted --out $(EXAMPLE)/fraud --overwrite
 
 test: $(BIN)/keyfill
 	$(BIN)/python -m pytest

@@ -1,0 +1,187 @@
+"""Rows/s of the Spark source `format("keyfill")` against a synthetic source that yields the
+same Arrow batches without reading or decoding files, in one local[2] Spark session.
+
+    python bench/bench_spark_source.py            # 3M records (generated and compacted once, cached)
+    python bench/bench_spark_source.py --quick    # 400K records
+
+The synthetic source plans exactly the keyfill source's micro-batches and input partitions
+(it subclasses the planner) and, in `read()`, yields slices of one decoded template batch
+(loaded once per Python worker from an Arrow IPC file) until the partition's record count is
+reached: the ceiling of what Spark can take in from a Python data source, here. Two
+queries each, with Trigger.AvailableNow to a noop sink: the source alone, and a watermark
+plus a 1-minute window count per key. Target: keyfill at >= 60% of the synthetic rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+import pyarrow as pa  # noqa: E402
+
+import reader.spark as rs  # noqa: E402
+
+TARGET = 0.6
+_TEMPLATE: dict[str, pa.RecordBatch] = {}
+
+
+def template(path: str) -> pa.RecordBatch:
+    if path not in _TEMPLATE:  # once per Python worker: the only file the synthetic source reads
+        with pa.OSFile(path) as f:  # read into memory: batches must not depend on the file
+            _TEMPLATE[path] = pa.ipc.open_file(f).read_all().combine_chunks().to_batches()[0]
+    return _TEMPLATE[path]
+
+
+class SyntheticPlanner(rs._Planner):
+    """The keyfill planner's batches and partitions; reads produce template rows instead."""
+
+    def __init__(self, opts: rs.Options, template_path: str):
+        super().__init__(opts)
+        self.template_path = template_path
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "template_path": self.template_path}
+
+    def read(self, partition: rs.GroupsPartition) -> Iterator[pa.RecordBatch]:
+        t = template(self.template_path)
+        for f in partition.files:
+            left = f.records
+            while left:
+                n = min(left, t.num_rows, self.opts.batch_rows)
+                yield t.slice(0, n)
+                left -= n
+
+
+class SyntheticStreamReader(rs.KeyfillStreamReader):
+    def __init__(self, opts: rs.Options, template_path: str):
+        super().__init__(opts)
+        self.planner = SyntheticPlanner(opts, template_path)
+
+
+class SyntheticDataSource(rs.KeyfillDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "keyfill_synthetic"
+
+    def streamReader(self, schema):  # type: ignore[no-untyped-def]
+        return SyntheticStreamReader(rs.Options.parse(self.options), self.options["template"])
+
+
+def ensure_archive(args: argparse.Namespace, spark) -> str:  # type: ignore[no-untyped-def]
+    from compactor.job import CompactConfig, compact
+    from keyfill.generate import GeneratorConfig, generate
+
+    tag = f"{args.records}-{args.groups}-{args.slice_duration}"
+    src, dest = os.path.join(args.dir, f"source-{tag}"), os.path.join(args.dir, f"compacted-{tag}")
+    if not os.path.exists(os.path.join(dest, "_done")):
+        shutil.rmtree(args.dir, ignore_errors=True)
+        print(f"generating {args.records:,} records ...", flush=True)
+        generate(GeneratorConfig(out=src, records=args.records, keys=100_000, partitions=4, chunk_records=250_000,
+                                 headers=True, rate=2_000.0), progress=False)
+        print("compacting ...", flush=True)
+        compact(CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration=args.slice_duration), spark)
+        Path(dest, "_done").touch()
+    return dest
+
+
+def write_template(url: str, path: str) -> None:
+    """One decoded group file, in the source's Spark schema, as the synthetic rows."""
+    from keygroups import compacted, envelope
+    from keygroups.storage import open_storage
+
+    store = open_storage(url)
+    meta = compacted.load_slice(store, max(compacted.load_manifest(store).slices, key=lambda s: s.records).slice)
+    biggest = max(meta.groups, key=lambda g: g.records)
+    _, batch = envelope.decode_avro(store.read(biggest.key))
+    out = pa.Table.from_batches(list(rs.to_spark_batches(batch, biggest.group, meta.slice, 1 << 30))).combine_chunks()
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, rs.ARROW_SCHEMA) as w:
+        w.write_batch(out.to_batches()[0])
+
+
+def measure(spark, fmt: str, url: str, opts: dict, windowed: bool, ck: str) -> tuple[int, float, float]:  # type: ignore[no-untyped-def]
+    """Rows, seconds from start() to the end, seconds inside micro-batches (no query start-up)."""
+    from pyspark.sql import functions as F
+
+    df = spark.readStream.format(fmt)
+    for k, v in opts.items():
+        df = df.option(k, v)
+    df = df.load(url)
+    if windowed:
+        df = (df.withWatermark("timestamp", "10 seconds").groupBy(F.window("timestamp", "1 minute"), "key").count())
+    shutil.rmtree(ck, ignore_errors=True)
+    started = time.perf_counter()
+    q = (df.writeStream.format("noop").outputMode("append").option("checkpointLocation", ck)
+         .trigger(availableNow=True).start())
+    q.awaitTermination()
+    seconds = time.perf_counter() - started
+    in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
+    return sum(p["numInputRows"] for p in q.recentProgress), seconds, in_batches
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small archive, one repetition")
+    ap.add_argument("--records", type=int, default=None, help="records (default 3M; --quick 400K)")
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--slice-duration", default="2m")
+    ap.add_argument("--max-slices-per-trigger", default="4")
+    ap.add_argument("--num-partitions", default="4", help="the source's numPartitions option (both sources)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per row, best kept (default 2; --quick 1)")
+    ap.add_argument("--dir", default="/tmp/keyfill-bench-spark-source", help="archive cache")
+    args = ap.parse_args()
+    args.records = args.records or (400_000 if args.quick else 3_000_000)
+    repeat = args.repeat or (1 if args.quick else 2)
+
+    # Workers import the synthetic source by reference (bench.bench_spark_source), so its
+    # template cache lives once per Python worker instead of travelling with each task.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    from bench.bench_spark_source import SyntheticDataSource as Synthetic
+    from compactor.spark_session import local_spark
+
+    spark = local_spark("local[2]", app="keyfill bench spark source", progress=False)
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("spark.sql.shuffle.partitions", "4")
+    rs.register(spark)
+    spark.dataSource.register(Synthetic)
+    try:
+        url = ensure_archive(args, spark)
+        tmp = tempfile.mkdtemp(prefix="keyfill-bench-spark-")
+        tpl = os.path.join(tmp, "template.arrow")
+        write_template(url, tpl)
+        opts = {"maxSlicesPerTrigger": args.max_slices_per_trigger, "numPartitions": args.num_partitions}
+        measure(spark, "keyfill", url, opts, False, os.path.join(tmp, "warm"))  # workers started, numba loaded
+        rows = []
+        for windowed in (False, True):
+            result: dict[str, tuple[float, float]] = {}
+            for i in range(repeat):  # alternating, so both sources see the same machine
+                for fmt, extra in (("keyfill_synthetic", {"template": tpl}), ("keyfill", {})):
+                    n, s, b = measure(spark, fmt, url, {**opts, **extra}, windowed, os.path.join(tmp, f"ck-{fmt}-{i}"))
+                    best = result.get(fmt, (0.0, 0.0))
+                    result[fmt] = (max(best[0], n / s), max(best[1], n / b))
+            rows.append(("source + watermark + 1-min window count" if windowed else "source only", result))
+        print(f"\n{args.records:,} records, {args.groups} groups, slices of {args.slice_duration}, local[2], "
+              f"maxSlicesPerTrigger={args.max_slices_per_trigger}, numPartitions={args.num_partitions}")
+        print("rows/s over the whole query (start-up included) and, in brackets, over its micro-batches")
+        print(f"{'query':<42} {'synthetic rows/s':>27} {'keyfill rows/s':>27} {'keyfill/synthetic':>18}")
+        for name, r in rows:
+            (syn, syn_b), (kf, kf_b) = r["keyfill_synthetic"], r["keyfill"]
+            ok = "ok" if kf / syn >= TARGET else f"below the {TARGET:.0%} target"
+            print(f"{name:<42} {syn:>14,.0f} ({syn_b:>10,.0f}) {kf:>14,.0f} ({kf_b:>10,.0f}) "
+                  f"{kf / syn:>7.2f}x ({kf_b / syn_b:.2f}x)  {ok}")
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
