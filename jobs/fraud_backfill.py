@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 
@@ -33,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jobs/fraud_backfill.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("archive", help="compacted payments archive (local path or s3://)")
-    p.add_argument("--out", required=True, help="output folder: windows/ (Parquet), _checkpoint/, handoff.csv")
+    p.add_argument("--out", required=True,
+                   help="output folder (local, or s3a:// on a cluster): windows/ (Parquet), _checkpoint/, handoff.csv")
     p.add_argument("--window", default="1 minute", help="tumbling window length (Spark interval)")
     p.add_argument("--watermark-delay", default="10 seconds",
                    help="Spark watermark delay: at least the source's own out-of-orderness")
@@ -50,10 +50,13 @@ def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def
     from keygroups import compacted, handoff
     from keygroups.storage import open_storage
 
-    windows_dir = os.path.join(args.out, "windows")
-    checkpoint = os.path.join(args.out, "_checkpoint")
+    windows_dir = args.out.rstrip("/") + "/windows"
+    checkpoint = args.out.rstrip("/") + "/_checkpoint"
+    # Spark writes through Hadoop (s3a:// on a cluster); keyfill's own files go through its
+    # storage layer, which calls the same bucket s3://.
+    out_store = open_storage(args.out.replace("s3a://", "s3://", 1))
     if args.overwrite:
-        shutil.rmtree(args.out, ignore_errors=True)
+        out_store.delete_prefix("")
 
     reader.spark.register(spark)
     payments = (
@@ -85,9 +88,8 @@ def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def
     busiest = result.orderBy(F.desc("payments"), F.desc("spend"), "window_start", "user").limit(args.top).collect()
     store = open_storage(args.archive)
     manifest = compacted.load_manifest(store)
-    csv_path = os.path.join(args.out, "handoff.csv")
-    with open(csv_path, "w") as f:
-        f.write(handoff.consumer_groups_csv(manifest))
+    out_store.write("handoff.csv", handoff.consumer_groups_csv(manifest).encode())
+    csv_path = args.out.rstrip("/") + "/handoff.csv"
     return {
         "records": rows_in, "batches": sum(1 for p in progress if p["numInputRows"]), "seconds": seconds,
         "windows": result.count(), "dropped_late": dropped, "busiest": busiest,

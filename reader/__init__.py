@@ -6,6 +6,9 @@
             if isinstance(ev, reader.Records): ...      # ev.batch: pyarrow.RecordBatch
             elif isinstance(ev, reader.Watermark): ...  # ev.timestamp_ms
             state = events.checkpoint()                 # resume later with resume=state
+
+On Spark, `reader.spark.register(spark)` adds `format("keyfill")` (batch and streaming;
+see docs/spark-source.md). It is a submodule so that `import reader` never loads pyspark.
 """
 
 from reader.partitioner import consumer_indexes, partition_batches
