@@ -5,7 +5,8 @@
     stream = spark.readStream.format("keyfill").load("s3://bucket/compacted")
     table = spark.read.format("keyfill").load("s3://bucket/compacted")
 
-A streaming offset is a slice position, `{"slice": n}`: every micro-batch holds whole slices
+A streaming offset is a slice position, `{"slice": n, "archive": <manifest fingerprint>}`:
+every micro-batch holds whole slices
 and never part of one, so the micro-batch boundary is the reader's barrier made
 cluster-wide. Spark's watermark (the largest event time seen, minus the delay) then moves
 once per batch, at a slice end, and a record is late in the replay only if it was late in
@@ -23,6 +24,7 @@ parses options.
 
 from __future__ import annotations
 
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -65,6 +67,10 @@ ARROW_SCHEMA = pa.schema([
 
 class SourceOptionError(ValueError):
     """An option of the keyfill Spark source is missing or malformed; names the option."""
+
+
+class ArchiveChanged(ValueError):
+    """A query's checkpointed offsets belong to another archive than the one now at its URL."""
 
 
 @dataclass(frozen=True)
@@ -158,9 +164,10 @@ class _Planner:
         self._store: Storage | None = None
         self._manifest: compacted.Manifest | None = None
         self._metas: dict[int, compacted.SliceMeta] = {}
+        self._fingerprint: str | None = None
 
     def __getstate__(self) -> dict:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_metas": {}}
+        return {"opts": self.opts, "_store": None, "_manifest": None, "_metas": {}, "_fingerprint": None}
 
     @property
     def store(self) -> Storage:
@@ -178,6 +185,27 @@ class _Planner:
                     f"{len(self._manifest.slices)} slices"
                 )
         return self._manifest
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the archive in every offset, so a checkpoint cannot silently resume
+        against a recompacted archive (equal inputs and config give equal manifests)."""
+        if self._fingerprint is None:
+            self._fingerprint = hashlib.sha256(compacted.dumps(self.manifest.to_json())).hexdigest()[:16]
+        return self._fingerprint
+
+    def offset(self, s: int) -> dict:
+        return {"slice": s, "archive": self.fingerprint}
+
+    def position(self, offset: dict) -> int:
+        """The slice of an offset of this archive."""
+        if offset.get("archive") != self.fingerprint:
+            raise ArchiveChanged(
+                f"{self.store.url}: the query's checkpoint holds offsets of archive {offset.get('archive')}, but this "
+                f"archive is {self.fingerprint} (recompacted since?). Restart the query with a new checkpoint "
+                "location, or point it at the archive it started on."
+            )
+        return int(offset["slice"])
 
     def slice_meta(self, s: int) -> compacted.SliceMeta:
         if s not in self._metas:
@@ -269,7 +297,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
 
     def initialOffset(self) -> dict:
-        return {"slice": self.opts.starting_slice}
+        return self.planner.offset(self.opts.starting_slice)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_slices_per_trigger:
@@ -283,7 +311,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         slices = self.planner.manifest.slices
-        first = int(start["slice"])
+        first = self.planner.position(start)
         max_slices = max_bytes = max_rows = None
         if not isinstance(limit, ReadAllAvailable):
             max_slices, max_bytes = self.opts.max_slices_per_trigger, self.opts.max_bytes_per_trigger
@@ -304,13 +332,13 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     break
                 taken, nbytes, rows = taken + 1, nbytes + summary.file_bytes, rows + summary.records
             end += 1
-        return {"slice": end}
+        return self.planner.offset(end)
 
     def reportLatestOffset(self) -> dict:
-        return {"slice": len(self.planner.manifest.slices)}
+        return self.planner.offset(len(self.planner.manifest.slices))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return list(self.planner.plan(int(start["slice"]), int(end["slice"])))
+        return list(self.planner.plan(self.planner.position(start), self.planner.position(end)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupsPartition)

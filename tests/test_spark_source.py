@@ -203,13 +203,14 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse(opts))
     manifest = rdr.planner.manifest
     offset = rdr.initialOffset()
-    assert offset == {"slice": start}
+    assert offset["slice"] == start
     seen = []
     while True:
         end = rdr.latestOffset(offset, limit)
         assert json.loads(json.dumps(end)) == end
         if end == offset:
             break
+        assert end["archive"] == offset["archive"]
         taken = [s for s in range(offset["slice"], end["slice"]) if manifest.slices[s].records]
         assert taken, "every batch holds at least one slice with records"
         last = manifest.slices[end["slice"] - 1]
@@ -237,14 +238,14 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
         assert all(len(o) == 1 for o in owners.values())
         seen.extend(files)
         offset = end
-    assert offset == {"slice": len(manifest.slices)}
+    assert offset["slice"] == len(manifest.slices)
     assert len(seen) == sum(s.files for s in manifest.slices[start:])
 
 
 def test_bundled_partitions_are_balanced_by_bytes(archive):
     url, _ = archive
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url, "numPartitions": "2"}))
-    plan = rdr.partitions({"slice": 0}, {"slice": len(rdr.planner.manifest.slices)})
+    plan = rdr.partitions(rdr.initialOffset(), rdr.planner.offset(len(rdr.planner.manifest.slices)))
     groups_of = [{f.group for f in p.files} for p in plan]
     assert len(plan) == 2 and not groups_of[0] & groups_of[1]
     loads = [sum(f.file_bytes for f in p.files) for p in plan]
@@ -306,3 +307,24 @@ def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, ar
     for k, (n, spend) in expected.items():
         assert got[k][0] == n and got[k][1] == pytest.approx(round(spend, 2), abs=0.011)
     assert open(result["handoff_csv"]).read().count("\n") == len(np.unique(src.column("partition").to_numpy()))
+
+
+def test_a_checkpoint_of_another_archive_is_refused_naming_both(spark, archive, tmp_path):
+    """Offsets carry the archive's fingerprint: a query restarted after its archive was
+    recompacted differently fails clearly instead of reading other slices."""
+    url, _ = archive
+    local, copy = open_storage(url), open_storage(str(tmp_path / "copy"))
+    for info in local.list(""):
+        copy.write(info.key, local.read(info.key))
+    ck = str(tmp_path / "ck")
+    (stream(spark, copy.url, maxSlicesPerTrigger="2").writeStream.format("noop").option("checkpointLocation", ck)
+     .trigger(availableNow=True).start().awaitTermination())
+    doc = json.loads(copy.read(compacted.MANIFEST))
+    doc["config"]["note"] = "recompacted"
+    copy.write(compacted.MANIFEST, compacted.dumps(doc))
+    with pytest.raises(Exception, match="checkpoint holds offsets of archive"):
+        (stream(spark, copy.url, maxSlicesPerTrigger="2").writeStream.format("noop").option("checkpointLocation", ck)
+         .trigger(availableNow=True).start().awaitTermination())
+    rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url}))
+    with pytest.raises(reader.spark.ArchiveChanged):
+        rdr.partitions({"slice": 0, "archive": "0" * 16}, rdr.initialOffset())
