@@ -184,6 +184,14 @@ def load_slice(store: Storage, s: int) -> SliceMeta:
         raise FormatError(f"{store.url_for(key)}: slice metadata missing") from None
 
 
+def slice_meta(store: Storage, summary: SliceSummary) -> SliceMeta:
+    """A slice's metadata as readers need it: an empty slice has no groups and no
+    partition ranges worth a GET, so it is built from its manifest entry."""
+    if not summary.records:
+        return SliceMeta(slice=summary.slice, start_ms=summary.start_ms, end_ms=summary.end_ms)
+    return load_slice(store, summary.slice)
+
+
 def load_assignment(store: Storage) -> pa.Table:
     import pyarrow.parquet as pq
 

@@ -353,11 +353,7 @@ class Replay:
             return metas[s]
         with self._meta_lock:
             if metas[s] is None:
-                if self.manifest.slices[s].records == 0:
-                    summary = self.manifest.slices[s]
-                    metas[s] = compacted.SliceMeta(slice=s, start_ms=summary.start_ms, end_ms=summary.end_ms)
-                else:
-                    metas[s] = compacted.load_slice(self.store, s)
+                metas[s] = compacted.slice_meta(self.store, self.manifest.slices[s])
             return metas[s]
 
     def _put(self, item: Any, force: bool = False) -> None:

@@ -209,9 +209,7 @@ class _Planner:
 
     def slice_meta(self, s: int) -> compacted.SliceMeta:
         if s not in self._metas:
-            summary = self.manifest.slices[s]
-            self._metas[s] = (compacted.load_slice(self.store, s) if summary.records else
-                              compacted.SliceMeta(slice=s, start_ms=summary.start_ms, end_ms=summary.end_ms))
+            self._metas[s] = compacted.slice_meta(self.store, self.manifest.slices[s])
         return self._metas[s]
 
     def plan(self, first: int, end: int) -> list[GroupsPartition]:
