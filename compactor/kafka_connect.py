@@ -297,16 +297,11 @@ def _decode_headers(buf, ends, counts, null_branch, h_off, k_off, k_data, v_off,
         for _ in range(counts[b]):
             h_off[i] = j
             while True:  # array blocks: count, items, ... until a zero count
-                count, pos = _varint(buf, pos, end)
+                count, pos = envelope.read_block_count(buf, pos, end)
                 if pos < 0:
                     return i, j, _EOF
                 if count == 0:
                     break
-                if count < 0:  # a negative count is followed by the block's byte size
-                    count = -count
-                    _, pos = _varint(buf, pos, end)
-                    if pos < 0:
-                        return i, j, _EOF
                 for _ in range(count):
                     if j >= k_off.shape[0] - 1:
                         return i, j, _EOF

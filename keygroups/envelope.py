@@ -333,6 +333,17 @@ def read_varint(buf, pos, end):
 
 
 @njit(cache=True, nogil=True)
+def read_block_count(buf, pos, end):
+    """An Avro array block's item count: (count, new pos), new pos -1 past `end`. A
+    negative count is followed by the block's byte size, which readers do not need."""
+    count, pos = read_varint(buf, pos, end)
+    if pos >= 0 and count < 0:
+        count = -count
+        _, pos = read_varint(buf, pos, end)
+    return count, pos
+
+
+@njit(cache=True, nogil=True)
 def read_bytes(buf, pos, end, dst, dpos):
     """Copy one length-prefixed byte string into dst; (new pos, new dpos, error)."""
     length, pos = read_varint(buf, pos, end)
@@ -495,18 +506,12 @@ def _decode_records(buf, starts, ends, counts):
             if err:
                 break
             while True:  # array blocks: count, items ..., until a zero count
-                count, pos = read_varint(buf, pos, end)
+                count, pos = read_block_count(buf, pos, end)
                 if pos < 0:
                     err = _ERR_EOF
                     break
                 if count == 0:
                     break
-                if count < 0:  # a negative count is followed by the block's byte size
-                    count = -count
-                    _, pos = read_varint(buf, pos, end)
-                    if pos < 0:
-                        err = _ERR_EOF
-                        break
                 if count > (end - pos) // 2:  # every item takes at least two bytes
                     err = _ERR_EOF
                     break
