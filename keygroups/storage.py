@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ __all__ = [
     "Storage",
     "LocalStorage",
     "S3Storage",
+    "S3Limits",
     "open_storage",
+    "overlapping",
 ]
 
 
@@ -114,12 +117,22 @@ class Storage(ABC):
         """Remove the object; a missing key is not an error, so retries are safe."""
 
     @abstractmethod
+    def delete_many(self, keys: list[str]) -> int:
+        """Remove exactly these objects (missing ones are not an error); returns how many
+        keys were given."""
+
     def delete_prefix(self, prefix: str) -> int:
         """Remove every object under ``prefix``; returns how many were removed."""
+        return self.delete_many([o.key for o in self.list(prefix)])
 
     @abstractmethod
     def sub(self, prefix: str) -> Storage:
         """A store rooted at ``root/prefix`` that shares this one's connections."""
+
+    @abstractmethod
+    def location(self) -> tuple[str, ...]:
+        """Where the root is, as path segments after a backend tag: equal prefixes mean one
+        root lies inside the other."""
 
     def url_for(self, key: str) -> str:
         return _join(self.url, key)
@@ -150,6 +163,10 @@ class LocalStorage(Storage):
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *_check_key(key).split("/"))
+
+    def location(self) -> tuple[str, ...]:
+        # realpath: a symlinked folder is the same place under two names.
+        return ("file", *[p for p in os.path.realpath(self.root).split(os.sep) if p])
 
     @contextmanager
     def _errors(self, key: str, verb: str) -> Iterator[None]:
@@ -249,12 +266,11 @@ class LocalStorage(Storage):
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 pass  # no such object (a folder is not one): nothing to do, as on S3
 
-    def delete_prefix(self, prefix: str) -> int:
-        infos = self.list(prefix)
+    def delete_many(self, keys: list[str]) -> int:
         folders: set[str] = set()
-        for info in infos:
-            self.delete(info.key)
-            folders.add(os.path.dirname(self._path(info.key)))
+        for key in keys:
+            self.delete(key)
+            folders.add(os.path.dirname(self._path(key)))
         # Prune folders left empty, so a deleted prefix looks gone as it does on S3.
         for folder in sorted(folders, key=len, reverse=True):
             while folder != self.root and folder.startswith(self.root + os.sep):
@@ -263,7 +279,7 @@ class LocalStorage(Storage):
                 except OSError:
                     break
                 folder = os.path.dirname(folder)
-        return len(infos)
+        return len(keys)
 
     def sub(self, prefix: str) -> LocalStorage:
         prefix = prefix.strip("/")
@@ -273,6 +289,81 @@ class LocalStorage(Storage):
 
 
 # --------------------------------------------------------------------------- S3
+
+
+@dataclass(frozen=True)
+class S3Limits:
+    """How long one S3 request may wait, so a frozen endpoint fails a job in about a
+    minute instead of hanging it (botocore's defaults, 60 s reads and up to 10 attempts,
+    add up to ten minutes and more).
+
+    botocore has no standard variable for its timeouts, so these come from
+    ``KEYFILL_S3_CONNECT_TIMEOUT``, ``KEYFILL_S3_READ_TIMEOUT`` and ``KEYFILL_S3_DEADLINE``
+    (seconds); attempts and retry mode come from the standard ``AWS_MAX_ATTEMPTS`` /
+    ``AWS_RETRY_MODE`` or the AWS config file. The read timeout bounds each wait for bytes,
+    not a whole transfer, so large GETs are not cut short.
+    """
+
+    connect_s: float = 5.0
+    read_s: float = 20.0
+    deadline_s: float = 60.0  # no retry starts that could not finish within this
+
+    ENV = {"connect_s": "KEYFILL_S3_CONNECT_TIMEOUT", "read_s": "KEYFILL_S3_READ_TIMEOUT",
+           "deadline_s": "KEYFILL_S3_DEADLINE"}
+
+    @classmethod
+    def from_env(cls) -> S3Limits:
+        values: dict[str, float] = {}
+        for name, var in cls.ENV.items():
+            raw = os.environ.get(var)
+            if raw is None or not raw.strip():
+                continue
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise StorageError(f"{var}={raw!r}: expected a number of seconds") from None
+            if not values[name] > 0:
+                raise StorageError(f"{var}={raw!r}: must be more than 0 seconds")
+        return cls(**values)
+
+
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+def _deadline_hooks(events: Any, limits: S3Limits) -> None:
+    """Give every S3 request a total deadline across botocore's retries.
+
+    botocore bounds each attempt (timeouts) and the number of attempts, but not their sum;
+    a hook before each send refuses a retry that could not finish in time, naming the last
+    error, and the request fails with that instead of waiting out every attempt.
+    """
+    from botocore.exceptions import BotoCoreError
+
+    class DeadlineExceeded(BotoCoreError):
+        fmt = "gave up after {elapsed:.0f} s and {attempts} attempt(s) on endpoint {endpoint}: {last}"
+
+    def before_send(request: Any, **_: Any) -> None:
+        ctx = request.context
+        now = time.monotonic()
+        started = ctx.setdefault("keyfill_started", now)
+        attempt = ctx.get("retries", {}).get("attempt", 1)
+        if attempt > 1 and now - started + limits.read_s > limits.deadline_s:
+            endpoint = urlparse(request.url)
+            raise DeadlineExceeded(elapsed=now - started, attempts=attempt - 1,
+                                   endpoint=f"{endpoint.scheme}://{endpoint.netloc}",
+                                   last=ctx.get("keyfill_last_error", "no answer"))
+
+    def needs_retry(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
+        if caught_exception is not None:
+            request_dict["context"]["keyfill_last_error"] = str(caught_exception)
+        elif response is not None:
+            err = response[1].get("Error", {}) if isinstance(response[1], dict) else {}
+            if err:
+                request_dict["context"]["keyfill_last_error"] = f"{err.get('Code')} {err.get('Message', '')}".strip()
+        return None  # the decision stays botocore's
+
+    events.register_first("before-send.s3", before_send)
+    events.register_first("needs-retry.s3", needs_retry)
 
 
 class _S3Client:
@@ -286,6 +377,7 @@ class _S3Client:
         self.threads = threads
         self._client: Any = None
         self._lock = threading.Lock()
+        self.limits = S3Limits.from_env()
 
     def get(self) -> Any:
         client = self._client
@@ -310,12 +402,16 @@ class _S3Client:
             retries={
                 # 'legacy' (botocore's default) gives up after 4 attempts on throttling.
                 "mode": mode if mode in ("standard", "adaptive") else "standard",
-                "total_max_attempts": core.get_config_variable("max_attempts") or 10,
+                "total_max_attempts": core.get_config_variable("max_attempts") or DEFAULT_MAX_ATTEMPTS,
             },
+            connect_timeout=self.limits.connect_s,
+            read_timeout=self.limits.read_s,
             # Read-ahead keeps more GETs in flight than there are threads.
             max_pool_connections=max(10, 2 * self.threads),
         )
-        return boto3.session.Session(botocore_session=core).client("s3", config=config)
+        client = boto3.session.Session(botocore_session=core).client("s3", config=config)
+        _deadline_hooks(client.meta.events, self.limits)
+        return client
 
     def __getstate__(self) -> dict[str, Any]:
         return {"threads": self.threads}
@@ -337,6 +433,9 @@ class S3Storage(Storage):
     @property
     def client(self) -> Any:
         return self._client.get()
+
+    def location(self) -> tuple[str, ...]:
+        return ("s3", self.bucket, *[p for p in self.prefix.split("/") if p])
 
     def _key(self, key: str) -> str:
         _check_key(key)
@@ -389,6 +488,7 @@ class S3Storage(Storage):
 
         full = self._key(key)
         attempts = 3
+        deadline = time.monotonic() + self._client.limits.deadline_s
         with self._errors(key):
             while True:
                 body = self.client.get_object(Bucket=self.bucket, Key=full, **kw)["Body"]
@@ -397,7 +497,7 @@ class S3Storage(Storage):
                 except (IncompleteReadError, ResponseStreamingError):
                     # botocore retries requests, not a body cut off mid-stream.
                     attempts -= 1
-                    if not attempts:
+                    if not attempts or time.monotonic() > deadline:
                         raise
 
     def read(self, key: str) -> bytes:
@@ -465,12 +565,13 @@ class S3Storage(Storage):
         with self._errors(key):
             self.client.delete_object(Bucket=self.bucket, Key=full)
 
-    def delete_prefix(self, prefix: str) -> int:
-        keys = [o.key for o in self.list(prefix)]
+    def delete_many(self, keys: list[str]) -> int:
         root = f"{self.prefix}/" if self.prefix else ""
+        for key in keys:
+            _check_key(key)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = keys[i:i + 1000]
-            with self._errors(prefix):
+            with self._errors(batch[0]):
                 resp = self.client.delete_objects(Bucket=self.bucket, Delete={
                     "Objects": [{"Key": root + k} for k in batch], "Quiet": True})
             if resp.get("Errors"):
@@ -488,6 +589,15 @@ class S3Storage(Storage):
 
 
 # --------------------------------------------------------------------------- factory
+
+
+def overlapping(a: Storage, b: Storage) -> bool:
+    """True when the two roots are the same or one lies inside the other: a job that reads
+    one and writes (or clears) the other would then touch its own input."""
+    la, lb = a.location(), b.location()
+    n = min(len(la), len(lb))
+    return la[:n] == lb[:n]
+
 
 
 def open_storage(url: str, *, threads: int = 16) -> Storage:
