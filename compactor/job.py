@@ -6,7 +6,9 @@ only Python packages. The driver sees per-key totals and per-chunk summaries, ne
 
 Commit protocol: data files and slice metadata are written first, `_manifest.json` last.
 Without a manifest there is no archive, so a run that dies part-way leaves nothing visible
-and a re-run starts by clearing what it left.
+and a re-run starts by clearing what it left. An archive being replaced (--overwrite) is
+removed only after the new input has been listed and its statistics pass has succeeded, and
+only objects of the archive layout are removed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from compactor.slicing import ChunkStats, Run, chunk_runs, parse_duration, plan_
 from compactor.sources import FORMATS, SourceArchive, SourceChunk, open_source
 from keygroups import compacted, envelope
 from keygroups.compacted import GroupFile, Manifest, SliceMeta, SliceSummary
-from keygroups.storage import Storage, StorageError, open_storage
+from keygroups.storage import Storage, StorageError, open_storage, overlapping
 
 log = logging.getLogger("keyfill.compact")
 
@@ -149,7 +151,7 @@ RECORD_SCHEMA = (
     "value binary, headers array<struct<key:string,value:binary>>"
 )
 WRITE_SCHEMA = (
-    "slice int, grp int, key string, records long, file_bytes long, payload_bytes long, sha256 string, "
+    "slice int, grp int, key string, records long, file_bytes long, payload_bytes long, sha256 string, crc32c string, "
     "min_ts long, max_ts long"
 )
 _assignment_cache: dict[str, compacted.KeyAssignment] = {}
@@ -220,6 +222,7 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | N
         return pa.RecordBatch.from_pylist(
             [{"slice": s, "grp": g, "key": key, "records": env.num_rows, "file_bytes": len(data),
               "payload_bytes": int(envelope.record_bytes(env).sum()), "sha256": hashlib.sha256(data).hexdigest(),
+              "crc32c": compacted.crc32c(data),
               "min_ts": int(ts.min()), "max_ts": int(ts.max())}],  # fmt: skip
             schema=_WRITE_ARROW,
         )
@@ -252,7 +255,7 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | N
 
 _WRITE_ARROW = pa.schema(
     [("slice", pa.int32()), ("grp", pa.int32()), ("key", pa.string()), ("records", pa.int64()),
-     ("file_bytes", pa.int64()), ("payload_bytes", pa.int64()), ("sha256", pa.string()),
+     ("file_bytes", pa.int64()), ("payload_bytes", pa.int64()), ("sha256", pa.string()), ("crc32c", pa.string()),
      ("min_ts", pa.int64()), ("max_ts", pa.int64())]  # fmt: skip
 )
 
@@ -260,24 +263,44 @@ _WRITE_ARROW = pa.schema(
 # --- driver --------------------------------------------------------------------------------
 
 
-def _prepare_destination(dest: Storage, overwrite: bool) -> None:
-    """Refuse an existing archive unless overwriting; clear what a failed run left."""
+def _check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> None:
+    """Refuse what would destroy data, before any work: an archive without --overwrite, a
+    destination holding foreign files, or a destination and source inside one another
+    (clearing one would delete the other, and the source's listing would find the archive)."""
+    if overlapping(source.store, dest):
+        raise StorageError(
+            f"source {source.url} and destination {dest.url} overlap (one lies inside the other); "
+            "write the compacted archive to a location outside the source"
+        )
     existing = dest.list()
     if not existing:
         return
     if dest.exists(compacted.MANIFEST):
         if not overwrite:
             raise StorageError(f"{dest.url}: a compacted archive exists here; pass --overwrite to replace it")
-        dest.delete(compacted.MANIFEST)  # invisible first, then remove the rest
-    else:
-        foreign = [o.key for o in existing if not (o.key == compacted.ASSIGNMENT or o.key.startswith("slices/"))]
-        if foreign:
-            raise StorageError(
-                f"{dest.url}: destination holds files that are not a keyfill archive "
-                f"(e.g. {dest.url_for(foreign[0])}); refusing to clear it"
-            )
-        log.info("clearing %d files left by an unfinished compaction at %s", len(existing), dest.url)
-    dest.delete_prefix("")
+        return
+    foreign = [o.key for o in existing if not compacted.is_archive_key(o.key)]
+    if foreign:
+        raise StorageError(
+            f"{dest.url}: destination holds files that are not a keyfill archive "
+            f"(e.g. {dest.url_for(foreign[0])}); choose an empty location"
+        )
+
+
+def _clear_destination(dest: Storage) -> None:
+    """Remove the archive being replaced (or what a failed run left): the manifest first, so
+    it is invisible at once, then every other object of the archive layout. Files that
+    keyfill did not write are left where they are."""
+    owned = [o.key for o in dest.list() if compacted.is_archive_key(o.key)]
+    if not owned:
+        return
+    log.info("removing %d files of the previous archive at %s", len(owned), dest.url)
+    dest.delete(compacted.MANIFEST)
+    dest.delete_many([k for k in owned if k != compacted.MANIFEST])
+    kept = [o.key for o in dest.list() if not compacted.is_archive_key(o.key)]
+    if kept:
+        log.warning("left %d files that keyfill did not write in %s (e.g. %s)", len(kept), dest.url,
+                    dest.url_for(kept[0]))
 
 
 def _chunk_rows(chunks: list[SourceChunk], prefix: dict[str, int] | None = None) -> list[tuple]:
@@ -320,7 +343,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:  # type: ignore[no-unty
     duration = cfg.slice_duration_ms
     source = cfg.open_source()
     dest = open_storage(cfg.dest, threads=cfg.threads)
-    _prepare_destination(dest, cfg.overwrite)
+    _check_destination(source, dest, cfg.overwrite)
 
     t = time.perf_counter()
     chunks = source.list_chunks()
@@ -360,10 +383,12 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:  # type: ignore[no-unty
         stats.unpersist()
     phases["statistics"] = time.perf_counter() - t
 
-    # Slicing and packing (driver).
+    # Slicing and packing (driver). Only once the input has proved readable and consistent
+    # is the archive being replaced removed.
     t = time.perf_counter()
     plan = plan_slices(chunk_stats, duration, allow_gaps=cfg.allow_gaps, name=source.store.url_for)
     assignment = _packed_assignment(totals, cfg.groups)
+    _clear_destination(dest)
     _write_assignment(dest, assignment)
     phases["packing"] = time.perf_counter() - t
 
@@ -388,7 +413,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:  # type: ignore[no-unty
     for r in written.to_pylist():
         files.setdefault(r["slice"], []).append(
             GroupFile(group=r["grp"], key=r["key"], records=r["records"], file_bytes=r["file_bytes"],
-                      payload_bytes=r["payload_bytes"], sha256=r["sha256"], min_timestamp=r["min_ts"],
+                      payload_bytes=r["payload_bytes"], sha256=r["sha256"], crc32c=r["crc32c"], min_timestamp=r["min_ts"],
                       max_timestamp=r["max_ts"])  # fmt: skip
         )
     summaries = []

@@ -48,15 +48,20 @@ def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def
 
     import reader.spark
     from keygroups import compacted, handoff
-    from keygroups.storage import open_storage
+    from keygroups.storage import StorageError, open_storage, overlapping
 
     windows_dir = args.out.rstrip("/") + "/windows"
     checkpoint = args.out.rstrip("/") + "/_checkpoint"
     # Spark writes through Hadoop (s3a:// on a cluster); keyfill's own files go through its
     # storage layer, which calls the same bucket s3://.
     out_store = open_storage(args.out.replace("s3a://", "s3://", 1))
-    if args.overwrite:
-        out_store.delete_prefix("")
+    if overlapping(out_store, open_storage(args.archive)):
+        raise StorageError(f"--out {args.out} overlaps the archive {args.archive}: choose an output folder "
+                           "outside it")
+    if args.overwrite:  # only what this job writes: never other files in --out
+        for prefix in ("windows/", "_checkpoint/"):
+            out_store.delete_prefix(prefix)
+        out_store.delete("handoff.csv")
 
     reader.spark.register(spark)
     payments = (
