@@ -19,7 +19,7 @@ import heapq
 import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -29,6 +29,7 @@ import pyarrow as pa
 import keygroups
 from keygroups import compacted, envelope
 from keygroups.storage import Storage, StorageError, open_storage
+from reader.fetch_pool import FetchPool
 
 CHECKPOINT_VERSION = 1
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
@@ -54,7 +55,11 @@ class Watermark:
 
 
 class ReplayError(RuntimeError):
-    """A read or decode failed in a replay thread; names the file and the group."""
+    """A read, check or decode failed in a replay thread; names the file, slice and group."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not belong to this archive or is not a keyfill checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,9 @@ class Replay:
             raise ValueError("max_drift_ms must not be negative")
         if range_bytes < 0:
             raise ValueError("range_bytes must not be negative (0: one GET per file)")
+        if watermark_bound_ms < 0:
+            raise ValueError("watermark_bound_ms must not be negative: a watermark past a slice's end would "
+                             "declare the next slice's valid records late")
         self.store = store or open_storage(url, threads=max(threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.threads = threads
@@ -131,7 +139,7 @@ class Replay:
         self._stop = threading.Event()
         self._barrier = threading.Barrier(threads)
         self._workers: list[threading.Thread] = []
-        self._io = ThreadPoolExecutor(max_workers=max(2, threads), thread_name_prefix="keyfill-read")
+        self._io = FetchPool(max(2, threads))
         self._started = False
         self._finished = False
         self.pacing = pacing
@@ -168,16 +176,25 @@ class Replay:
         }
 
     def _restore(self, state: dict) -> None:
-        if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"checkpoint version {state.get('version')!r}; this keyfill writes {CHECKPOINT_VERSION}")
+        if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(f"checkpoint version {found!r}; this keyfill writes {CHECKPOINT_VERSION}")
         if state.get("slices") != len(self.manifest.slices):
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint is for an archive of {state.get('slices')} slices; {self.store.url} has "
                 f"{len(self.manifest.slices)}"
             )
-        self._slice = int(state["slice"])
-        self._emitted = {int(g): int(n) for g, n in state.get("groups", {}).items()}
-        self._watermark = state.get("watermark")
+        try:
+            position = int(state["slice"])
+            emitted = {int(g): int(n) for g, n in state.get("groups", {}).items()}
+            watermark = state.get("watermark")
+            if watermark is not None:
+                watermark = int(watermark)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"malformed checkpoint ({type(exc).__name__}: {exc})") from None
+        if not 0 <= position <= len(self.manifest.slices) or any(n < 0 for n in emitted.values()):
+            raise CheckpointError(f"checkpoint position slice {position} is outside {self.store.url}")
+        self._slice, self._emitted, self._watermark = position, emitted, watermark
 
     # --- threads ----------------------------------------------------------------------------
 
@@ -252,7 +269,9 @@ class Replay:
                     name = self.store.url_for(gf.key)
                     try:
                         data = self._fetch(gf, ahead.pop((s, gf.group), None))  # None: beyond the budget
-                        _, batch = envelope.decode_avro(data, name=name)
+                        batch = compacted.decode_group_file(data, gf, s, name)  # checked before any is emitted
+                    except compacted.IntegrityError as exc:
+                        raise ReplayError(str(exc)) from exc
                     except BaseException as exc:
                         raise ReplayError(f"group {gf.group}, slice {s}: {name}: {exc}") from exc
                     skip = self._skip.get(gf.group, 0) if s == first else 0
@@ -395,13 +414,16 @@ class Replay:
         self._finished = True
 
     def close(self) -> None:
-        """Stop all threads promptly; safe to call twice."""
+        """Stop all threads promptly (about a second at most, whatever they are doing);
+        safe to call twice. A thread stuck in a GET is a daemon: it is abandoned, ends when
+        its request times out, and emits nothing more."""
         self._stop.set()
         self._barrier.abort()
         drain(self._queue)
+        self._io.shutdown()
+        deadline = time.monotonic() + 1.0
         for w in self._workers:
-            w.join(timeout=5)
-        self._io.shutdown(wait=False, cancel_futures=True)
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Replay:
         return self

@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 import keygroups
-from keygroups import compacted, envelope
+from keygroups import compacted
 from keygroups.storage import Storage, open_storage
 
 NAME = "keyfill"
@@ -118,11 +118,26 @@ class Options:
 
 @dataclass(frozen=True)
 class FilePart:
+    """One group file of one slice, with the metadata its bytes are checked against."""
+
     slice: int
-    group: int
-    key: str
-    records: int
-    file_bytes: int
+    file: compacted.GroupFile
+
+    @property
+    def group(self) -> int:
+        return self.file.group
+
+    @property
+    def key(self) -> str:
+        return self.file.key
+
+    @property
+    def file_bytes(self) -> int:
+        return self.file.file_bytes
+
+    @property
+    def records(self) -> int:
+        return self.file.records
 
 
 @dataclass(frozen=True)
@@ -218,7 +233,7 @@ class _Planner:
         by_group: dict[int, list[FilePart]] = {}
         for s in range(first, end):
             for gf in self.slice_meta(s).groups:
-                by_group.setdefault(gf.group, []).append(FilePart(s, gf.group, gf.key, gf.records, gf.file_bytes))
+                by_group.setdefault(gf.group, []).append(FilePart(s, gf))
         groups = sorted(by_group)
         if not groups:
             return []
@@ -241,11 +256,9 @@ class _Planner:
             for i, f in enumerate(partition.files):
                 if i + 1 < len(partition.files):
                     pending.append(io.submit(store.read, partition.files[i + 1].key))
-                name = store.url_for(f.key)
                 data = pending.pop(0).result()
-                _, batch = envelope.decode_avro(data, name=name)
-                if batch.num_rows != f.records:
-                    raise envelope.CorruptFile(f"{name}: {batch.num_rows} records; _slice.json says {f.records}")
+                # size, SHA-256 and record count checked before anything of the file is yielded
+                batch = compacted.decode_group_file(data, f.file, f.slice, store.url_for(f.key))
                 yield from to_spark_batches(batch, f.group, f.slice, self.opts.batch_rows)
 
 
