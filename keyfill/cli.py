@@ -35,6 +35,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
 # --- generate --------------------------------------------------------------------------
 
 
@@ -287,6 +294,9 @@ def print_verify_report(report, as_json: bool) -> None:  # type: ignore[no-untyp
         print(json.dumps(report.to_json(), indent=2))
     else:
         for check, count in report.counts.items():
+            if check in report.not_run:
+                print(f"skip {check:<13} not run: the manifest is needed to check it")
+                continue
             print(f"{'ok  ' if count == 0 else 'FAIL'} {check:<13} {'' if count == 0 else f'{count} violation(s)'}")
             for message in report.violations[check]:
                 print(f"     {message}")
@@ -295,6 +305,11 @@ def print_verify_report(report, as_json: bool) -> None:  # type: ignore[no-untyp
 
 
 # --- replay ----------------------------------------------------------------------------
+
+
+class CheckpointFileError(ValueError):
+    """The --checkpoint-file cannot be resumed from; names the file."""
+
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:
@@ -309,8 +324,10 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("url", help="compacted archive")
     p.add_argument("--threads", type=_positive_int, default=16, help="reader threads")
     p.add_argument("--batch-size", type=_positive_int, default=65_536, help="records per batch")
-    p.add_argument("--watermark-bound-ms", type=int, default=0, help="bounded out-of-orderness B of the watermarks")
-    p.add_argument("--max-drift-ms", type=int, help="pause threads this far ahead of the slowest in event time")
+    p.add_argument("--watermark-bound-ms", type=_non_negative_int, default=0,
+                   help="bounded out-of-orderness B of the watermarks (watermark = slice end - B)")
+    p.add_argument("--max-drift-ms", type=_non_negative_int,
+                   help="pause threads this far ahead of the slowest in event time")
     p.add_argument("--checkpoint-file", help="save the position here; resume from it if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -327,8 +344,12 @@ def _run_replay(args: argparse.Namespace) -> int:
 
     resume = None
     if args.checkpoint_file and os.path.exists(args.checkpoint_file):
-        with open(args.checkpoint_file) as f:
-            resume = json.load(f)
+        try:
+            with open(args.checkpoint_file) as f:
+                resume = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise CheckpointFileError(f"checkpoint file {args.checkpoint_file}: not a readable keyfill checkpoint "
+                                      f"({exc}); delete it to start from the beginning") from None
 
     def save(state: dict) -> None:
         if args.checkpoint_file:
@@ -340,8 +361,12 @@ def _run_replay(args: argparse.Namespace) -> int:
     records = 0
     watermark = None
     started = time.perf_counter()
-    with reader.replay(args.url, threads=args.threads, resume=resume, batch_size=args.batch_size,
-                       watermark_bound_ms=args.watermark_bound_ms, max_drift_ms=args.max_drift_ms) as events:  # fmt: skip
+    try:
+        events = reader.replay(args.url, threads=args.threads, resume=resume, batch_size=args.batch_size,
+                               watermark_bound_ms=args.watermark_bound_ms, max_drift_ms=args.max_drift_ms)
+    except reader.CheckpointError as exc:
+        raise CheckpointFileError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
+    with events:
         total = events.manifest.totals["records"]
         bar = tqdm(total=total, unit="rec", unit_scale=True, desc="replay", disable=args.no_progress or args.json,
                    initial=0, mininterval=0.5)  # fmt: skip
