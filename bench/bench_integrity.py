@@ -1,0 +1,118 @@
+"""What the replay's integrity check costs: `reader.replay` with every group file's size,
+CRC-32C and record count checked before it is emitted (what ships), against the same replay
+with the checksum step taken out (baseline) and with SHA-256 in its place (the rejected
+alternative), alternating in one run on one archive.
+
+    python bench/bench_integrity.py            # 4M records (~650 MB), generated and compacted once, cached
+    python bench/bench_integrity.py --quick    # 300K records
+
+Also prints both checksums' raw speed on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import time
+from pathlib import Path
+
+import reader
+from keygroups import compacted, envelope
+
+
+def ensure_archive(args: argparse.Namespace) -> str:
+    from compactor.job import CompactConfig, compact
+    from compactor.spark_session import local_spark
+    from keyfill.generate import GeneratorConfig, generate
+
+    src = os.path.join(args.dir, f"source-{args.records}")
+    dest = os.path.join(args.dir, f"compacted-{args.records}-G{args.groups}")
+    if not os.path.exists(os.path.join(dest, compacted.MANIFEST)):
+        if not os.path.exists(src):
+            generate(GeneratorConfig(out=src, records=args.records, keys=100_000, partitions=4,
+                                     chunk_records=100_000, headers=True, rate=2_000.0), progress=True)
+        spark = local_spark("local[2]", app="bench-integrity", progress=False)
+        try:
+            compact(CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration="10m",
+                                  overwrite=True), spark)
+        finally:
+            spark.stop()
+    return dest
+
+
+def _variant(check):  # type: ignore[no-untyped-def]
+    """decode_group_file with `check(data, gf)` as its checksum step."""
+
+    def decode(data: bytes, gf: compacted.GroupFile, s: int, name: str):  # type: ignore[no-untyped-def]
+        if len(data) != gf.file_bytes or not check(data, gf):
+            raise compacted.IntegrityError(name)
+        _, batch = envelope.decode_avro(data, name=name)
+        if batch.num_rows != gf.records:
+            raise compacted.IntegrityError(name)
+        return batch
+
+    return decode
+
+
+VARIANTS = {
+    "crc32c (ships)": compacted.decode_group_file,
+    "sha256": _variant(lambda data, gf: hashlib.sha256(data).hexdigest() == gf.sha256),
+    "no checksum": _variant(lambda data, gf: True),
+}
+
+
+def replay_rate(url: str, threads: int) -> float:
+    started = time.perf_counter()
+    n = 0
+    with reader.replay(url, threads=threads) as events:
+        for ev in events:
+            if isinstance(ev, reader.Records):
+                n += ev.batch.num_rows
+    return n / (time.perf_counter() - started)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=4_000_000)
+    p.add_argument("--groups", type=int, default=64)
+    p.add_argument("--threads", type=int, nargs="+", default=[4, 16])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dir", default=os.path.join(Path.home(), ".cache", "keyfill-bench", "integrity"))
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.records, args.rounds = 300_000, 2
+    url = ensure_archive(args)
+    checked = compacted.decode_group_file
+
+    files = [p for p in Path(url).rglob("*.avro")]
+    blob = b"".join(f.read_bytes() for f in files[:64])
+    for name, fn in (("SHA-256", lambda b: hashlib.sha256(b).hexdigest()), ("CRC-32C", compacted.crc32c)):
+        t = time.perf_counter()
+        fn(blob)
+        print(f"{name} alone: {len(blob) / (time.perf_counter() - t) / 1e9:.2f} GB/s on one core "
+              f"({len(blob) / 1e6:.0f} MB)")
+    total = sum(f.stat().st_size for f in files)
+    print(f"archive: {len(files)} group files, {total / 1e6:.0f} MB, {args.records:,} records")
+
+    shipped = compacted.decode_group_file
+    replay_rate(url, args.threads[0])  # warm the page cache and numba
+    for threads in args.threads:
+        rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        for _ in range(args.rounds):
+            for name, fn in VARIANTS.items():
+                compacted.decode_group_file = fn
+                try:
+                    rates[name].append(replay_rate(url, threads))
+                finally:
+                    compacted.decode_group_file = shipped
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        base = med["no checksum"]
+        print(f"{threads:>2} threads (medians of {args.rounds}): "
+              + ", ".join(f"{k} {v / 1e6:.2f}M records/s = {v / base:.3f}x" for k, v in med.items()))
+
+
+if __name__ == "__main__":
+    main()

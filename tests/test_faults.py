@@ -1,0 +1,441 @@
+"""The fault suite: damage and bad input injected where users meet them, each expected to end
+in a clear error naming the object at fault, with nothing lost and nothing wrong delivered.
+
+- overwrite from a bad source (missing, overlapping, corrupt): the previous archive stays
+  and still verifies;
+- source and destination inside one another: refused before anything is touched;
+- overwrite next to files keyfill did not write: they stay;
+- a flipped byte in a null-codec group file, a group file swapped for another: the replay
+  and the Spark source fail naming file, slice and group, and emit nothing of the file;
+- a frozen S3 endpoint (SIGSTOP on a SeaweedFS of its own): replay, verify and compact fail
+  in bounded time naming endpoint and object; Ctrl-C ends a stalled replay at once;
+- verify of an unreadable manifest, a corrupt checkpoint file, a negative watermark bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import reader
+from compactor.envelope_archive import write_chunk
+from compactor.job import CompactConfig, compact
+from compactor.sources import open_source
+from compactor.verify import CHECKS, verify
+from keyfill.cli import main
+from keyfill.generate import GeneratorConfig, generate
+from keygroups import compacted, envelope
+from keygroups.storage import StorageError, open_storage
+
+try:
+    from tests.s3server import S3Server, start_seaweedfs
+except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    from s3server import S3Server, start_seaweedfs  # type: ignore[no-redef]
+
+# Short limits for the frozen-endpoint cases, so each takes seconds; the defaults (5 s
+# connect, 20 s read, 60 s deadline) are measured in the closing note instead.
+SHORT_LIMITS = {"KEYFILL_S3_CONNECT_TIMEOUT": "1", "KEYFILL_S3_READ_TIMEOUT": "2", "KEYFILL_S3_DEADLINE": "5"}
+
+
+def snapshot(url: str) -> dict[str, bytes]:
+    store = open_storage(url)
+    return {o.key: store.read(o.key) for o in store.list()}
+
+
+def envelope_records(partition, offsets, ts, keys):
+    return envelope.batch_from_records([
+        {"partition": partition, "offset": int(o), "timestamp": int(t), "key": k, "value": b"v%d" % o, "headers": []}
+        for o, t, k in zip(offsets, ts, keys)
+    ])
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    src = str(tmp_path_factory.mktemp("faults") / "src")
+    generate(GeneratorConfig(out=src, records=12_000, keys=200, partitions=3, chunk_records=2_000, skew=1.1,
+                             null_keys=0.02, headers=True, rate=200.0, seed=11, codec="null"), progress=False)
+    return src
+
+
+@pytest.fixture(scope="module")
+def archive(spark, source, tmp_path_factory):
+    """A null-codec archive (so one changed byte can decode cleanly) of several slices."""
+    dest = str(tmp_path_factory.mktemp("faults") / "c")
+    compact(CompactConfig(source=source, dest=dest, groups=4, slice_duration="20s", codec="null"), spark)
+    return dest
+
+
+def by_position(table: pa.Table) -> dict[tuple[int, int], dict]:
+    return {(r["partition"], r["offset"]): r for r in table.to_pylist()}
+
+
+def source_records(url: str) -> dict[tuple[int, int], dict]:
+    src = open_source(url)
+    return by_position(pa.Table.from_batches([src.read(c) for c in src.list_chunks()]))
+
+
+# --- overwrite and destinations ----------------------------------------------------------
+
+
+def overlapping_source(root) -> str:
+    src = open_storage(str(root / "overlap-src"))
+    write_chunk(src, envelope_records(0, range(0, 10), range(10), [b"a"] * 10), "payments")
+    write_chunk(src, envelope_records(0, range(5, 15), range(5, 15), [b"b"] * 10), "payments")
+    return src.url
+
+
+def corrupt_source(root, good: str) -> str:
+    bad = root / "corrupt-src"
+    shutil.copytree(good, bad)
+    victim = sorted(p for p in bad.rglob("*") if p.is_file())[2]
+    victim.write_bytes(victim.read_bytes()[:-500])
+    return str(bad)
+
+
+@pytest.mark.parametrize("bad", ["missing", "overlapping", "corrupt"])
+def test_overwrite_from_a_bad_source_keeps_the_previous_archive(spark, source, archive, tmp_path, bad):
+    dest = str(tmp_path / "c")
+    shutil.copytree(archive, dest)
+    before = snapshot(dest)
+    bad_url = {"missing": lambda: str(tmp_path / "no-such-source"),
+               "overlapping": lambda: overlapping_source(tmp_path),
+               "corrupt": lambda: corrupt_source(tmp_path, source)}[bad]()
+    with pytest.raises(Exception) as err:  # a bad chunk fails inside a Spark task: Spark wraps the error
+        compact(CompactConfig(source=bad_url, dest=dest, groups=3, slice_duration="10s", overwrite=True), spark)
+    assert bad_url in str(err.value)
+    assert snapshot(dest) == before  # nothing deleted, nothing half-written
+    assert verify(open_source(source), open_storage(dest)).ok
+
+
+def test_nested_source_and_destination_are_refused_before_anything_is_touched(spark, source, archive, tmp_path):
+    nest = tmp_path / "nest"
+    shutil.copytree(archive, nest)
+    shutil.copytree(source, nest / "raw")
+    (nest / "notes").mkdir()
+    (nest / "notes" / "important.csv").write_text("do not delete\n")
+    before = snapshot(str(nest))
+    with pytest.raises(StorageError, match="overlap"):
+        compact(CompactConfig(source=str(nest / "raw"), dest=str(nest), groups=3, overwrite=True), spark)
+    with pytest.raises(StorageError, match="overlap"):  # the other way round
+        compact(CompactConfig(source=str(nest / "raw"), dest=str(nest / "raw" / "compacted"), groups=3), spark)
+    with pytest.raises(StorageError, match="overlap"):  # the same place under another spelling
+        compact(CompactConfig(source=str(nest / "raw"), dest=f"file://{nest}/raw/", groups=3), spark)
+    assert snapshot(str(nest)) == before
+
+
+def test_overwrite_replaces_only_the_archive_and_keeps_foreign_files(spark, source, archive, tmp_path):
+    dest = tmp_path / "c"
+    shutil.copytree(archive, dest)
+    (dest / "notes").mkdir()
+    (dest / "notes" / "important.csv").write_text("keep me\n")
+    (dest / "README.txt").write_text("team archive\n")
+    old = {k for k in snapshot(str(dest)) if compacted.is_archive_key(k)}
+    r = compact(CompactConfig(source=source, dest=str(dest), groups=2, slice_duration="1m", overwrite=True), spark)
+    assert r.groups == 2
+    assert (dest / "notes" / "important.csv").read_text() == "keep me\n"
+    assert (dest / "README.txt").read_text() == "team archive\n"
+    now = {k for k in snapshot(str(dest)) if compacted.is_archive_key(k)}
+    manifest = compacted.load_manifest(open_storage(str(dest)))
+    listed = {compacted.MANIFEST, compacted.ASSIGNMENT} | {
+        k for s in manifest.slices if s.records
+        for k in [compacted.slice_meta_key(s.slice)] + [g.key for g in compacted.load_slice(open_storage(str(dest)),
+                                                                                         s.slice).groups]}
+    assert now == listed | {compacted.slice_meta_key(s.slice) for s in manifest.slices}  # no stale old file
+    assert old - now  # the old archive had files the new one does not (4 groups, 20 s slices)
+    assert verify(open_source(source), open_storage(str(dest))).ok
+
+
+def test_overlap_is_judged_on_both_backends():
+    from keygroups.storage import overlapping
+
+    s3 = lambda u: open_storage(u)  # noqa: E731 - no request is made
+    assert overlapping(s3("s3://b/archive"), s3("s3://b/archive/compacted"))
+    assert overlapping(s3("s3://b/archive/compacted/"), s3("s3://b/archive"))
+    assert overlapping(s3("s3://b/archive"), s3("s3://b/archive/"))
+    assert overlapping(s3("s3://b"), s3("s3://b/x"))
+    assert not overlapping(s3("s3://b/archive"), s3("s3://b/archive-compacted"))
+    assert not overlapping(s3("s3://b/archive"), s3("s3://c/archive"))
+    assert not overlapping(s3("s3://b/tmp/x"), open_storage("/tmp/x"))
+
+
+# --- the replay and the Spark source check what they deliver -----------------------------
+
+
+def flip_a_digit(data: bytes) -> bytes:
+    """Change one digit of one amount: the file still decodes, to a different value."""
+    at = data.index(b'"amount":') + len(b'"amount":')
+    digit = data[at:at + 1]
+    return data[:at] + (b"9" if digit != b"9" else b"1") + data[at + 1:]
+
+
+def swap_with_another_slice(store, victim: compacted.GroupFile, s: int) -> None:
+    for other in range(s + 1, len(compacted.load_manifest(store).slices)):
+        donor = [g for g in compacted.load_slice(store, other).groups if g.group == victim.group]
+        if donor:
+            store.write(victim.key, store.read(donor[0].key))
+            return
+    raise AssertionError("no other slice holds this group")
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "swapped file"])
+def test_damaged_group_file_fails_the_replay_and_nothing_of_it_is_emitted(source, archive, tmp_path, damage):
+    dest = str(tmp_path / "c")
+    shutil.copytree(archive, dest)
+    store = open_storage(dest)
+    s = 1
+    victim = max(compacted.load_slice(store, s).groups, key=lambda g: g.records)
+    if damage == "flipped byte":
+        store.write(victim.key, flip_a_digit(store.read(victim.key)))
+    else:
+        swap_with_another_slice(store, victim, s)
+    truth = source_records(source)
+    delivered = []
+    with pytest.raises(reader.ReplayError) as err:
+        with reader.replay(dest, threads=3, batch_size=500) as events:
+            for ev in events:
+                if isinstance(ev, reader.Records):
+                    delivered.append(ev)
+    message = str(err.value)
+    assert victim.key in message and f"slice {s}" in message and f"group {victim.group}" in message
+    assert not [ev for ev in delivered if (ev.slice, ev.group) == (s, victim.group)]
+    for ev in delivered:  # what did arrive is the source's records, unchanged
+        for r in ev.batch.drop_columns(["key_group"]).to_pylist():
+            assert truth[(r["partition"], r["offset"])] == r
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "swapped file"])
+def test_damaged_group_file_fails_the_spark_source_naming_it(spark, archive, tmp_path, damage):
+    import reader.spark
+
+    dest = str(tmp_path / "c")
+    shutil.copytree(archive, dest)
+    store = open_storage(dest)
+    victim = compacted.load_slice(store, 1).groups[0]
+    if damage == "flipped byte":
+        store.write(victim.key, flip_a_digit(store.read(victim.key)))
+    else:
+        swap_with_another_slice(store, victim, 1)
+    reader.spark.register(spark)
+    with pytest.raises(Exception) as err:
+        spark.read.format("keyfill").load(dest).count()
+    assert victim.key in str(err.value) and "slice 1" in str(err.value)
+
+
+def test_replay_checks_cost_no_correctness(archive, source):
+    """The check runs on every file and accepts every intact one (the whole archive replays)."""
+    truth = source_records(source)
+    seen = 0
+    with reader.replay(archive, threads=2) as events:
+        for ev in events:
+            if isinstance(ev, reader.Records):
+                seen += ev.batch.num_rows
+    assert seen == len(truth)
+
+
+# --- a frozen S3 endpoint ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def frozen_s3(archive, source):
+    """A SeaweedFS of its own (the shared one must keep answering), holding a copy of the
+    archive; tests freeze it with SIGSTOP and thaw it afterwards."""
+    server = start_seaweedfs()
+    env = {k: v for k, v in server.env().items()}
+    saved = dict(os.environ)
+    try:
+        server.apply_env()
+        url = f"s3://{server.bucket}/archive"
+        store = open_storage(url)
+        local = open_storage(archive)
+        for o in local.list():
+            store.write(o.key, local.read(o.key))
+        yield server, url, env
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        server.stop()
+
+
+@contextmanager
+def frozen(server: S3Server):
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def fault_env(env: dict, **extra: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k not in env}
+    out.update({k: v for k, v in env.items() if v is not None})
+    out.update(SHORT_LIMITS, **extra)
+    return out
+
+
+@pytest.fixture
+def short_limits(frozen_s3, monkeypatch):
+    server, url, env = frozen_s3
+    for k, v in fault_env(env).items():
+        monkeypatch.setenv(k, v)
+    return server, url
+
+
+def test_frozen_endpoint_fails_the_replay_command_in_bounded_time(frozen_s3):
+    server, url, env = frozen_s3
+    with frozen(server):
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "keyfill", "replay", url, "--no-progress"], env=fault_env(env),
+                             capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - started
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert server.endpoint in lines[0] and f"{url}/{compacted.MANIFEST}" in lines[0]
+    print(f"frozen endpoint, replay command: error after {took:.1f} s")
+
+
+REPLAY_SCRIPT = """
+import sys, reader
+events = reader.replay(sys.argv[1], threads=4, read_ahead_bytes=1 << 16)
+print("opened", flush=True)
+sys.stdin.readline()
+try:
+    with events:
+        for ev in events:
+            pass
+except reader.ReplayError as exc:
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(2)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def start_replay_then_freeze(server: S3Server, url: str, env: dict) -> subprocess.Popen:
+    """A replay whose manifest is read; its threads then meet a frozen endpoint."""
+    proc = subprocess.Popen([sys.executable, "-c", REPLAY_SCRIPT, url], env=fault_env(env), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "opened"
+    os.kill(server.process.pid, signal.SIGSTOP)
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return proc
+
+
+def test_frozen_endpoint_fails_replay_threads_in_bounded_time(frozen_s3):
+    server, url, env = frozen_s3
+    try:
+        proc = start_replay_then_freeze(server, url, env)
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    assert proc.returncode == 2, err
+    assert server.endpoint in err and url in err
+    print(f"frozen endpoint, replay threads: error after {took:.1f} s")
+
+
+def test_ctrl_c_stops_a_stalled_replay_at_once(frozen_s3):
+    server, url, env = frozen_s3
+    try:
+        # Long limits here: only Ctrl-C may end this replay.
+        proc = subprocess.Popen([sys.executable, "-c", REPLAY_SCRIPT, url],
+                                env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
+                                text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == "opened"
+        os.kill(server.process.pid, signal.SIGSTOP)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        time.sleep(1.5)  # every thread is now waiting on the frozen endpoint
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    assert proc.returncode == 130
+    assert took < 5, f"Ctrl-C took {took:.1f} s"
+    print(f"Ctrl-C during a stalled replay: exited after {took:.2f} s")
+
+
+def test_ctrl_c_stops_the_replay_command_stalled_on_its_manifest(frozen_s3):
+    server, url, env = frozen_s3
+    with frozen(server):
+        proc = subprocess.Popen([sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
+                                env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(3)  # started, and waiting for the manifest
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    assert proc.returncode == 130 and "interrupted" in err
+    assert took < 5, f"Ctrl-C took {took:.1f} s"
+
+
+def test_frozen_endpoint_fails_verify_in_bounded_time(frozen_s3, short_limits, source, capsys):
+    server, url = short_limits
+    with frozen(server):
+        assert main(["verify", source, url, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert server.endpoint in err and url in err
+
+
+def test_frozen_endpoint_fails_compact_in_bounded_time(spark, frozen_s3, short_limits, source):
+    server, url = short_limits
+    with frozen(server):
+        with pytest.raises(StorageError) as err:
+            compact(CompactConfig(source=source, dest=f"s3://{server.bucket}/new", groups=2), spark)
+    assert server.endpoint in str(err.value) and f"s3://{server.bucket}/new" in str(err.value)
+
+
+# --- smaller bad inputs ------------------------------------------------------------------
+
+
+def test_verify_of_an_unreadable_manifest_reports_checks_not_run(source, archive, tmp_path, capsys):
+    dest = tmp_path / "c"
+    shutil.copytree(archive, dest)
+    (dest / compacted.MANIFEST).write_text("{ not json")
+    report = verify(open_source(source), open_storage(str(dest)))
+    assert not report.ok and set(report.not_run) == set(CHECKS) - {"manifest"}
+    assert main(["verify", source, str(dest), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL manifest" in out and "unreadable manifest" in out
+    assert not [line for line in out.splitlines() if line.startswith("ok")]
+    assert sum(line.startswith("skip") for line in out.splitlines()) == len(CHECKS) - 1
+
+
+@pytest.mark.parametrize("content", ["", "{ half", '["a list"]', '{"version": 1, "slices": 0}',
+                                     '{"version": 1, "slices": SLICES, "slice": "x"}',
+                                     '{"version": 1, "slices": SLICES, "slice": 999}'])
+def test_a_bad_checkpoint_file_is_named(archive, tmp_path, capsys, content):
+    slices = len(compacted.load_manifest(open_storage(archive)).slices)
+    path = tmp_path / "ck.json"
+    path.write_text(content.replace("SLICES", str(slices)))
+    assert main(["replay", archive, "--checkpoint-file", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err
+    assert path.read_text() == content.replace("SLICES", str(slices))  # left for the user to inspect
+
+
+def test_negative_bounds_are_refused(archive, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["replay", archive, "--watermark-bound-ms", "-5000"])
+    assert exit_.value.code == 2 and "--watermark-bound-ms" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="watermark_bound_ms"):
+        reader.replay(archive, watermark_bound_ms=-1)
+    with pytest.raises(SystemExit):
+        main(["replay", archive, "--max-drift-ms", "-1"])
