@@ -26,6 +26,8 @@ example: $(BIN)/keyfill
 		jobs/fraud_backfill.py $(EXAMPLE)/compacted --out $(EXAMPLE)/fraud --overwrite
 
 test: $(BIN)/keyfill
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
 clean:

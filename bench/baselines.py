@@ -120,7 +120,7 @@ class _BaselineReplay:
                 for start in range(0, batch.num_rows, self.batch_size):
                     self._put(batch.slice(start, self.batch_size))
             self._put(_DONE)
-        except BaseException as exc:  # noqa: BLE001 - surfaces in the consumer
+        except BaseException as exc:
             self._put(exc, force=True)
         finally:
             if fetch is not None:
@@ -195,7 +195,7 @@ class ShardedReplay(_BaselineReplay):
         if shards < 1:
             raise ValueError("shards must be at least 1")
         self.shards = shards
-        super().__init__(url, **options)  # type: ignore[arg-type]
+        super().__init__(url, **options)
 
     def _jobs(self) -> list[tuple[list[ChunkInfo], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
         order = time_ordered_chunks(self.index)

@@ -1,8 +1,8 @@
 """Compaction speed against a plain sequential fastavro read of the same archive, measured
 in the same run, plus group balance.
 
-    python bench/bench_compact.py                    # generates ~2 GB (uncompressed Avro) once, then measures
-    python bench/bench_compact.py --records 2000000  # smaller, quicker
+    python -m bench.bench_compact                    # generates ~2 GB (uncompressed Avro) once, then measures
+    python -m bench.bench_compact --records 2000000  # smaller, quicker
 
 The archive is cached under --dir between runs (generation is not what is measured here).
 Baseline: one process reading every chunk with fastavro's record reader, in offset order,
@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def main() -> None:
@@ -43,9 +40,19 @@ def main() -> None:
     if not os.path.exists(os.path.join(src, "_done")):
         shutil.rmtree(src, ignore_errors=True)
         print(f"generating {args.records:,} records into {src} ...", flush=True)
-        generate(GeneratorConfig(out=src, records=args.records, keys=args.keys, partitions=args.partitions,
-                                 chunk_records=250_000, headers=True, codec=args.codec, rate=2_000.0),
-                 progress=True)  # fmt: skip
+        generate(
+            GeneratorConfig(
+                out=src,
+                records=args.records,
+                keys=args.keys,
+                partitions=args.partitions,
+                chunk_records=250_000,
+                headers=True,
+                codec=args.codec,
+                rate=2_000.0,
+            ),
+            progress=True,
+        )
         open(os.path.join(src, "_done"), "w").close()
     store = open_storage(src)
     chunks = [o for o in store.list() if o.key.endswith(".avro")]
@@ -65,14 +72,20 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         t = time.perf_counter()
-        r = compact(CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration=args.slice_duration,
-                                  overwrite=True), spark)  # fmt: skip
+        r = compact(
+            CompactConfig(
+                source=src, dest=dest, groups=args.groups, slice_duration=args.slice_duration, overwrite=True
+            ),
+            spark,
+        )
         comp_s = time.perf_counter() - t
     finally:
         spark.stop()
 
-    print(f"\narchive: {n:,} records, {size / 1e9:.2f} GB in {len(chunks)} chunks ({args.codec}), "
-          f"{args.partitions} partitions, {args.keys:,} keys; Spark {args.master}")  # fmt: skip
+    print(
+        f"\narchive: {n:,} records, {size / 1e9:.2f} GB in {len(chunks)} chunks ({args.codec}), "
+        f"{args.partitions} partitions, {args.keys:,} keys; Spark {args.master}"
+    )
     print(f"{'':<34} {'seconds':>8} {'records/s':>11} {'MB/s':>7}")
     print(f"{'sequential fastavro read':<34} {base_s:>8.1f} {n / base_s:>11,.0f} {size / 1e6 / base_s:>7.1f}")
     print(f"{'keyfill compact':<34} {comp_s:>8.1f} {r.records / comp_s:>11,.0f} {size / 1e6 / comp_s:>7.1f}")
@@ -82,8 +95,10 @@ def main() -> None:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"driver Python peak RSS {rss:,.0f} MB with {r.keys:,} keys (the JVM driver is separate)")
-    print(f"groups: {r.groups}, max/mean group bytes {r.max_group_bytes / r.mean_group_bytes:.3f} "
-          f"(max {r.max_group_bytes:,}, largest key sets the floor); {r.files} files, {r.slices} slices")
+    print(
+        f"groups: {r.groups}, max/mean group bytes {r.max_group_bytes / r.mean_group_bytes:.3f} "
+        f"(max {r.max_group_bytes:,}, largest key sets the floor); {r.files} files, {r.slices} slices"
+    )
 
 
 if __name__ == "__main__":

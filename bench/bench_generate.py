@@ -1,6 +1,6 @@
 """Generator speed against fastavro's writer, measured in the same run.
 
-    python bench/bench_generate.py [--records 2000000] [--codec snappy]
+    python -m bench.bench_generate [--records 2000000] [--codec snappy]
 
 The baseline is fastavro.writer alone over records that are already Python dicts (the
 dict building is not charged to it), writing the same number of records with the same
@@ -13,16 +13,13 @@ import argparse
 import io
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import fastavro
 
-import fastavro  # noqa: E402
-
-from keyfill.generate import GeneratorConfig, generate  # noqa: E402
-from keygroups import envelope  # noqa: E402
+from keyfill.generate import GeneratorConfig, generate
+from keygroups import envelope
 
 
 def main() -> None:
@@ -38,8 +35,14 @@ def main() -> None:
         warm = GeneratorConfig(out=os.path.join(tmp, "warm"), records=1000, keys=100, headers=True)
         generate(warm, progress=False)  # numba cache load / first compile is not charged
 
-        cfg = GeneratorConfig(out=os.path.join(tmp, "gen"), records=args.records, keys=args.keys,
-                              headers=True, codec=args.codec, chunk_records=250_000)
+        cfg = GeneratorConfig(
+            out=os.path.join(tmp, "gen"),
+            records=args.records,
+            keys=args.keys,
+            headers=True,
+            codec=args.codec,
+            chunk_records=250_000,
+        )
         t = time.perf_counter()
         res = generate(cfg, progress=False)
         gen_s = time.perf_counter() - t
@@ -63,10 +66,14 @@ def main() -> None:
     gen_rps = res.records / gen_s
     fa_rps = len(records) / fa_s
     print(f"{'writer':<34} {'records':>10} {'seconds':>8} {'records/s':>11} {'MB/s':>7}")
-    print(f"{'keyfill generate (' + args.codec + ', headers)':<34} {res.records:>10,} {gen_s:>8.2f} "
-          f"{gen_rps:>11,.0f} {res.bytes / 1e6 / gen_s:>7.1f}")
-    print(f"{'fastavro.writer, dicts prebuilt':<34} {len(records):>10,} {fa_s:>8.2f} "
-          f"{fa_rps:>11,.0f} {buf.tell() / 1e6 / fa_s:>7.1f}")
+    print(
+        f"{'keyfill generate (' + args.codec + ', headers)':<34} {res.records:>10,} {gen_s:>8.2f} "
+        f"{gen_rps:>11,.0f} {res.bytes / 1e6 / gen_s:>7.1f}"
+    )
+    print(
+        f"{'fastavro.writer, dicts prebuilt':<34} {len(records):>10,} {fa_s:>8.2f} "
+        f"{fa_rps:>11,.0f} {buf.tell() / 1e6 / fa_s:>7.1f}"
+    )
     print(f"ratio keyfill / fastavro: {gen_rps / fa_rps:.2f}x")
 
 

@@ -3,8 +3,8 @@ CRC-32C and record count checked before it is emitted (what ships), against the 
 with the checksum step taken out (baseline) and with SHA-256 in its place (the rejected
 alternative), alternating in one run on one archive.
 
-    python bench/bench_integrity.py            # 4M records (~650 MB), generated and compacted once, cached
-    python bench/bench_integrity.py --quick    # 300K records
+    python -m bench.bench_integrity            # 4M records (~650 MB), generated and compacted once, cached
+    python -m bench.bench_integrity --quick    # 300K records
 
 Also prints both checksums' raw speed on this machine.
 """
@@ -31,21 +31,32 @@ def ensure_archive(args: argparse.Namespace) -> str:
     dest = os.path.join(args.dir, f"compacted-{args.records}-G{args.groups}")
     if not os.path.exists(os.path.join(dest, compacted.MANIFEST)):
         if not os.path.exists(src):
-            generate(GeneratorConfig(out=src, records=args.records, keys=100_000, partitions=4,
-                                     chunk_records=100_000, headers=True, rate=2_000.0), progress=True)
+            generate(
+                GeneratorConfig(
+                    out=src,
+                    records=args.records,
+                    keys=100_000,
+                    partitions=4,
+                    chunk_records=100_000,
+                    headers=True,
+                    rate=2_000.0,
+                ),
+                progress=True,
+            )
         spark = local_spark("local[2]", app="bench-integrity", progress=False)
         try:
-            compact(CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration="10m",
-                                  overwrite=True), spark)
+            compact(
+                CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration="10m", overwrite=True), spark
+            )
         finally:
             spark.stop()
     return dest
 
 
-def _variant(check):  # type: ignore[no-untyped-def]
+def _variant(check):
     """decode_group_file with `check(data, gf)` as its checksum step."""
 
-    def decode(data: bytes, gf: compacted.GroupFile, s: int, name: str):  # type: ignore[no-untyped-def]
+    def decode(data: bytes, gf: compacted.GroupFile, s: int, name: str):
         if len(data) != gf.file_bytes or not check(data, gf):
             raise compacted.IntegrityError(name)
         _, batch = envelope.decode_avro(data, name=name)
@@ -85,15 +96,16 @@ def main() -> None:
     if args.quick:
         args.records, args.rounds = 300_000, 2
     url = ensure_archive(args)
-    checked = compacted.decode_group_file
 
     files = [p for p in Path(url).rglob("*.avro")]
     blob = b"".join(f.read_bytes() for f in files[:64])
     for name, fn in (("SHA-256", lambda b: hashlib.sha256(b).hexdigest()), ("CRC-32C", compacted.crc32c)):
         t = time.perf_counter()
         fn(blob)
-        print(f"{name} alone: {len(blob) / (time.perf_counter() - t) / 1e9:.2f} GB/s on one core "
-              f"({len(blob) / 1e6:.0f} MB)")
+        print(
+            f"{name} alone: {len(blob) / (time.perf_counter() - t) / 1e9:.2f} GB/s on one core "
+            f"({len(blob) / 1e6:.0f} MB)"
+        )
     total = sum(f.stat().st_size for f in files)
     print(f"archive: {len(files)} group files, {total / 1e6:.0f} MB, {args.records:,} records")
 
@@ -110,8 +122,10 @@ def main() -> None:
                     compacted.decode_group_file = shipped
         med = {k: statistics.median(v) for k, v in rates.items()}
         base = med["no checksum"]
-        print(f"{threads:>2} threads (medians of {args.rounds}): "
-              + ", ".join(f"{k} {v / 1e6:.2f}M records/s = {v / base:.3f}x" for k, v in med.items()))
+        print(
+            f"{threads:>2} threads (medians of {args.rounds}): "
+            + ", ".join(f"{k} {v / 1e6:.2f}M records/s = {v / base:.3f}x" for k, v in med.items())
+        )
 
 
 if __name__ == "__main__":

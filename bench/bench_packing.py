@@ -1,8 +1,8 @@
 """Key-group packing benchmark: time and quality of hash mod k, greedy LPT, textbook LDM
 and keyfill's `pack` on the same inputs, in one run.
 
-    python bench/bench_packing.py            # full grid (n up to 5M, k up to 4096)
-    python bench/bench_packing.py --quick    # small grid, about a minute
+    python -m bench.bench_packing            # full grid (n up to 5M, k up to 4096)
+    python -m bench.bench_packing --quick    # small grid, about a minute
 
 Quality is the excess of the heaviest group over the lower bound
 LB = max(ceil(total / k), largest weight): excess = max / LB - 1, "0" means exactly LB.
@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import sys
 import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from keygroups import packing  # noqa: E402
-from keygroups.packing import group_loads, pack  # noqa: E402
+from keygroups import packing
+from keygroups.packing import group_loads, pack
 
 DISTRIBUTIONS = ("zipf0.8", "zipf1.1", "lognormal1", "lognormal2", "hot90")
 
@@ -123,9 +119,7 @@ def excess(maximum: int, lb: int) -> str:
     return f"{maximum / lb - 1:.1e}"
 
 
-def run(
-    ns: list[int], ks: list[int], dists: list[str], repeat: int, budget: float, ldm_max_n: int
-) -> list[dict]:
+def run(ns: list[int], ks: list[int], dists: list[str], repeat: int, budget: float, ldm_max_n: int) -> list[dict]:
     t = time.perf_counter()
     pack([3, 2, 2, 1], 2)  # numba: compile, or load the on-disk cache
     print(f"# numba warm-up (compile or cache load): {time.perf_counter() - t:.2f} s")
@@ -142,9 +136,9 @@ def run(
             total, top = int(w.sum()), int(w.max())
             for k in ks:
                 lb = max(-(-total // k), top)
-                th, gh = best_time(lambda: hash_mod_k(w, k), repeat)
-                tl, gl = best_time(lambda: greedy_lpt(w, k), repeat)
-                tp, gp = best_time(lambda: pack(w, k), repeat)
+                th, gh = best_time(lambda w=w, k=k: hash_mod_k(w, k), repeat)
+                tl, gl = best_time(lambda w=w, k=k: greedy_lpt(w, k), repeat)
+                tp, gp = best_time(lambda w=w, k=k: pack(w, k), repeat)
                 mh = int(group_loads(w, gh, k).max())
                 ml = int(group_loads(w, gl, k).max())
                 mp = int(group_loads(w, gp, k).max())
@@ -174,8 +168,7 @@ def run(
                     notes.append("not exact LB")
                 print(
                     f"{dist:<11}{n:>8}{k:>6} | {th:>7.3f} {excess(mh, lb):>8} | {tl:>7.3f}"
-                    f" {excess(ml, lb):>8} | {ldm_cell} | {tp:>7.3f} {excess(mp, lb):>8} | "
-                    + "; ".join(notes),
+                    f" {excess(ml, lb):>8} | {ldm_cell} | {tp:>7.3f} {excess(mp, lb):>8} | " + "; ".join(notes),
                     flush=True,
                 )
                 rows.append(dict(dist=dist, n=n, k=k, lb=lb, pack_s=tp, pack_max=mp, lpt_max=ml))

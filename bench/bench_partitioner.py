@@ -1,7 +1,7 @@
 """Shuffle partitioner speed: `reader.partitioner.partition_batches` against a per-record
 Python loop doing the same Flink routing, measured in one run on the same batches.
 
-    python bench/bench_partitioner.py [--records 1000000] [--batch-rows 65536] [--consumers 4 16 64]
+    python -m bench.bench_partitioner [--records 1000000] [--batch-rows 65536] [--consumers 4 16 64]
 
 Records come from keyfill's generator (Zipf-distributed `user-%08d` keys, 1% null keys,
 JSON payment values, headers), read back as the archive's Arrow batches. Rates are the best
@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from functools import partial
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import pyarrow as pa
 
@@ -81,7 +78,7 @@ def loop_partition(batch: pa.RecordBatch, d: int, max_p: int, memo: dict | None)
     return [batch.take(pa.array(r, pa.int64())) for r in rows]
 
 
-def best_rate(fn, batches: list[pa.RecordBatch], repeat: int) -> float:  # type: ignore[no-untyped-def]
+def best_rate(fn, batches: list[pa.RecordBatch], repeat: int) -> float:
     n = sum(b.num_rows for b in batches)
     best = float("inf")
     for _ in range(repeat):
@@ -108,19 +105,27 @@ def main() -> None:
     from reader.partitioner import consumer_indexes, partition_batches
 
     with tempfile.TemporaryDirectory() as tmp:
-        generate(GeneratorConfig(out=tmp, records=args.records, partitions=4, keys=args.keys,
-                                 chunk_records=args.batch_rows, headers=True), progress=False)  # fmt: skip
+        generate(
+            GeneratorConfig(
+                out=tmp, records=args.records, partitions=4, keys=args.keys, chunk_records=args.batch_rows, headers=True
+            ),
+            progress=False,
+        )
         store = open_storage(tmp)
         batches = [read_chunk(store, c) for c in build_index(store).all_chunks()]
     n = sum(b.num_rows for b in batches)
     nulls = sum(b.column("key").null_count for b in batches)
-    print(f"{n:,} records in {len(batches)} batches (~{args.batch_rows:,} rows), {args.keys:,} users, "
-          f"{nulls / n:.1%} null keys, max_parallelism {args.max_parallelism}, "
-          f"{os.cpu_count()} CPUs, one thread")  # fmt: skip
+    print(
+        f"{n:,} records in {len(batches)} batches (~{args.batch_rows:,} rows), {args.keys:,} users, "
+        f"{nulls / n:.1%} null keys, max_parallelism {args.max_parallelism}, "
+        f"{os.cpu_count()} CPUs, one thread"
+    )
     partition_batches(batches[0], 2, args.max_parallelism)  # warm numba (load or compile)
 
-    header = f"{'D':>4} {'route rec/s':>13} {'split rec/s':>13} {'loop rec/s':>12} {'memo rec/s':>12} " \
-             f"{'route/loop':>11} {'split/loop':>11} {'split/memo':>11}"  # fmt: skip
+    header = (
+        f"{'D':>4} {'route rec/s':>13} {'split rec/s':>13} {'loop rec/s':>12} {'memo rec/s':>12} "
+        f"{'route/loop':>11} {'split/loop':>11} {'split/memo':>11}"
+    )
     print(header)
     print("-" * len(header))
     for d in args.consumers:
@@ -133,8 +138,11 @@ def main() -> None:
         split = best_rate(partial(partition_batches, consumers=d, max_parallelism=mp), batches, args.repeat)
         loop = best_rate(partial(loop_partition, d=d, max_p=mp, memo=None), batches, 1)
         memo_rate = best_rate(partial(loop_partition, d=d, max_p=mp, memo={}), batches, 1)
-        print(f"{d:>4} {route:>13,.0f} {split:>13,.0f} {loop:>12,.0f} {memo_rate:>12,.0f} "
-              f"{route / loop:>10.0f}x {split / loop:>10.0f}x {split / memo_rate:>10.0f}x", flush=True)  # fmt: skip
+        print(
+            f"{d:>4} {route:>13,.0f} {split:>13,.0f} {loop:>12,.0f} {memo_rate:>12,.0f} "
+            f"{route / loop:>10.0f}x {split / loop:>10.0f}x {split / memo_rate:>10.0f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

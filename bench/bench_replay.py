@@ -1,8 +1,8 @@
 """Replay speed: the compacted replay against the two baselines over the source archive,
 on local disk and on a local S3 server with injected GET latency, measured in one run.
 
-    python bench/bench_replay.py           # ~2 GB archive (generated and compacted once, cached)
-    python bench/bench_replay.py --quick   # small archive, fast check of the whole pipeline
+    python -m bench.bench_replay           # ~2 GB archive (generated and compacted once, cached)
+    python -m bench.bench_replay --quick   # small archive, fast check of the whole pipeline
 
 Rows: the per-partition baseline (one reader per Kafka partition), the sharded-by-key
 baseline (N readers each reading everything; its bytes read show the I/O amplification)
@@ -40,7 +40,6 @@ import inspect
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -49,14 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-import reader  # noqa: E402
-from bench.baselines import PerPartitionReplay, ShardedReplay  # noqa: E402
-from compactor.envelope_archive import build_index  # noqa: E402
-from keygroups import compacted  # noqa: E402
-from keygroups.storage import ObjectInfo, S3Storage, Storage, open_storage  # noqa: E402
+import reader
+from bench.baselines import PerPartitionReplay, ShardedReplay
+from compactor.envelope_archive import build_index
+from keygroups import compacted
+from keygroups.storage import ObjectInfo, S3Storage, Storage, open_storage
 
 GB, MB = 1e9, 1e6
 LOCAL_TARGET = 2_000_000  # records/s, compacted replay on local disk
@@ -75,22 +71,29 @@ def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str
     src = os.path.join(args.dir, f"source-{tag}")
     dest = os.path.join(args.dir, f"compacted-{tag}-G{args.groups}-{args.slice_duration}")
     todo: list[tuple[str, GeneratorConfig | None, str, int]] = []
-    base: dict[str, Any] = {"partitions": args.partitions, "chunk_records": args.chunk_records, "headers": True,
-                            "codec": args.codec, "rate": 2_000.0}  # fmt: skip
+    base: dict[str, Any] = {
+        "partitions": args.partitions,
+        "chunk_records": args.chunk_records,
+        "headers": True,
+        "codec": args.codec,
+        "rate": 2_000.0,
+    }
     todo.append((src, GeneratorConfig(out=src, records=args.records, keys=args.keys, **base), dest, args.groups))
     # The same records in Kafka Connect S3 sink-sized objects: generated, never compacted.
     sink_tag = f"{args.records}-{args.keys}-{args.partitions}-{args.sink_chunk_records}-{args.codec}"
     sink_src = os.path.join(args.dir, f"source-{sink_tag}")
-    sink_cfg = GeneratorConfig(out=sink_src, records=args.records, keys=args.keys,
-                               **{**base, "chunk_records": args.sink_chunk_records})
+    sink_cfg = GeneratorConfig(
+        out=sink_src, records=args.records, keys=args.keys, **{**base, "chunk_records": args.sink_chunk_records}
+    )
     hot_src = hot_dest = None
     if args.drift:
         hot_tag = f"{args.hot_records}-{args.partitions}-{args.codec}-r500"
         hot_src = os.path.join(args.dir, f"hot-source-{hot_tag}")
         hot_dest = os.path.join(args.dir, f"hot-compacted-{hot_tag}-G{args.groups}-{args.slice_duration}")
         # A slower event rate than the main archive, so even --quick spans several slices.
-        hot = GeneratorConfig(out=hot_src, records=args.hot_records, keys=10_000, hot_key_share=0.9,
-                              **{**base, "rate": 500.0})
+        hot = GeneratorConfig(
+            out=hot_src, records=args.hot_records, keys=10_000, hot_key_share=0.9, **{**base, "rate": 500.0}
+        )
         todo.append((hot_src, hot, hot_dest, args.groups))
     if "s3" in args.cases.split(",") and not os.path.exists(os.path.join(sink_src, "_done")):
         from keyfill.generate import generate
@@ -106,7 +109,7 @@ def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str
                 from keyfill.generate import generate
 
                 shutil.rmtree(src_dir, ignore_errors=True)
-                print(f"generating {cfg.records:,} records into {src_dir} ...", flush=True)  # type: ignore[union-attr]
+                print(f"generating {cfg.records:,} records into {src_dir} ...", flush=True)
                 generate(cast(GeneratorConfig, cfg), progress=False)
                 Path(src_dir, "_done").touch()
                 shutil.rmtree(dest_dir, ignore_errors=True)
@@ -119,8 +122,17 @@ def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str
                     spark.sparkContext.setLogLevel("ERROR")
                 print(f"compacting {src_dir} into {groups} groups ...", flush=True)
                 t = time.perf_counter()
-                compact(CompactConfig(source=src_dir, dest=dest_dir, groups=groups, slice_duration=args.slice_duration,
-                                      codec=args.codec, overwrite=True), spark)  # fmt: skip
+                compact(
+                    CompactConfig(
+                        source=src_dir,
+                        dest=dest_dir,
+                        groups=groups,
+                        slice_duration=args.slice_duration,
+                        codec=args.codec,
+                        overwrite=True,
+                    ),
+                    spark,
+                )
                 print(f"  compacted in {time.perf_counter() - t:.0f} s", flush=True)
                 Path(dest_dir, "_done").touch()
     finally:
@@ -258,15 +270,18 @@ def print_rows(title: str, rows: list[Row], archive_bytes: int, notes: dict[str,
     print(f"\n{title}")
     print(f"  {'':<44} {'readers':>7} {'seconds':>8} {'records/s':>11} {'GB read':>8} {'x archive':>9}")
     for r in rows:
-        print(f"  {r.label:<44} {r.readers:>7} {r.seconds:>8.1f} {r.rate:>11,.0f} {r.bytes_read / GB:>8.2f} "
-              f"{r.bytes_read / archive_bytes:>8.2f}x  {notes.get(r.label, '')}")  # fmt: skip
+        print(
+            f"  {r.label:<44} {r.readers:>7} {r.seconds:>8.1f} {r.rate:>11,.0f} {r.bytes_read / GB:>8.2f} "
+            f"{r.bytes_read / archive_bytes:>8.2f}x  {notes.get(r.label, '')}"
+        )
 
 
 # --- the cases ----------------------------------------------------------------------------
 
 
-def measure_case(src: Storage, dest: Storage, args: argparse.Namespace, records: int, s3: bool,
-                 sink_src: Storage | None = None) -> list[Row]:
+def measure_case(
+    src: Storage, dest: Storage, args: argparse.Namespace, records: int, s3: bool, sink_src: Storage | None = None
+) -> list[Row]:
     """All rows on one backend: the box's ceiling first (a plain thread pool over the compacted
     files: 2 threads for the 2 cores locally, 16 on S3 where GETs wait), then the baselines
     (on S3 also today's practice: sequential GET-then-decode per partition, over `sink_src`
@@ -282,21 +297,34 @@ def measure_case(src: Storage, dest: Storage, args: argparse.Namespace, records:
     if sink_src is not None:
         sink_index = build_index(sink_src)
         mb = sink_index.bytes / len(sink_index.all_chunks()) / MB
-        rows.append(run_baseline(f"today: per-partition, sequential, {mb:.1f} MB objs",
-                                 lambda: PerPartitionReplay(sink_src.url, store=sink_src, index=sink_index,
-                                                            read_ahead=0), records))  # fmt: skip
+        rows.append(
+            run_baseline(
+                f"today: per-partition, sequential, {mb:.1f} MB objs",
+                lambda: PerPartitionReplay(sink_src.url, store=sink_src, index=sink_index, read_ahead=0),
+                records,
+            )
+        )
         print(f"  {rows[-1].label}: {rows[-1].rate:,.0f} records/s", flush=True)
     if s3:
-        rows.append(run_baseline("per-partition baseline, no read-ahead",
-                                 lambda: PerPartitionReplay(src.url, store=src, index=index, read_ahead=0),
-                                 records))  # fmt: skip
+        rows.append(
+            run_baseline(
+                "per-partition baseline, no read-ahead",
+                lambda: PerPartitionReplay(src.url, store=src, index=index, read_ahead=0),
+                records,
+            )
+        )
         print(f"  {rows[-1].label}: {rows[-1].rate:,.0f} records/s", flush=True)
-    rows.append(run_baseline("per-partition baseline", lambda: PerPartitionReplay(src.url, store=src, index=index),
-                             records))  # fmt: skip
+    rows.append(
+        run_baseline("per-partition baseline", lambda: PerPartitionReplay(src.url, store=src, index=index), records)
+    )
     print(f"  {rows[-1].label}: {rows[-1].rate:,.0f} records/s", flush=True)
-    rows.append(run_baseline("sharded-by-key baseline",
-                             lambda: ShardedReplay(src.url, store=src, index=index, shards=args.shards),
-                             records))  # fmt: skip
+    rows.append(
+        run_baseline(
+            "sharded-by-key baseline",
+            lambda: ShardedReplay(src.url, store=src, index=index, shards=args.shards),
+            records,
+        )
+    )
     print(f"  {rows[-1].label}: {rows[-1].rate:,.0f} records/s", flush=True)
     for t in args.threads:
         rows.append(run_compacted(f"compacted replay, {t} threads", dest, t, records))
@@ -342,12 +370,16 @@ def describe(src_root: str, dest_root: str) -> tuple[int, int, int]:
     files = manifest.totals["files"]
     totals = manifest.totals
     gb = manifest.group_payload_bytes
-    print(f"source:    {index.records:,} records, {index.bytes / GB:.2f} GB in {len(index.all_chunks())} chunks "
-          f"(avg {index.bytes / len(index.all_chunks()) / MB:.1f} MB), {len(index.partitions())} partitions, "
-          f"codec {manifest.config.get('codec')}")  # fmt: skip
-    print(f"compacted: {manifest.groups} groups x {len(manifest.slices)} slices = {files} files, "
-          f"{totals['file_bytes'] / GB:.2f} GB (avg {totals['file_bytes'] / max(1, files) / MB:.1f} MB), "
-          f"{totals['keys']:,} keys, max/mean group bytes {max(gb) / (sum(gb) / len(gb)):.2f}")  # fmt: skip
+    print(
+        f"source:    {index.records:,} records, {index.bytes / GB:.2f} GB in {len(index.all_chunks())} chunks "
+        f"(avg {index.bytes / len(index.all_chunks()) / MB:.1f} MB), {len(index.partitions())} partitions, "
+        f"codec {manifest.config.get('codec')}"
+    )
+    print(
+        f"compacted: {manifest.groups} groups x {len(manifest.slices)} slices = {files} files, "
+        f"{totals['file_bytes'] / GB:.2f} GB (avg {totals['file_bytes'] / max(1, files) / MB:.1f} MB), "
+        f"{totals['keys']:,} keys, max/mean group bytes {max(gb) / (sum(gb) / len(gb)):.2f}"
+    )
     return index.records, index.bytes, int(totals["file_bytes"])
 
 
@@ -358,18 +390,30 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=None, help="keys (default 1M; --quick 200K)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--groups", type=int, default=64)
-    ap.add_argument("--chunk-records", type=int, default=20_000,
-                    help="records per source chunk (20K: about the compacted files' size)")
-    ap.add_argument("--sink-chunk-records", type=int, default=6_000,
-                    help="records per object of the Kafka Connect-sized source (flush.size; 6K: about 1 MB)")
+    ap.add_argument(
+        "--chunk-records",
+        type=int,
+        default=20_000,
+        help="records per source chunk (20K: about the compacted files' size)",
+    )
+    ap.add_argument(
+        "--sink-chunk-records",
+        type=int,
+        default=6_000,
+        help="records per object of the Kafka Connect-sized source (flush.size; 6K: about 1 MB)",
+    )
     ap.add_argument("--slice-duration", default="10m")
     ap.add_argument("--codec", default="null", help="codec of both archives")
     ap.add_argument("--threads", default="1,4,16", help="compacted replay thread counts")
     ap.add_argument("--shards", type=int, default=16, help="readers of the sharded baseline")
     ap.add_argument("--latency-ms", type=float, default=30.0, help="injected S3 GET latency")
     ap.add_argument("--cases", default="local,s3", help="which of local,s3 to run")
-    ap.add_argument("--drift", action=argparse.BooleanOptionalAction, default=None,
-                    help="drift-bound comparison (default: if reader.replay supports it)")
+    ap.add_argument(
+        "--drift",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="drift-bound comparison (default: if reader.replay supports it)",
+    )
     ap.add_argument("--hot-records", type=int, default=None, help="records of the hot-key archive (2M; --quick 300K)")
     ap.add_argument("--drift-bound-ms", type=int, default=60_000)
     ap.add_argument("--drift-threads", type=int, default=16)
@@ -399,7 +443,7 @@ def main() -> None:
         results["local"] = measure_case(open_storage(src_root), open_storage(dest_root), args, records, False)
 
     if "s3" in cases:
-        from s3server import start_seaweedfs
+        from tests.s3server import start_seaweedfs
 
         print("\nS3: starting SeaweedFS and uploading both archives ...", flush=True)
         server = start_seaweedfs("keyfill-bench-replay")
@@ -412,7 +456,9 @@ def main() -> None:
             upload(src_root, s3_src)
             upload(dest_root, s3_dest)
             upload(sink_root, s3_sink)
-            print(f"  uploaded {(2 * src_bytes + dest_bytes) / GB:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+            print(
+                f"  uploaded {(2 * src_bytes + dest_bytes) / GB:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True
+            )
             delay = args.latency_ms / 1000
 
             def sleep(**kwargs: object) -> None:  # returning None lets the real request go on
@@ -432,10 +478,14 @@ def main() -> None:
 
     # --- report
     print(f"\n=== results (load average {os.getloadavg()[0]:.1f} at end) ===")
-    print(f"archive: {records:,} records; source {src_bytes / GB:.2f} GB, compacted {dest_bytes / GB:.2f} GB; "
-          f"{args.partitions} partitions, {args.groups} groups")  # fmt: skip
-    for case, title in (("local", "local disk (page cache)"),
-                        ("s3", f"S3 (local SeaweedFS, +{args.latency_ms:.0f} ms per GET)")):  # fmt: skip
+    print(
+        f"archive: {records:,} records; source {src_bytes / GB:.2f} GB, compacted {dest_bytes / GB:.2f} GB; "
+        f"{args.partitions} partitions, {args.groups} groups"
+    )
+    for case, title in (
+        ("local", "local disk (page cache)"),
+        ("s3", f"S3 (local SeaweedFS, +{args.latency_ms:.0f} ms per GET)"),
+    ):
         if case not in results:
             continue
         rows = results[case]
@@ -445,7 +495,9 @@ def main() -> None:
         if case == "local":
             for r in rows:
                 if r.label.startswith("compacted"):
-                    notes[r.label] = f"target >= {LOCAL_TARGET / 1e6:.0f}M/s: {'met' if r.rate >= LOCAL_TARGET else 'MISSED'}"
+                    notes[r.label] = (
+                        f"target >= {LOCAL_TARGET / 1e6:.0f}M/s: {'met' if r.rate >= LOCAL_TARGET else 'MISSED'}"
+                    )
         print_rows(title, rows, src_bytes, notes)
         shape = args.partitions == 4 and args.groups == 64 and top.readers == 16
         for other in [r for r in rows if "baseline" in r.label or r.label.startswith("today")]:
@@ -453,11 +505,15 @@ def main() -> None:
             line = f"  compacted {top.readers} threads / {other.label}: {ratio:.2f}x"
             if case == "s3" and (other is base or other.label.startswith("today")):
                 ok = ratio >= S3_TARGET and shape
-                line += f"  (target >= {S3_TARGET:.0f}x, 4 partitions, 64 groups, 16 threads: {'met' if ok else 'MISSED'})"
+                line += (
+                    f"  (target >= {S3_TARGET:.0f}x, 4 partitions, 64 groups, 16 threads: {'met' if ok else 'MISSED'})"
+                )
             print(line)
     if args.drift and drift_rows:
-        print(f"\ndrift bound: hot-key archive (one key = 90% of bytes), {hot_records:,} records, "
-              f"{args.drift_threads} threads, local disk")  # fmt: skip
+        print(
+            f"\ndrift bound: hot-key archive (one key = 90% of bytes), {hot_records:,} records, "
+            f"{args.drift_threads} threads, local disk"
+        )
         print(f"  {'':<34} {'records/s':>11} {'max spread ms (sampled)':>24} {'(replay max)':>13}")
         for label, row, spread, own in drift_rows:
             print(f"  {label:<34} {row.rate:>11,.0f} {spread:>24,} {'' if own is None else f'{own:,}':>13}")

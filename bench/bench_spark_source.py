@@ -1,8 +1,8 @@
 """Rows/s of the Spark source `format("keyfill")` against a synthetic source that yields the
 same Arrow batches without reading or decoding files, in one local[2] Spark session.
 
-    python bench/bench_spark_source.py            # 3M records (generated and compacted once, cached)
-    python bench/bench_spark_source.py --quick    # 400K records
+    python -m bench.bench_spark_source            # 3M records (generated and compacted once, cached)
+    python -m bench.bench_spark_source --quick    # 400K records
 
 The synthetic source plans exactly the keyfill source's micro-batches and input partitions
 (it subclasses the planner) and, in `read()`, yields slices of one decoded template batch
@@ -20,15 +20,12 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+import pyarrow as pa
 
-import pyarrow as pa  # noqa: E402
-
-import reader.spark as rs  # noqa: E402
+import reader.spark as rs
 
 TARGET = 0.6
 _TEMPLATE: dict[str, pa.RecordBatch] = {}
@@ -72,11 +69,11 @@ class SyntheticDataSource(rs.KeyfillDataSource):
     def name(cls) -> str:
         return "keyfill_synthetic"
 
-    def streamReader(self, schema):  # type: ignore[no-untyped-def]
+    def streamReader(self, schema):
         return SyntheticStreamReader(rs.Options.parse(self.options), self.options["template"])
 
 
-def ensure_archive(args: argparse.Namespace, spark) -> str:  # type: ignore[no-untyped-def]
+def ensure_archive(args: argparse.Namespace, spark) -> str:
     from compactor.job import CompactConfig, compact
     from keyfill.generate import GeneratorConfig, generate
 
@@ -85,8 +82,18 @@ def ensure_archive(args: argparse.Namespace, spark) -> str:  # type: ignore[no-u
     if not os.path.exists(os.path.join(dest, "_done")):
         shutil.rmtree(args.dir, ignore_errors=True)
         print(f"generating {args.records:,} records ...", flush=True)
-        generate(GeneratorConfig(out=src, records=args.records, keys=100_000, partitions=4, chunk_records=250_000,
-                                 headers=True, rate=2_000.0), progress=False)
+        generate(
+            GeneratorConfig(
+                out=src,
+                records=args.records,
+                keys=100_000,
+                partitions=4,
+                chunk_records=250_000,
+                headers=True,
+                rate=2_000.0,
+            ),
+            progress=False,
+        )
         print("compacting ...", flush=True)
         compact(CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration=args.slice_duration), spark)
         Path(dest, "_done").touch()
@@ -107,7 +114,7 @@ def write_template(url: str, path: str) -> None:
         w.write_batch(out.to_batches()[0])
 
 
-def measure(spark, fmt: str, url: str, opts: dict, windowed: bool, ck: str) -> tuple[int, float, float]:  # type: ignore[no-untyped-def]
+def measure(spark, fmt: str, url: str, opts: dict, windowed: bool, ck: str) -> tuple[int, float, float]:
     """Rows, seconds from start() to the end, seconds inside micro-batches (no query start-up)."""
     from pyspark.sql import functions as F
 
@@ -116,11 +123,16 @@ def measure(spark, fmt: str, url: str, opts: dict, windowed: bool, ck: str) -> t
         df = df.option(k, v)
     df = df.load(url)
     if windowed:
-        df = (df.withWatermark("timestamp", "10 seconds").groupBy(F.window("timestamp", "1 minute"), "key").count())
+        df = df.withWatermark("timestamp", "10 seconds").groupBy(F.window("timestamp", "1 minute"), "key").count()
     shutil.rmtree(ck, ignore_errors=True)
     started = time.perf_counter()
-    q = (df.writeStream.format("noop").outputMode("append").option("checkpointLocation", ck)
-         .trigger(availableNow=True).start())
+    q = (
+        df.writeStream.format("noop")
+        .outputMode("append")
+        .option("checkpointLocation", ck)
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination()
     seconds = time.perf_counter() - started
     in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
@@ -142,8 +154,9 @@ def main() -> int:
     repeat = args.repeat or (1 if args.quick else 2)
 
     # Workers import the synthetic source by reference (bench.bench_spark_source), so its
-    # template cache lives once per Python worker instead of travelling with each task.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    # template cache lives once per Python worker instead of travelling with each task: they
+    # need the checkout (where `python -m bench...` runs) on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     from bench.bench_spark_source import SyntheticDataSource as Synthetic
     from compactor.spark_session import local_spark
 
@@ -168,15 +181,19 @@ def main() -> int:
                     best = result.get(fmt, (0.0, 0.0))
                     result[fmt] = (max(best[0], n / s), max(best[1], n / b))
             rows.append(("source + watermark + 1-min window count" if windowed else "source only", result))
-        print(f"\n{args.records:,} records, {args.groups} groups, slices of {args.slice_duration}, local[2], "
-              f"maxSlicesPerTrigger={args.max_slices_per_trigger}, numPartitions={args.num_partitions}")
+        print(
+            f"\n{args.records:,} records, {args.groups} groups, slices of {args.slice_duration}, local[2], "
+            f"maxSlicesPerTrigger={args.max_slices_per_trigger}, numPartitions={args.num_partitions}"
+        )
         print("rows/s over the whole query (start-up included) and, in brackets, over its micro-batches")
         print(f"{'query':<42} {'synthetic rows/s':>27} {'keyfill rows/s':>27} {'keyfill/synthetic':>18}")
         for name, r in rows:
             (syn, syn_b), (kf, kf_b) = r["keyfill_synthetic"], r["keyfill"]
             ok = "ok" if kf / syn >= TARGET else f"below the {TARGET:.0%} target"
-            print(f"{name:<42} {syn:>14,.0f} ({syn_b:>10,.0f}) {kf:>14,.0f} ({kf_b:>10,.0f}) "
-                  f"{kf / syn:>7.2f}x ({kf_b / syn_b:.2f}x)  {ok}")
+            print(
+                f"{name:<42} {syn:>14,.0f} ({syn_b:>10,.0f}) {kf:>14,.0f} ({kf_b:>10,.0f}) "
+                f"{kf / syn:>7.2f}x ({kf_b / syn_b:.2f}x)  {ok}"
+            )
         shutil.rmtree(tmp, ignore_errors=True)
     finally:
         spark.stop()

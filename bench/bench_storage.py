@@ -1,6 +1,6 @@
 """S3 round-trip figures against a local SeaweedFS, with local disk as the baseline.
 
-    python bench/bench_storage.py [--small N] [--big-mb MB] [--latency-ms MS]
+    python -m bench.bench_storage [--small N] [--big-mb MB] [--latency-ms MS]
 
 Starts its own SeaweedFS (same helper as the tests), runs each operation on both backends
 in one run and prints the ratios: absolute numbers on a shared 2-core box drift between
@@ -16,18 +16,13 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from keygroups.storage import LocalStorage, S3Storage, Storage, open_storage  # noqa: E402
-from s3server import start_seaweedfs  # noqa: E402
+from keygroups.storage import LocalStorage, S3Storage, Storage, open_storage
+from tests.s3server import start_seaweedfs
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -105,8 +100,7 @@ def with_latency(store: S3Storage, args: argparse.Namespace) -> dict[str, tuple[
     out = {}
     store.client.meta.events.register("before-send.s3.GetObject", sleep)
     try:
-        for label, fmt, count in (("4 KiB", "small/{:05d}", args.small),
-                                  ("64 KiB", "mid/{:03d}", 64)):
+        for label, fmt, count in (("4 KiB", "small/{:05d}", args.small), ("64 KiB", "mid/{:03d}", 64)):
             get = lambda i, fmt=fmt, count=count: store.read(fmt.format(i % count))  # noqa: E731
             out[label] = (rate(get, max(20, args.small // 6), 1), rate(get, 2 * args.small, 16))
     finally:
@@ -129,8 +123,11 @@ def main() -> None:
         local = open_storage(local_dir)
         s3 = open_storage(f"s3://{server.bucket}/bench", threads=16)
         assert isinstance(s3, S3Storage)
-        print(f"keyfill storage benchmark: {os.cpu_count()} cores, SeaweedFS at "
-              f"{server.endpoint}, local baseline in {local_dir}", flush=True)
+        print(
+            f"keyfill storage benchmark: {os.cpu_count()} cores, SeaweedFS at "
+            f"{server.endpoint}, local baseline in {local_dir}",
+            flush=True,
+        )
         lo = run(local, args)
         s3r = run(s3, args)
         lat = with_latency(s3, args)
@@ -142,8 +139,7 @@ def main() -> None:
         return f"{v[0]:7.2f} / {v[1]:6.2f}"
 
     def ratio(a: tuple[float, ...], b: tuple[float, ...], higher_is_better: bool) -> str:
-        r = [(x / y if higher_is_better else y / x) if x and y else float("nan")
-             for x, y in zip(a, b)]
+        r = [(x / y if higher_is_better else y / x) if x and y else float("nan") for x, y in zip(a, b)]
         return " / ".join(f"{v:6.1f}x" for v in r)
 
     rows = [
@@ -156,17 +152,24 @@ def main() -> None:
     ]
     print(f"\n{'operation':<46} {'local':>16} {'s3':>16}   {'local is faster by':>18}")
     for label, key, fmt, hib in rows:
-        print(f"{label:<46} {fmt(lo[key]):>16} {fmt(s3r[key]):>16}   "
-              f"{ratio(lo[key], s3r[key], hib):>18}")
-    print(f"{'16 vs 1 thread GET speed-up':<46} {lo['t16'][0] / lo['t1'][0]:15.1f}x "
-          f"{s3r['t16'][0] / s3r['t1'][0]:15.1f}x")
-    print(f"\nlocal PUT 4 KiB, median / p95 ms, interleaved: with fsync {ms(lo['put_fsync'])}, "
-          f"without {ms(lo['put_nosync'])}")
-    print(f"\nS3 with a {args.latency_ms:.0f} ms simulated round trip (before-send hook), "
-          f"GET objects/s (1 thread bound: {1000 / args.latency_ms:.1f}/s):")
+        print(f"{label:<46} {fmt(lo[key]):>16} {fmt(s3r[key]):>16}   {ratio(lo[key], s3r[key], hib):>18}")
+    print(
+        f"{'16 vs 1 thread GET speed-up':<46} {lo['t16'][0] / lo['t1'][0]:15.1f}x {s3r['t16'][0] / s3r['t1'][0]:15.1f}x"
+    )
+    print(
+        f"\nlocal PUT 4 KiB, median / p95 ms, interleaved: with fsync {ms(lo['put_fsync'])}, "
+        f"without {ms(lo['put_nosync'])}"
+    )
+    print(
+        f"\nS3 with a {args.latency_ms:.0f} ms simulated round trip (before-send hook), "
+        f"GET objects/s (1 thread bound: {1000 / args.latency_ms:.1f}/s):"
+    )
     for label, (one, sixteen) in lat.items():
-        print(f"  {label:>6}: 1 thread {one:7.1f}   16 threads {sixteen:7.1f}   "
-              f"speed-up {sixteen / one:5.1f}x (ideal 16x)")
+        print(
+            f"  {label:>6}: 1 thread {one:7.1f}   16 threads {sixteen:7.1f}   "
+            f"speed-up {sixteen / one:5.1f}x (ideal 16x)"
+        )
+
 
 if __name__ == "__main__":
     main()

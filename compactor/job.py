@@ -17,8 +17,8 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -73,8 +73,13 @@ class CompactConfig:
         return parse_duration(self.slice_duration)
 
     def open_source(self) -> SourceArchive:
-        return open_source(self.source, format=self.source_format, key_field=self.key_field,
-                           timestamp_field=self.timestamp_field, threads=self.threads)  # fmt: skip
+        return open_source(
+            self.source,
+            format=self.source_format,
+            key_field=self.key_field,
+            timestamp_field=self.timestamp_field,
+            threads=self.threads,
+        )
 
 
 @dataclass
@@ -120,14 +125,20 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
                 agg = t.group_by("key", use_threads=False).aggregate([("bytes", "sum"), ("bytes", "count")])
                 n = agg.num_rows
                 keys = agg.column("key")
-                null_part = pa.array(np.where(keys.is_null().to_numpy(zero_copy_only=False), chunk.partition, -1),
-                                     pa.int32())  # fmt: skip
+                null_part = pa.array(
+                    np.where(keys.is_null().to_numpy(zero_copy_only=False), chunk.partition, -1), pa.int32()
+                )
                 stats = ChunkStats(
-                    key=chunk.key, topic=chunk.topic, partition=chunk.partition,
-                    first_offset=int(offsets[0]), last_offset=int(offsets[-1]), records=batch.num_rows,
-                    min_timestamp=int(ts.min()), max_timestamp=int(ts.max()),
+                    key=chunk.key,
+                    topic=chunk.topic,
+                    partition=chunk.partition,
+                    first_offset=int(offsets[0]),
+                    last_offset=int(offsets[-1]),
+                    records=batch.num_rows,
+                    min_timestamp=int(ts.min()),
+                    max_timestamp=int(ts.max()),
                     runs=chunk_runs(offsets, ts, duration_ms),
-                )  # fmt: skip
+                )
                 # n key rows (kind 0), then one row with the chunk summary (kind 1)
                 yield pa.RecordBatch.from_arrays(
                     [
@@ -199,8 +210,12 @@ def _decode_task(source: SourceArchive, chunks: list[SourceChunk], dest: Storage
 
 def encode_group_file(batch: pa.RecordBatch, s: int, g: int, codec: str, block_bytes: int) -> tuple[str, bytes]:
     key = compacted.group_file_key(s, g)
-    meta = {"keyfill.format": GROUP_FILE_FORMAT, "keyfill.slice": str(s), "keyfill.group": str(g),
-            "keyfill.records": str(batch.num_rows)}  # fmt: skip
+    meta = {
+        "keyfill.format": GROUP_FILE_FORMAT,
+        "keyfill.slice": str(s),
+        "keyfill.group": str(g),
+        "keyfill.records": str(batch.num_rows),
+    }
     marker = hashlib.blake2b(key.encode(), digest_size=16).digest()
     return key, envelope.encode_avro(batch, codec=codec, metadata=meta, sync_marker=marker, block_bytes=block_bytes)
 
@@ -211,19 +226,31 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | N
         batch = table.to_batches()[0]
         env = envelope.conform(
             pa.RecordBatch.from_arrays(
-                [batch.column(c) if c != "timestamp" else batch.column(c).cast(pa.timestamp("ms", tz="UTC"))
-                 for c in envelope.ARROW_SCHEMA.names],
+                [
+                    batch.column(c) if c != "timestamp" else batch.column(c).cast(pa.timestamp("ms", tz="UTC"))
+                    for c in envelope.ARROW_SCHEMA.names
+                ],
                 names=envelope.ARROW_SCHEMA.names,
-            )  # fmt: skip
+            )
         )
         key, data = encode_group_file(env, s, g, codec, block_bytes)
         dest.write(key, data)
         ts = batch.column("timestamp").to_numpy()
         return pa.RecordBatch.from_pylist(
-            [{"slice": s, "grp": g, "key": key, "records": env.num_rows, "file_bytes": len(data),
-              "payload_bytes": int(envelope.record_bytes(env).sum()), "sha256": hashlib.sha256(data).hexdigest(),
-              "crc32c": compacted.crc32c(data),
-              "min_ts": int(ts.min()), "max_ts": int(ts.max())}],  # fmt: skip
+            [
+                {
+                    "slice": s,
+                    "grp": g,
+                    "key": key,
+                    "records": env.num_rows,
+                    "file_bytes": len(data),
+                    "payload_bytes": int(envelope.record_bytes(env).sum()),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "crc32c": compacted.crc32c(data),
+                    "min_ts": int(ts.min()),
+                    "max_ts": int(ts.max()),
+                }
+            ],
             schema=_WRITE_ARROW,
         )
 
@@ -254,9 +281,18 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | N
 
 
 _WRITE_ARROW = pa.schema(
-    [("slice", pa.int32()), ("grp", pa.int32()), ("key", pa.string()), ("records", pa.int64()),
-     ("file_bytes", pa.int64()), ("payload_bytes", pa.int64()), ("sha256", pa.string()), ("crc32c", pa.string()),
-     ("min_ts", pa.int64()), ("max_ts", pa.int64())]  # fmt: skip
+    [
+        ("slice", pa.int32()),
+        ("grp", pa.int32()),
+        ("key", pa.string()),
+        ("records", pa.int64()),
+        ("file_bytes", pa.int64()),
+        ("payload_bytes", pa.int64()),
+        ("sha256", pa.string()),
+        ("crc32c", pa.string()),
+        ("min_ts", pa.int64()),
+        ("max_ts", pa.int64()),
+    ]
 )
 
 
@@ -299,8 +335,9 @@ def _clear_destination(dest: Storage) -> None:
     dest.delete_many([k for k in owned if k != compacted.MANIFEST])
     kept = [o.key for o in dest.list() if not compacted.is_archive_key(o.key)]
     if kept:
-        log.warning("left %d files that keyfill did not write in %s (e.g. %s)", len(kept), dest.url,
-                    dest.url_for(kept[0]))
+        log.warning(
+            "left %d files that keyfill did not write in %s (e.g. %s)", len(kept), dest.url, dest.url_for(kept[0])
+        )
 
 
 def _chunk_rows(chunks: list[SourceChunk], prefix: dict[str, int] | None = None) -> list[tuple]:
@@ -317,8 +354,7 @@ def _packed_assignment(totals: pa.Table, groups: int) -> pa.Table:
     return pa.table(
         {
             "key": totals.column("key"),
-            "null_key_partition": pa.array(np.where(null_part >= 0, null_part, 0), pa.int32(),
-                                           mask=null_part < 0),  # fmt: skip
+            "null_key_partition": pa.array(np.where(null_part >= 0, null_part, 0), pa.int32(), mask=null_part < 0),
             "group": pa.array(assigned, pa.int32()),
             "records": totals.column("records"),
             "bytes": totals.column("bytes"),
@@ -335,7 +371,7 @@ def _write_assignment(dest: Storage, table: pa.Table) -> None:
     dest.write(compacted.ASSIGNMENT, sink.getvalue().to_pybytes())
 
 
-def compact(cfg: CompactConfig, spark) -> CompactResult:  # type: ignore[no-untyped-def]
+def compact(cfg: CompactConfig, spark) -> CompactResult:
     """Run the whole compaction on `spark`; returns the summary. Raises on any bad input
     with a message naming the object at fault, leaving no visible archive."""
     started = time.perf_counter()
@@ -412,43 +448,82 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:  # type: ignore[no-unty
     files: dict[int, list[GroupFile]] = {}
     for r in written.to_pylist():
         files.setdefault(r["slice"], []).append(
-            GroupFile(group=r["grp"], key=r["key"], records=r["records"], file_bytes=r["file_bytes"],
-                      payload_bytes=r["payload_bytes"], sha256=r["sha256"], crc32c=r["crc32c"], min_timestamp=r["min_ts"],
-                      max_timestamp=r["max_ts"])  # fmt: skip
+            GroupFile(
+                group=r["grp"],
+                key=r["key"],
+                records=r["records"],
+                file_bytes=r["file_bytes"],
+                payload_bytes=r["payload_bytes"],
+                sha256=r["sha256"],
+                crc32c=r["crc32c"],
+                min_timestamp=r["min_ts"],
+                max_timestamp=r["max_ts"],
+            )
         )
     summaries = []
     for s in range(plan.slices):
         start, end = plan.bounds(s)
-        meta = SliceMeta(slice=s, start_ms=start, end_ms=end, partitions=plan.ranges.get(s, []),
-                         groups=sorted(files.get(s, []), key=lambda g: g.group))  # fmt: skip
+        meta = SliceMeta(
+            slice=s,
+            start_ms=start,
+            end_ms=end,
+            partitions=plan.ranges.get(s, []),
+            groups=sorted(files.get(s, []), key=lambda g: g.group),
+        )
         expected = sum(p.records for p in meta.partitions)
         if meta.records != expected:
             raise RuntimeError(f"slice {s}: wrote {meta.records} records, statistics counted {expected}")
         compacted.write_json(dest, compacted.slice_meta_key(s), meta.to_json())
-        summaries.append(SliceSummary(slice=s, start_ms=start, end_ms=end, records=meta.records,
-                                      file_bytes=sum(g.file_bytes for g in meta.groups), files=len(meta.groups)))
-    group_records = np.bincount(assignment.column("group").to_numpy(), weights=assignment.column("records").to_numpy(),
-                                minlength=cfg.groups).astype(np.int64)  # fmt: skip
-    group_bytes = np.bincount(assignment.column("group").to_numpy(), weights=assignment.column("bytes").to_numpy(),
-                              minlength=cfg.groups).astype(np.int64)  # fmt: skip
+        summaries.append(
+            SliceSummary(
+                slice=s,
+                start_ms=start,
+                end_ms=end,
+                records=meta.records,
+                file_bytes=sum(g.file_bytes for g in meta.groups),
+                files=len(meta.groups),
+            )
+        )
+    group_records = np.bincount(
+        assignment.column("group").to_numpy(), weights=assignment.column("records").to_numpy(), minlength=cfg.groups
+    ).astype(np.int64)
+    group_bytes = np.bincount(
+        assignment.column("group").to_numpy(), weights=assignment.column("bytes").to_numpy(), minlength=cfg.groups
+    ).astype(np.int64)
     file_bytes = sum(s.file_bytes for s in summaries)
     n_files = sum(s.files for s in summaries)
     total_records = int(group_records.sum())
     manifest = Manifest(
-        source={"url": source.url, "format": cfg.source_format, "key_field": cfg.key_field,
-                "timestamp_field": cfg.timestamp_field},  # fmt: skip
-        config={"groups": cfg.groups, "slice_duration": cfg.slice_duration, "slice_duration_ms": duration,
-                "codec": cfg.codec, "block_bytes": cfg.block_bytes, "null_keys": cfg.null_keys,
-                "allow_gaps": cfg.allow_gaps},  # fmt: skip
+        source={
+            "url": source.url,
+            "format": cfg.source_format,
+            "key_field": cfg.key_field,
+            "timestamp_field": cfg.timestamp_field,
+        },
+        config={
+            "groups": cfg.groups,
+            "slice_duration": cfg.slice_duration,
+            "slice_duration_ms": duration,
+            "codec": cfg.codec,
+            "block_bytes": cfg.block_bytes,
+            "null_keys": cfg.null_keys,
+            "allow_gaps": cfg.allow_gaps,
+        },
         topic=topic,
         groups=cfg.groups,
         slice_duration_ms=duration,
         slices=summaries,
         group_records=group_records.tolist(),
         group_payload_bytes=group_bytes.tolist(),
-        totals={"records": total_records, "payload_bytes": int(group_bytes.sum()), "file_bytes": file_bytes,
-                "files": n_files, "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
-                "partitions": len(plan.handoff), "slices": plan.slices},  # fmt: skip
+        totals={
+            "records": total_records,
+            "payload_bytes": int(group_bytes.sum()),
+            "file_bytes": file_bytes,
+            "files": n_files,
+            "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
+            "partitions": len(plan.handoff),
+            "slices": plan.slices,
+        },
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         gaps=plan.gaps,
     )

@@ -30,8 +30,8 @@ import pyarrow as pa
 
 from compactor.envelope_archive import ArchiveError
 from compactor.sources import SourceArchive, SourceChunk
-from keygroups._numba import njit
 from keygroups import envelope
+from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
 from keygroups.storage import ObjectNotFound, Storage
 
@@ -61,14 +61,27 @@ _AVRO_HEADER = fastavro.parse_schema(
 # Logical types read as their underlying Avro value: fastavro would build a datetime/date/
 # time/UUID object per field, which costs time and hides the unit of a timestamp.
 _RAW_LOGICAL = {
-    "timestamp-millis", "timestamp-micros", "timestamp-nanos", "local-timestamp-millis",
-    "local-timestamp-micros", "local-timestamp-nanos", "date", "time-millis", "time-micros", "uuid",
-}  # fmt: skip
+    "timestamp-millis",
+    "timestamp-micros",
+    "timestamp-nanos",
+    "local-timestamp-millis",
+    "local-timestamp-micros",
+    "local-timestamp-nanos",
+    "date",
+    "time-millis",
+    "time-micros",
+    "uuid",
+}
 # Divisor from the timestamp field's unit to milliseconds.
 _TS_DIVISOR = {
-    None: 1, "timestamp-millis": 1, "local-timestamp-millis": 1, "timestamp-micros": 1_000,
-    "local-timestamp-micros": 1_000, "timestamp-nanos": 1_000_000, "local-timestamp-nanos": 1_000_000,
-}  # fmt: skip
+    None: 1,
+    "timestamp-millis": 1,
+    "local-timestamp-millis": 1,
+    "timestamp-micros": 1_000,
+    "local-timestamp-micros": 1_000,
+    "timestamp-nanos": 1_000_000,
+    "local-timestamp-nanos": 1_000_000,
+}
 
 
 class OptionError(ValueError):
@@ -237,8 +250,12 @@ def _unwrap(avro: _Avro, field: str, struct: str) -> tuple[Any, list[Any]]:
 # decode fastavro's raw blocks straight into Arrow buffers. Other shapes take fastavro.
 
 _EOF, _BAD_UNION, _NEGATIVE, _EXTRA = envelope.ERR_EOF, envelope.ERR_UNION, envelope.ERR_NEGATIVE, 4
-_ERRORS = {_EOF: "data ends inside a record", _BAD_UNION: "bad union branch", _NEGATIVE: "negative length",
-           _EXTRA: "a block holds more bytes than its records"}  # fmt: skip
+_ERRORS = {
+    _EOF: "data ends inside a record",
+    _BAD_UNION: "bad union branch",
+    _NEGATIVE: "negative length",
+    _EXTRA: "a block holds more bytes than its records",
+}
 
 
 # Avro's zigzag varints and length-prefixed bytes, as the envelope decoder reads them.

@@ -149,10 +149,12 @@ def write_connect_archive(
             written.append(_write(store, stem + KEYS_SUFFIX, KEY_SCHEMAS[key_type], keys, codec))
         if with_headers:
             headers = [
-                [{"key": h["key"], "value": _text(h["value"], f"{where} offset {r[0]}: header {h['key']!r}")}
-                 for h in r[3]]
+                [
+                    {"key": h["key"], "value": _text(h["value"], f"{where} offset {r[0]}: header {h['key']!r}")}
+                    for h in r[3]
+                ]
                 for r in rows
-            ]  # fmt: skip
+            ]
             nullable = any(h["value"] is None for hs in headers for h in hs)
             written.append(_write(store, stem + HEADERS_SUFFIX, headers_schema(nullable), headers, codec))
 

@@ -105,8 +105,9 @@ class SlicePlan:
         return (self.base + s) * self.duration_ms, (self.base + s + 1) * self.duration_ms
 
 
-def plan_slices(chunks: list[ChunkStats], duration_ms: int, *, allow_gaps: bool = False,
-                name=lambda key: key) -> SlicePlan:  # fmt: skip
+def plan_slices(
+    chunks: list[ChunkStats], duration_ms: int, *, allow_gaps: bool = False, name=lambda key: key
+) -> SlicePlan:
     """Slice boundaries, per-slice partition ranges and each chunk's prefix max, from the
     statistics pass alone. `name` turns a chunk key into a URL for error messages."""
     by_partition: dict[int, list[ChunkStats]] = {}
@@ -127,8 +128,10 @@ def plan_slices(chunks: list[ChunkStats], duration_ms: int, *, allow_gaps: bool 
                         f"{name(prev.key)} ({prev.first_offset}..{prev.last_offset})"
                     )
                 if cur.first_offset != prev.last_offset + 1:
-                    gap = (f"partition {p}: offsets {prev.last_offset + 1}..{cur.first_offset - 1} missing "
-                           f"between {name(prev.key)} and {name(cur.key)}")  # fmt: skip
+                    gap = (
+                        f"partition {p}: offsets {prev.last_offset + 1}..{cur.first_offset - 1} missing "
+                        f"between {name(prev.key)} and {name(cur.key)}"
+                    )
                     if not allow_gaps:
                         raise SlicingError(gap + " (pass --allow-gaps if the topic is compacted)")
                     gaps.append(gap)

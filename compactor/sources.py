@@ -64,10 +64,16 @@ class EnvelopeSource(SourceArchive):
         index = build_index(self.store, threads=self.threads)
         return [
             SourceChunk(
-                key=c.key, topic=c.topic, partition=c.partition, first_offset=c.first_offset, size=c.size,
-                last_offset=c.last_offset, records=c.records, min_timestamp=c.min_timestamp,
+                key=c.key,
+                topic=c.topic,
+                partition=c.partition,
+                first_offset=c.first_offset,
+                size=c.size,
+                last_offset=c.last_offset,
+                records=c.records,
+                min_timestamp=c.min_timestamp,
                 max_timestamp=c.max_timestamp,
-            )  # fmt: skip
+            )
             for c in index.all_chunks()
         ]
 
@@ -75,10 +81,16 @@ class EnvelopeSource(SourceArchive):
         from compactor.envelope_archive import ChunkInfo, read_chunk
 
         info = ChunkInfo(
-            key=chunk.key, size=chunk.size, topic=chunk.topic, partition=chunk.partition,
-            first_offset=chunk.first_offset, last_offset=chunk.last_offset, min_timestamp=chunk.min_timestamp,
-            max_timestamp=chunk.max_timestamp, records=chunk.records,
-        )  # fmt: skip
+            key=chunk.key,
+            size=chunk.size,
+            topic=chunk.topic,
+            partition=chunk.partition,
+            first_offset=chunk.first_offset,
+            last_offset=chunk.last_offset,
+            min_timestamp=chunk.min_timestamp,
+            max_timestamp=chunk.max_timestamp,
+            records=chunk.records,
+        )
         return read_chunk(self.store, info)
 
 

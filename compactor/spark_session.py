@@ -6,8 +6,7 @@ import os
 import sys
 
 
-def local_spark(master: str = "local[*]", *, app: str = "keyfill", driver_memory: str = "4g",
-                progress: bool = True):  # type: ignore[no-untyped-def]
+def local_spark(master: str = "local[*]", *, app: str = "keyfill", driver_memory: str = "4g", progress: bool = True):
     """A local SparkSession whose Python workers run this interpreter (else they may start
     another Python that lacks keyfill and fail to connect back)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -53,9 +53,16 @@ class VerifyReport:
             self.violations[check].append(message)
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "source": self.source, "dest": self.dest, "records": self.records,
-                "files": self.files, "violations": self.violations, "counts": self.counts,
-                "not_run": self.not_run}  # fmt: skip
+        return {
+            "ok": self.ok,
+            "source": self.source,
+            "dest": self.dest,
+            "records": self.records,
+            "files": self.files,
+            "violations": self.violations,
+            "counts": self.counts,
+            "not_run": self.not_run,
+        }
 
 
 @dataclass
@@ -123,7 +130,9 @@ class FileChecker:
         self.dest = dest
         self.assignment = compacted.KeyAssignment.from_table(compacted.load_assignment(dest))
 
-    def __call__(self, meta: compacted.SliceMeta, gf: compacted.GroupFile) -> tuple[pa.RecordBatch, list[tuple[str, str]]]:
+    def __call__(
+        self, meta: compacted.SliceMeta, gf: compacted.GroupFile
+    ) -> tuple[pa.RecordBatch, list[tuple[str, str]]]:
         dest = self.dest
         problems: list[tuple[str, str]] = []
         name = dest.url_for(gf.key)
@@ -154,8 +163,13 @@ class FileChecker:
             problems.append(("key_order", f"{name}: holds keys the assignment puts in other groups"))
         for p in np.unique(parts[null]).tolist():
             if self.assignment.null_groups.get(p) != gf.group:
-                problems.append(("key_order", f"{name}: null-key records of partition {p} belong to group "
-                                              f"{self.assignment.null_groups.get(p)}"))  # fmt: skip
+                problems.append(
+                    (
+                        "key_order",
+                        f"{name}: null-key records of partition {p} belong to group "
+                        f"{self.assignment.null_groups.get(p)}",
+                    )
+                )
         # slice bounds
         ranges = {r.partition: r for r in meta.partitions}
         offsets = batch.column("offset").to_numpy()
@@ -164,13 +178,16 @@ class FileChecker:
             o = offsets[parts == p]
             if r is None or o.min() < r.first_offset or o.max() > r.last_offset:
                 span = "none" if r is None else f"{r.first_offset}..{r.last_offset}"
-                problems.append(("slice_bounds", f"{name}: partition {p} offsets {o.min()}..{o.max()} outside the "
-                                                 f"slice's range {span}"))  # fmt: skip
+                problems.append(
+                    (
+                        "slice_bounds",
+                        f"{name}: partition {p} offsets {o.min()}..{o.max()} outside the slice's range {span}",
+                    )
+                )
         return batch, problems
 
 
-
-def _plan(source: SourceArchive, dest: Storage):  # type: ignore[no-untyped-def]
+def _plan(source: SourceArchive, dest: Storage):
     """A fresh report and what to audit: manifest, source chunks, slice metadata, group
     files; no plan when the manifest is missing or unreadable (reported)."""
     report = VerifyReport(source=source.url, dest=dest.url)
@@ -197,8 +214,15 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
 
     # Source side: the reference multiset, partition by partition.
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        src_batches = list(tqdm(pool.map(source.read, chunks), total=len(chunks), desc="verify: source",
-                                unit="chunk", disable=not progress))  # fmt: skip
+        src_batches = list(
+            tqdm(
+                pool.map(source.read, chunks),
+                total=len(chunks),
+                desc="verify: source",
+                unit="chunk",
+                disable=not progress,
+            )
+        )
     src = _digest(src_batches)
     del src_batches
 
@@ -207,8 +231,13 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
 
     out_batches, out_slices = [], []
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        checked = tqdm(pool.map(lambda item: checker(*item), files), total=len(files), desc="verify: compacted",
-                       unit="file", disable=not progress)  # fmt: skip
+        checked = tqdm(
+            pool.map(lambda item: checker(*item), files),
+            total=len(files),
+            desc="verify: compacted",
+            unit="file",
+            disable=not progress,
+        )
         for (meta, _), (batch, problems) in zip(files, checked):
             out_batches.append(batch)
             out_slices.append(meta.start_ms)
@@ -234,8 +263,11 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
             d = manifest.slice_duration_ms
             wrong = np.flatnonzero(np.maximum.accumulate(ts) // d * d != start)
             if wrong.size:
-                report.fail("slice_bounds", f"partition {p}: offset {ao[wrong[0]]} is in the slice starting at "
-                                            f"{start[wrong[0]]}, its running maximum timestamp says otherwise")  # fmt: skip
+                report.fail(
+                    "slice_bounds",
+                    f"partition {p}: offset {ao[wrong[0]]} is in the slice starting at "
+                    f"{start[wrong[0]]}, its running maximum timestamp says otherwise",
+                )
 
     _metadata_checks(report, manifest, metas)
     _handoff_checks(report, manifest, {p: int(max(o.max() for o in d.offsets)) for p, d in src.items()})
@@ -251,8 +283,11 @@ def _metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: 
             report.fail("slice_bounds", f"slice {m.slice}: bounds {lo}..{hi} are not one slice duration apart")
         for r in m.partitions:
             if r.first_offset <= last.get(r.partition, -1):
-                report.fail("slice_bounds", f"slice {m.slice}: partition {r.partition} starts at {r.first_offset}, "
-                                            f"not after the previous slice's {last[r.partition]}")  # fmt: skip
+                report.fail(
+                    "slice_bounds",
+                    f"slice {m.slice}: partition {r.partition} starts at {r.first_offset}, "
+                    f"not after the previous slice's {last[r.partition]}",
+                )
             last[r.partition] = r.last_offset
     if report.records != manifest.totals["records"]:
         report.fail("manifest", f"files hold {report.records} records, manifest says {manifest.totals['records']}")
@@ -271,46 +306,60 @@ _SRC_SCHEMA = "partition int, offset long, ts long, fp long"
 _DST_SCHEMA = "kind int, partition int, offset long, slice_start long, fp long, check string, message string"
 
 
-def _source_task(source: SourceArchive, chunks: list):  # type: ignore[no-untyped-def]
-    def run(batches):  # type: ignore[no-untyped-def]
+def _source_task(source: SourceArchive, chunks: list):
+    def run(batches):
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 b = source.read(chunks[i])
                 yield pa.RecordBatch.from_arrays(
-                    [b.column("partition"), b.column("offset"), b.column("timestamp").cast(pa.int64()),
-                     pa.array(envelope.record_fingerprints(b).view(np.int64))],
+                    [
+                        b.column("partition"),
+                        b.column("offset"),
+                        b.column("timestamp").cast(pa.int64()),
+                        pa.array(envelope.record_fingerprints(b).view(np.int64)),
+                    ],
                     names=["partition", "offset", "ts", "fp"],
-                )  # fmt: skip
+                )
 
     return run
 
 
-def _archive_task(checker: FileChecker, files: list):  # type: ignore[no-untyped-def]
-    def run(batches):  # type: ignore[no-untyped-def]
+def _archive_task(checker: FileChecker, files: list):
+    def run(batches):
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 meta, gf = files[i]
                 b, problems = checker(meta, gf)
                 n = b.num_rows
                 yield pa.RecordBatch.from_pydict(
-                    {"kind": pa.array(np.zeros(n, np.int32)), "partition": b.column("partition"),
-                     "offset": b.column("offset"), "slice_start": pa.array(np.full(n, meta.start_ms, np.int64)),
-                     "fp": pa.array(envelope.record_fingerprints(b).view(np.int64)),
-                     "check": pa.nulls(n, pa.string()), "message": pa.nulls(n, pa.string())}  # fmt: skip
+                    {
+                        "kind": pa.array(np.zeros(n, np.int32)),
+                        "partition": b.column("partition"),
+                        "offset": b.column("offset"),
+                        "slice_start": pa.array(np.full(n, meta.start_ms, np.int64)),
+                        "fp": pa.array(envelope.record_fingerprints(b).view(np.int64)),
+                        "check": pa.nulls(n, pa.string()),
+                        "message": pa.nulls(n, pa.string()),
+                    }
                 )
                 if problems:
                     k = len(problems)
                     yield pa.RecordBatch.from_pydict(
-                        {"kind": pa.array(np.ones(k, np.int32)), "partition": pa.nulls(k, pa.int32()),
-                         "offset": pa.nulls(k, pa.int64()), "slice_start": pa.nulls(k, pa.int64()),
-                         "fp": pa.nulls(k, pa.int64()), "check": [c for c, _ in problems],
-                         "message": [m for _, m in problems]}  # fmt: skip
+                        {
+                            "kind": pa.array(np.ones(k, np.int32)),
+                            "partition": pa.nulls(k, pa.int32()),
+                            "offset": pa.nulls(k, pa.int64()),
+                            "slice_start": pa.nulls(k, pa.int64()),
+                            "fp": pa.nulls(k, pa.int64()),
+                            "check": [c for c, _ in problems],
+                            "message": [m for _, m in problems],
+                        }
                     )
 
     return run
 
 
-def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:  # type: ignore[no-untyped-def]
+def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
     """`verify` with the record-level checks done by Spark: files are checked in tasks, and
     source and archive are joined on (partition, offset), so no process holds the archive."""
     from pyspark import StorageLevel
@@ -323,9 +372,10 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:  
     manifest, chunks, metas, files = plan
     sc = spark.sparkContext
 
-    def indices(n: int):  # type: ignore[no-untyped-def]
-        return spark.createDataFrame(sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))),
-                                     "idx int")  # fmt: skip
+    def indices(n: int):
+        return spark.createDataFrame(
+            sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))), "idx int"
+        )
 
     sc.setJobDescription("keyfill verify")
     src = indices(len(chunks)).mapInArrow(_source_task(source, chunks), _SRC_SCHEMA)
@@ -339,26 +389,43 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:  
         joined = src.join(records, on=["partition", "offset"], how="full_outer").persist(StorageLevel.MEMORY_AND_DISK)
         report.records = records.count()
 
-        def each(check: str, frame, message) -> None:  # type: ignore[no-untyped-def]
+        def each(check: str, frame, message) -> None:
             count = frame.count()
             for r in frame.limit(_MAX_REPORTED).toArrow().to_pylist():
                 report.fail(check, message(r))
             report.counts[check] += max(0, count - min(count, _MAX_REPORTED))
 
-        each("exactly_once", joined.filter("slice_start IS NULL"),
-             lambda r: f"partition {r['partition']} offset {r['offset']}: in the source, not in the archive")
-        each("exactly_once", joined.filter("ts IS NULL"),
-             lambda r: f"partition {r['partition']} offset {r['offset']}: in the archive, not in the source")
-        each("exactly_once", records.groupBy("partition", "offset").count().filter("count > 1"),
-             lambda r: f"partition {r['partition']} offset {r['offset']}: {r['count']} times in the archive")
-        each("exactly_once", joined.filter("fp != afp"),
-             lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source")
+        each(
+            "exactly_once",
+            joined.filter("slice_start IS NULL"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: in the source, not in the archive",
+        )
+        each(
+            "exactly_once",
+            joined.filter("ts IS NULL"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: in the archive, not in the source",
+        )
+        each(
+            "exactly_once",
+            records.groupBy("partition", "offset").count().filter("count > 1"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: {r['count']} times in the archive",
+        )
+        each(
+            "exactly_once",
+            joined.filter("fp != afp"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source",
+        )
         d = manifest.slice_duration_ms
         w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
         runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
-        each("slice_bounds", runmax.filter(F.floor(F.col("runmax") / d) * d != F.col("slice_start")),
-             lambda r: f"partition {r['partition']}: offset {r['offset']} is in the slice starting at "
-                       f"{r['slice_start']}, its running maximum timestamp says otherwise")  # fmt: skip
+        each(
+            "slice_bounds",
+            runmax.filter(F.floor(F.col("runmax") / d) * d != F.col("slice_start")),
+            lambda r: (
+                f"partition {r['partition']}: offset {r['offset']} is in the slice starting at "
+                f"{r['slice_start']}, its running maximum timestamp says otherwise"
+            ),
+        )
         last = src.groupBy("partition").agg(F.max("offset").alias("last")).toArrow().to_pylist()
     finally:
         dst.unpersist()

@@ -14,8 +14,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from keyfill.cli import add_compact_arguments, compact_config, print_compact_result
 
-    parser = argparse.ArgumentParser(prog="jobs/compact.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="jobs/compact.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_compact_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

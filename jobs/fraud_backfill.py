@@ -29,21 +29,28 @@ PAYMENT = "user string, amount double, merchant string, currency string, ts long
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="jobs/fraud_backfill.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="jobs/fraud_backfill.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("archive", help="compacted payments archive (local path or s3://)")
-    p.add_argument("--out", required=True,
-                   help="output folder (local, or s3a:// on a cluster): windows/ (Parquet), _checkpoint/, handoff.csv")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output folder (local, or s3a:// on a cluster): windows/ (Parquet), _checkpoint/, handoff.csv",
+    )
     p.add_argument("--window", default="1 minute", help="tumbling window length (Spark interval)")
-    p.add_argument("--watermark-delay", default="10 seconds",
-                   help="Spark watermark delay: at least the source's own out-of-orderness")
+    p.add_argument(
+        "--watermark-delay",
+        default="10 seconds",
+        help="Spark watermark delay: at least the source's own out-of-orderness",
+    )
     p.add_argument("--max-slices-per-trigger", type=int, default=4, help="slices per micro-batch")
     p.add_argument("--top", type=int, default=5, help="busiest windows to print")
     p.add_argument("--overwrite", action="store_true", help="start over: remove earlier output and checkpoint")
     return p.parse_args(argv)
 
 
-def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
+def run(spark, args: argparse.Namespace) -> dict:
     from pyspark.sql import functions as F
 
     import reader.spark
@@ -56,8 +63,7 @@ def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def
     # storage layer, which calls the same bucket s3://.
     out_store = open_storage(args.out.replace("s3a://", "s3://", 1))
     if overlapping(out_store, open_storage(args.archive)):
-        raise StorageError(f"--out {args.out} overlaps the archive {args.archive}: choose an output folder "
-                           "outside it")
+        raise StorageError(f"--out {args.out} overlaps the archive {args.archive}: choose an output folder outside it")
     if args.overwrite:  # only what this job writes: never other files in --out
         for prefix in ("windows/", "_checkpoint/"):
             out_store.delete_prefix(prefix)
@@ -75,14 +81,31 @@ def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def
     windows = (
         payments.withWatermark("timestamp", args.watermark_delay)
         .groupBy(F.window("timestamp", args.window).alias("window"), "user")
-        .agg(F.count("*").alias("payments"), F.round(F.sum("amount"), 2).alias("spend"),
-             F.max("amount").alias("largest"), F.approx_count_distinct("merchant").alias("merchants"))
-        .select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-                "user", "payments", "spend", "largest", "merchants")
+        .agg(
+            F.count("*").alias("payments"),
+            F.round(F.sum("amount"), 2).alias("spend"),
+            F.max("amount").alias("largest"),
+            F.approx_count_distinct("merchant").alias("merchants"),
+        )
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "user",
+            "payments",
+            "spend",
+            "largest",
+            "merchants",
+        )
     )
     started = time.perf_counter()
-    query = (windows.writeStream.format("parquet").outputMode("append").option("path", windows_dir)
-             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query = (
+        windows.writeStream.format("parquet")
+        .outputMode("append")
+        .option("path", windows_dir)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     seconds = time.perf_counter() - started
     progress = query.recentProgress
@@ -96,26 +119,39 @@ def run(spark, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def
     out_store.write("handoff.csv", handoff.consumer_groups_csv(manifest).encode())
     csv_path = args.out.rstrip("/") + "/handoff.csv"
     return {
-        "records": rows_in, "batches": sum(1 for p in progress if p["numInputRows"]), "seconds": seconds,
-        "windows": result.count(), "dropped_late": dropped, "busiest": busiest,
-        "starting_offsets": handoff.spark_starting_offsets(manifest), "handoff_csv": csv_path,
-        "topic": manifest.topic, "slices": len(manifest.slices), "windows_dir": windows_dir,
+        "records": rows_in,
+        "batches": sum(1 for p in progress if p["numInputRows"]),
+        "seconds": seconds,
+        "windows": result.count(),
+        "dropped_late": dropped,
+        "busiest": busiest,
+        "starting_offsets": handoff.spark_starting_offsets(manifest),
+        "handoff_csv": csv_path,
+        "topic": manifest.topic,
+        "slices": len(manifest.slices),
+        "windows_dir": windows_dir,
     }
 
 
 def report(r: dict, args: argparse.Namespace) -> None:
-    print(f"fraud backfill: {r['records']:,} records from {r['slices']} slices in {r['batches']} micro-batches, "
-          f"{r['seconds']:.1f} s; {r['windows']:,} user windows in {r['windows_dir']}; "
-          f"{r['dropped_late']} records dropped as late (watermark delay {args.watermark_delay})")
+    print(
+        f"fraud backfill: {r['records']:,} records from {r['slices']} slices in {r['batches']} micro-batches, "
+        f"{r['seconds']:.1f} s; {r['windows']:,} user windows in {r['windows_dir']}; "
+        f"{r['dropped_late']} records dropped as late (watermark delay {args.watermark_delay})"
+    )
     print(f"busiest {args.window} windows:")
     print(f"  {'window start (UTC)':<20} {'user':<12} {'payments':>8} {'spend':>10} {'largest':>9} {'merchants':>9}")
     for w in r["busiest"]:
-        print(f"  {w['window_start']:%Y-%m-%d %H:%M:%S}  {w['user']:<12} {w['payments']:>8} {w['spend']:>10.2f} "
-              f"{w['largest']:>9.2f} {w['merchants']:>9}")
+        print(
+            f"  {w['window_start']:%Y-%m-%d %H:%M:%S}  {w['user']:<12} {w['payments']:>8} {w['spend']:>10.2f} "
+            f"{w['largest']:>9.2f} {w['merchants']:>9}"
+        )
     print(f"hand-off to live Kafka topic {r['topic']!r}:")
     print(f"  spark.readStream.format('kafka').option('startingOffsets', '{r['starting_offsets']}')")
-    print(f"  kafka-consumer-groups --bootstrap-server HOST:9092 --group GROUP --topic {r['topic']} "
-          f"--reset-offsets --from-file {r['handoff_csv']} --execute")
+    print(
+        f"  kafka-consumer-groups --bootstrap-server HOST:9092 --group GROUP --topic {r['topic']} "
+        f"--reset-offsets --from-file {r['handoff_csv']} --execute"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.appName("keyfill fraud backfill")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    spark = (
+        SparkSession.builder.appName("keyfill fraud backfill").config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         report(run(spark, args), args)

@@ -13,8 +13,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from keyfill.cli import add_source_options, print_verify_report
 
-    parser = argparse.ArgumentParser(prog="jobs/verify.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="jobs/verify.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("source", help="the source archive")
     parser.add_argument("dest", help="the compacted archive")
     add_source_options(parser)
@@ -29,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = SparkSession.builder.appName("keyfill verify").getOrCreate()
     try:
-        source = open_source(args.source, format=args.source_format, key_field=args.key_field,
-                             timestamp_field=args.timestamp_field)  # fmt: skip
+        source = open_source(
+            args.source, format=args.source_format, key_field=args.key_field, timestamp_field=args.timestamp_field
+        )
         report = verify_spark(source, open_storage(args.dest), spark)
     finally:
         spark.stop()

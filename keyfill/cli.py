@@ -67,10 +67,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jitter-ms", type=int, default=G.jitter_ms, help="bound on out-of-order event time")
     p.add_argument("--null-keys", type=_fraction, default=G.null_keys, help="fraction of records without a key")
     p.add_argument("--headers", action="store_true", help="give records Kafka headers (trace-id, source)")
-    p.add_argument("--hot-key-share", type=float, default=None,
-                   help="give one key this share of all records, e.g. 0.9")
+    p.add_argument("--hot-key-share", type=float, default=None, help="give one key this share of all records, e.g. 0.9")
     p.add_argument("--rate", type=float, default=G.rate, help="records per second of event time")
-    p.add_argument("--start", default=None, help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)")
+    p.add_argument(
+        "--start", default=None, help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)"
+    )
     p.add_argument("--codec", default=G.codec, choices=["null", "deflate", "snappy"], help="Avro codec")
     p.add_argument("--threads", type=_positive_int, default=G.threads, help="parallel uploads")
     p.add_argument("--overwrite", action="store_true", help="replace an existing archive at --out")
@@ -89,15 +90,37 @@ def _run_generate(args: argparse.Namespace) -> int:
             start = start.replace(tzinfo=timezone.utc)
         start_ms = {"start_ms": int(start.timestamp() * 1000)}
     cfg = GeneratorConfig(
-        out=args.out, topic=args.topic, partitions=args.partitions, keys=args.keys, records=args.records,
-        chunk_records=args.chunk_records, skew=args.skew, seed=args.seed, jitter_ms=args.jitter_ms,
-        null_keys=args.null_keys, headers=args.headers, hot_key_share=args.hot_key_share, rate=args.rate,
-        codec=args.codec, threads=args.threads, overwrite=args.overwrite, **start_ms,
-    )  # fmt: skip
+        out=args.out,
+        topic=args.topic,
+        partitions=args.partitions,
+        keys=args.keys,
+        records=args.records,
+        chunk_records=args.chunk_records,
+        skew=args.skew,
+        seed=args.seed,
+        jitter_ms=args.jitter_ms,
+        null_keys=args.null_keys,
+        headers=args.headers,
+        hot_key_share=args.hot_key_share,
+        rate=args.rate,
+        codec=args.codec,
+        threads=args.threads,
+        overwrite=args.overwrite,
+        **start_ms,
+    )
     r = generate(cfg, progress=not args.no_progress)
     if args.json:
-        print(json.dumps({"url": r.url, "records": r.records, "chunks": r.chunks, "bytes": r.bytes,
-                          "seconds": round(r.seconds, 3)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "url": r.url,
+                    "records": r.records,
+                    "chunks": r.chunks,
+                    "bytes": r.bytes,
+                    "seconds": round(r.seconds, 3),
+                }
+            )
+        )
     else:
         rate = r.records / r.seconds if r.seconds else 0.0
         print(
@@ -132,15 +155,18 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from keygroups.storage import open_storage
 
     store = open_storage(args.url, threads=args.threads)
-    s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads,
-                        progress=not (args.no_progress or args.json))  # fmt: skip
+    s = inspect_archive(
+        store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=not (args.no_progress or args.json)
+    )
     if args.json:
         print(json.dumps(s.to_json(), indent=2))
         return 0
     print(f"archive   {s.url}")
     print(f"records   {s.records:,} in {s.chunks} chunks, {_mb(s.file_bytes)} on storage")
-    print(f"time      {_iso(s.min_timestamp)} .. {_iso(s.max_timestamp)}"
-          f" ({(s.max_timestamp - s.min_timestamp) / 1000:,.0f} s)")  # fmt: skip
+    print(
+        f"time      {_iso(s.min_timestamp)} .. {_iso(s.max_timestamp)}"
+        f" ({(s.max_timestamp - s.min_timestamp) / 1000:,.0f} s)"
+    )
     print()
     print(f"{'topic':<16} {'part':>4} {'chunks':>6} {'records':>12} {'offsets':>25} {'MB':>10}")
     for p in s.partitions:
@@ -162,8 +188,13 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 
 def add_source_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", dest="source_format", default="envelope", choices=["envelope", "kafka-connect"],
-                   help="source layout")
+    p.add_argument(
+        "--format",
+        dest="source_format",
+        default="envelope",
+        choices=["envelope", "kafka-connect"],
+        help="source layout",
+    )
     p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
     p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
 
@@ -178,25 +209,35 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", help="topic to compact when the source holds several")
     p.add_argument("--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of group files")
     p.add_argument("--block-bytes", type=int, default=1 << 20, help="Avro block size of group files")
-    p.add_argument("--allow-gaps", action="store_true",
-                   help="accept offset gaps between chunks (compacted topics), reporting them")
+    p.add_argument(
+        "--allow-gaps", action="store_true", help="accept offset gaps between chunks (compacted topics), reporting them"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing compacted archive at DEST")
     p.add_argument("--threads", type=_positive_int, default=16, help="I/O threads per task")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def compact_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def compact_config(args: argparse.Namespace):
     from compactor.job import CompactConfig
 
     return CompactConfig(
-        source=args.source, dest=args.dest, groups=args.groups, slice_duration=args.slice_duration,
-        source_format=args.source_format, key_field=args.key_field, timestamp_field=args.timestamp_field,
-        topic=args.topic, codec=args.codec, block_bytes=args.block_bytes, allow_gaps=args.allow_gaps,
-        overwrite=args.overwrite, threads=args.threads,
-    )  # fmt: skip
+        source=args.source,
+        dest=args.dest,
+        groups=args.groups,
+        slice_duration=args.slice_duration,
+        source_format=args.source_format,
+        key_field=args.key_field,
+        timestamp_field=args.timestamp_field,
+        topic=args.topic,
+        codec=args.codec,
+        block_bytes=args.block_bytes,
+        allow_gaps=args.allow_gaps,
+        overwrite=args.overwrite,
+        threads=args.threads,
+    )
 
 
-def print_compact_result(r, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+def print_compact_result(r, as_json: bool) -> None:
     from dataclasses import asdict
 
     if as_json:
@@ -205,8 +246,10 @@ def print_compact_result(r, as_json: bool) -> None:  # type: ignore[no-untyped-d
     rate = r.records / r.seconds if r.seconds else 0.0
     print(f"compacted {r.records:,} records ({_mb(r.payload_bytes)} payload) into {r.dest}")
     print(f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.files} files, {_mb(r.file_bytes)}")
-    print(f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
-          f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}")  # fmt: skip
+    print(
+        f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
+        f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
+    )
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items())
     print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
 
@@ -256,9 +299,12 @@ def _add_verify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dest", help="the compacted archive")
     add_source_options(p)
     p.add_argument("--threads", type=_positive_int, default=8, help="parallel reads")
-    p.add_argument("--spark", action="store_true",
-                   help="check records on an embedded Spark (--master) instead of in this process: for archives "
-                        "whose offsets do not fit in memory")
+    p.add_argument(
+        "--spark",
+        action="store_true",
+        help="check records on an embedded Spark (--master) instead of in this process: for archives "
+        "whose offsets do not fit in memory",
+    )
     p.add_argument("--master", default="local[*]", help="Spark master with --spark")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -270,8 +316,13 @@ def _run_verify(args: argparse.Namespace) -> int:
     from compactor.verify import verify
     from keygroups.storage import open_storage
 
-    source = open_source(args.source, format=args.source_format, key_field=args.key_field,
-                         timestamp_field=args.timestamp_field, threads=args.threads)  # fmt: skip
+    source = open_source(
+        args.source,
+        format=args.source_format,
+        key_field=args.key_field,
+        timestamp_field=args.timestamp_field,
+        threads=args.threads,
+    )
     dest = open_storage(args.dest, threads=args.threads)
     if args.spark:
         from compactor.spark_session import local_spark
@@ -289,7 +340,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def print_verify_report(report, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+def print_verify_report(report, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -311,7 +362,6 @@ class CheckpointFileError(ValueError):
     """The --checkpoint-file cannot be resumed from; names the file."""
 
 
-
 def _add_replay(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay",
@@ -324,10 +374,15 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("url", help="compacted archive")
     p.add_argument("--threads", type=_positive_int, default=16, help="reader threads")
     p.add_argument("--batch-size", type=_positive_int, default=65_536, help="records per batch")
-    p.add_argument("--watermark-bound-ms", type=_non_negative_int, default=0,
-                   help="bounded out-of-orderness B of the watermarks (watermark = slice end - B)")
-    p.add_argument("--max-drift-ms", type=_non_negative_int,
-                   help="pause threads this far ahead of the slowest in event time")
+    p.add_argument(
+        "--watermark-bound-ms",
+        type=_non_negative_int,
+        default=0,
+        help="bounded out-of-orderness B of the watermarks (watermark = slice end - B)",
+    )
+    p.add_argument(
+        "--max-drift-ms", type=_non_negative_int, help="pause threads this far ahead of the slowest in event time"
+    )
     p.add_argument("--checkpoint-file", help="save the position here; resume from it if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -348,8 +403,10 @@ def _run_replay(args: argparse.Namespace) -> int:
             with open(args.checkpoint_file) as f:
                 resume = json.load(f)
         except (OSError, ValueError) as exc:
-            raise CheckpointFileError(f"checkpoint file {args.checkpoint_file}: not a readable keyfill checkpoint "
-                                      f"({exc}); delete it to start from the beginning") from None
+            raise CheckpointFileError(
+                f"checkpoint file {args.checkpoint_file}: not a readable keyfill checkpoint "
+                f"({exc}); delete it to start from the beginning"
+            ) from None
 
     def save(state: dict) -> None:
         if args.checkpoint_file:
@@ -362,14 +419,27 @@ def _run_replay(args: argparse.Namespace) -> int:
     watermark = None
     started = time.perf_counter()
     try:
-        events = reader.replay(args.url, threads=args.threads, resume=resume, batch_size=args.batch_size,
-                               watermark_bound_ms=args.watermark_bound_ms, max_drift_ms=args.max_drift_ms)
+        events = reader.replay(
+            args.url,
+            threads=args.threads,
+            resume=resume,
+            batch_size=args.batch_size,
+            watermark_bound_ms=args.watermark_bound_ms,
+            max_drift_ms=args.max_drift_ms,
+        )
     except reader.CheckpointError as exc:
         raise CheckpointFileError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
     with events:
         total = events.manifest.totals["records"]
-        bar = tqdm(total=total, unit="rec", unit_scale=True, desc="replay", disable=args.no_progress or args.json,
-                   initial=0, mininterval=0.5)  # fmt: skip
+        bar = tqdm(
+            total=total,
+            unit="rec",
+            unit_scale=True,
+            desc="replay",
+            disable=args.no_progress or args.json,
+            initial=0,
+            mininterval=0.5,
+        )
         try:
             for ev in events:
                 if isinstance(ev, reader.Records):
@@ -377,8 +447,9 @@ def _run_replay(args: argparse.Namespace) -> int:
                     bar.update(ev.batch.num_rows)
                 else:
                     watermark = ev.timestamp_ms
-                    bar.set_postfix_str(f"watermark {_iso(watermark)}, spread {events.spread_ms() / 1000:.1f} s",
-                                        refresh=False)  # fmt: skip
+                    bar.set_postfix_str(
+                        f"watermark {_iso(watermark)}, spread {events.spread_ms() / 1000:.1f} s", refresh=False
+                    )
                     save(events.checkpoint())
         except KeyboardInterrupt:
             save(events.checkpoint())
@@ -387,16 +458,24 @@ def _run_replay(args: argparse.Namespace) -> int:
             bar.close()
         save(events.checkpoint())
     seconds = time.perf_counter() - started
-    summary = {"records": records, "seconds": round(seconds, 3), "records_per_second": round(records / seconds),
-               "watermark": watermark, "threads": args.threads, "resumed": resume is not None,
-               "max_spread_ms": events.max_spread_ms}  # fmt: skip
+    summary = {
+        "records": records,
+        "seconds": round(seconds, 3),
+        "records_per_second": round(records / seconds),
+        "watermark": watermark,
+        "threads": args.threads,
+        "resumed": resume is not None,
+        "max_spread_ms": events.max_spread_ms,
+    }
     if args.json:
         print(json.dumps(summary))
     else:
         last = "none" if watermark is None else _iso(watermark)
-        print(f"replayed {records:,} records in {seconds:.1f} s ({records / seconds:,.0f} records/s) with "
-              f"{args.threads} threads; last watermark {last}; max event-time spread across threads "
-              f"{events.max_spread_ms / 1000:.1f} s" + (" (resumed)" if resume else ""))
+        print(
+            f"replayed {records:,} records in {seconds:.1f} s ({records / seconds:,.0f} records/s) with "
+            f"{args.threads} threads; last watermark {last}; max event-time spread across threads "
+            f"{events.max_spread_ms / 1000:.1f} s" + (" (resumed)" if resume else "")
+        )
     return 0
 
 

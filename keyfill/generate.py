@@ -87,7 +87,7 @@ def user_key(i: int, keys: int = 10**8) -> bytes:
 def key_probabilities(cfg: GeneratorConfig) -> np.ndarray:
     """Share of records (and so of bytes) per key id: Zipf over ranks, key 0 heaviest."""
     ranks = np.arange(1, cfg.keys + 1, dtype=np.float64)
-    p = ranks ** -cfg.skew
+    p = ranks**-cfg.skew
     if cfg.hot_key_share is not None:
         if cfg.keys == 1:
             return np.ones(1)
@@ -141,8 +141,11 @@ class _Draw:
         keys = pa.Array.from_buffers(
             pa.binary(),
             n,
-            [pa.array(~null).buffers()[1], pa.py_buffer(np.arange(n + 1, dtype=np.int32) * width),
-             pa.py_buffer(key_bytes)],
+            [
+                pa.array(~null).buffers()[1],
+                pa.py_buffer(np.arange(n + 1, dtype=np.int32) * width),
+                pa.py_buffer(key_bytes),
+            ],
             null_count=int(null.sum()),
         )
         return pa.RecordBatch.from_arrays(
@@ -188,8 +191,9 @@ _CURRENCY_BYTES = np.frombuffer(b"".join(_CURRENCIES), np.uint8).reshape(len(_CU
 def _from_offsets(typ: pa.DataType, offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     validity = None if valid is None else pa.array(valid).buffers()[1]
     nulls = 0 if valid is None else int((~valid).sum())
-    return pa.Array.from_buffers(typ, len(offsets) - 1, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
-                                 null_count=nulls)
+    return pa.Array.from_buffers(
+        typ, len(offsets) - 1, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
 
 
 @njit(cache=True)
@@ -250,8 +254,24 @@ def _put_text(out, pos, text):
 
 
 @njit(cache=True)
-def _payment_json_fill(out, offsets, key_bytes, null, cents, merchant, currency, ts, currencies,
-                       p_user, p_null, p_amount, p_merchant, p_currency, p_ts, p_end):
+def _payment_json_fill(
+    out,
+    offsets,
+    key_bytes,
+    null,
+    cents,
+    merchant,
+    currency,
+    ts,
+    currencies,
+    p_user,
+    p_null,
+    p_amount,
+    p_merchant,
+    p_currency,
+    p_ts,
+    p_end,
+):
     pos = 0
     for i in range(null.shape[0]):
         offsets[i] = pos
@@ -288,8 +308,10 @@ def _payment_json(key_bytes, null, cents, merchant, currency, ts, currencies) ->
     n = len(null)
     out = np.empty(n * (key_bytes.shape[1] + 120), np.uint8)
     offsets = np.empty(n + 1, np.int32)
-    parts = [np.frombuffer(t, np.uint8) for t in
-             (b'{"user":', b"null", b',"amount":', b',"merchant":"m-', b'","currency":"', b'","ts":', b"}")]
+    parts = [
+        np.frombuffer(t, np.uint8)
+        for t in (b'{"user":', b"null", b',"amount":', b',"merchant":"m-', b'","currency":"', b'","ts":', b"}")
+    ]
     end = _payment_json_fill(out, offsets, key_bytes, null, cents, merchant, currency, ts, currencies, *parts)
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out[:end])])
 

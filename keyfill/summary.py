@@ -85,8 +85,9 @@ def _key_volumes(batch: pa.RecordBatch) -> pa.Table:
     return t.group_by("key", use_threads=False).aggregate([("bytes", "sum"), ("bytes", "count")])
 
 
-def inspect_archive(store: Storage, *, top: int = 10, scan: bool = True, progress: bool = False,
-                    threads: int = 8) -> ArchiveSummary:
+def inspect_archive(
+    store: Storage, *, top: int = 10, scan: bool = True, progress: bool = False, threads: int = 8
+) -> ArchiveSummary:
     """Summary from the index; with `scan`, one pass over the records adds the heaviest keys."""
     index = build_index(store, threads=threads)
     summary = summarize_index(index)
@@ -96,14 +97,17 @@ def inspect_archive(store: Storage, *, top: int = 10, scan: bool = True, progres
 
     chunks = index.all_chunks()
     partials: list[pa.Table] = []
-    with ThreadPoolExecutor(max_workers=threads) as pool, tqdm(
-        total=len(chunks), unit="chunk", desc="scan", disable=not progress
-    ) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=threads) as pool,
+        tqdm(total=len(chunks), unit="chunk", desc="scan", disable=not progress) as bar,
+    ):
         for t in pool.map(lambda c: _key_volumes(read_chunk(store, c)), chunks):
             partials.append(t)
             bar.update(1)
-    merged = pa.concat_tables(partials).group_by("key", use_threads=False).aggregate(
-        [("bytes_sum", "sum"), ("bytes_count", "sum")]
+    merged = (
+        pa.concat_tables(partials)
+        .group_by("key", use_threads=False)
+        .aggregate([("bytes_sum", "sum"), ("bytes_count", "sum")])
     )
     keys = merged.column("key").to_pylist()
     volume = merged.column("bytes_sum_sum").to_numpy()

@@ -227,8 +227,10 @@ def load_slice(store: Storage, s: int) -> SliceMeta:
     except ObjectNotFound:
         raise FormatError(f"{store.url_for(key)}: slice metadata missing") from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise FormatError(f"{store.url_for(key)}: unreadable slice metadata ({exc}); an archive written by "
-                          "another keyfill version must be compacted again") from None
+        raise FormatError(
+            f"{store.url_for(key)}: unreadable slice metadata ({exc}); an archive written by "
+            "another keyfill version must be compacted again"
+        ) from None
 
 
 def slice_meta(store: Storage, summary: SliceSummary) -> SliceMeta:

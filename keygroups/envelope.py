@@ -155,9 +155,25 @@ def _record_sizes(part, off, ts, k_off, k_valid, v_off, v_valid, h_off, hk_off, 
 
 @njit(cache=True, nogil=True)
 def _encode_records(
-    out, lo, hi, part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid,
-    h_off, hk_off, hk_data, hv_off, hv_data, hv_valid,
-):  # fmt: skip
+    out,
+    lo,
+    hi,
+    part,
+    off,
+    ts,
+    k_off,
+    k_data,
+    k_valid,
+    v_off,
+    v_data,
+    v_valid,
+    h_off,
+    hk_off,
+    hk_data,
+    hv_off,
+    hv_data,
+    hv_valid,
+):
     pos = 0
     for i in range(lo, hi):
         pos = _put_varint(out, pos, np.int64(part[i]))
@@ -245,9 +261,18 @@ def encode_avro(
     hkey = _binary(items.field("key"))
     hval = _binary(items.field("value"))
     sizes = _record_sizes(
-        part, off, ts, key.offsets, key.valid, val.offsets, val.valid, h_off,
-        hkey.offsets, hval.offsets, hval.valid,
-    )  # fmt: skip
+        part,
+        off,
+        ts,
+        key.offsets,
+        key.valid,
+        val.offsets,
+        val.valid,
+        h_off,
+        hkey.offsets,
+        hval.offsets,
+        hval.valid,
+    )
 
     if sync_marker is None:
         sync_marker = _content_marker(sizes, ts)
@@ -267,10 +292,25 @@ def encode_avro(
         if scratch.shape[0] < length:
             scratch = np.empty(length, dtype=np.uint8)
         written = _encode_records(
-            scratch, lo, hi, part, off, ts, key.offsets, key.data, key.valid,
-            val.offsets, val.data, val.valid, h_off, hkey.offsets, hkey.data,
-            hval.offsets, hval.data, hval.valid,
-        )  # fmt: skip
+            scratch,
+            lo,
+            hi,
+            part,
+            off,
+            ts,
+            key.offsets,
+            key.data,
+            key.valid,
+            val.offsets,
+            val.data,
+            val.valid,
+            h_off,
+            hkey.offsets,
+            hkey.data,
+            hval.offsets,
+            hval.data,
+            hval.valid,
+        )
         assert written == length
         block = _compress(codec, scratch[:length].tobytes())
         parts += [_varint_bytes(hi - lo), _varint_bytes(len(block)), block, sync_marker]
@@ -556,8 +596,25 @@ def _decode_records(buf, starts, ends, counts):
     v_off, v_data = _gather(buf, v_pos, v_len, i)
     hk_off, hk_data = _gather(buf, hk_pos, hk_len, j)
     hv_off, hv_data = _gather(buf, hv_pos, hv_len, j)
-    return (err, i, part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off,
-            hk_off, hk_data, hv_off, hv_data, hv_valid[:j].copy())
+    return (
+        err,
+        i,
+        part,
+        off,
+        ts,
+        k_off,
+        k_data,
+        k_valid,
+        v_off,
+        v_data,
+        v_valid,
+        h_off,
+        hk_off,
+        hk_data,
+        hv_off,
+        hv_data,
+        hv_valid[:j].copy(),
+    )
 
 
 def _normal_type(t):
@@ -662,8 +719,12 @@ def _arrow_binary(n, offsets, data, valid, typ=pa.binary()):
     return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
 
 
-_ERRORS = {_ERR_EOF: "data ends inside a record", _ERR_UNION: "bad union branch", _ERR_NEGATIVE: "negative length",
-           _ERR_RANGE: "partition out of the int range"}
+_ERRORS = {
+    _ERR_EOF: "data ends inside a record",
+    _ERR_UNION: "bad union branch",
+    _ERR_NEGATIVE: "negative length",
+    _ERR_RANGE: "partition out of the int range",
+}
 
 
 def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], pa.RecordBatch]:
@@ -684,16 +745,40 @@ def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], 
     buf = np.frombuffer(view, np.uint8)
     starts, ends, counts, err, at = _frame_blocks(buf, pos, np.frombuffer(sync, np.uint8))
     if err:
-        what = "sync marker mismatch" if err == _ERR_SYNC else "bad block header" if err == _ERR_NEGATIVE \
+        what = (
+            "sync marker mismatch"
+            if err == _ERR_SYNC
+            else "bad block header"
+            if err == _ERR_NEGATIVE
             else "file ends inside a block"
+        )
         raise CorruptFile(f"{name}: not a readable Avro file: {what} at byte {at}")
     codec = meta.get("avro.codec", "null")
     if codec != "null":
         buf, starts, ends = _decompress(codec, view, starts, ends, name)
     if (counts > (ends - starts) // 6).any():  # an envelope record takes at least 6 bytes
-        raise CorruptFile(f"{name}: block headers claim {int(counts.sum())} records in {int((ends - starts).sum())} bytes")
-    (err, at, part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off,
-     hk_off, hk_data, hv_off, hv_data, hv_valid) = _decode_records(buf, starts, ends, counts)  # fmt: skip
+        raise CorruptFile(
+            f"{name}: block headers claim {int(counts.sum())} records in {int((ends - starts).sum())} bytes"
+        )
+    (
+        err,
+        at,
+        part,
+        off,
+        ts,
+        k_off,
+        k_data,
+        k_valid,
+        v_off,
+        v_data,
+        v_valid,
+        h_off,
+        hk_off,
+        hk_data,
+        hv_off,
+        hv_data,
+        hv_valid,
+    ) = _decode_records(buf, starts, ends, counts)
     if err:
         where = f"record {at}" + (f" (after offset {off[at - 1]})" if at else "")
         raise CorruptFile(f"{name}: {_ERRORS[err]} at {where}")
@@ -704,7 +789,8 @@ def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], 
     except pa.ArrowInvalid as exc:
         raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
     items_arr = pa.StructArray.from_arrays(
-        [header_keys, _arrow_binary(items, hv_off, hv_data, hv_valid)], fields=list(HEADER_TYPE))
+        [header_keys, _arrow_binary(items, hv_off, hv_data, hv_valid)], fields=list(HEADER_TYPE)
+    )
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(part),
@@ -814,8 +900,9 @@ def _mix_bytes(h, data, start, end, valid):
 
 
 @njit(cache=True, nogil=True)
-def _fingerprints(part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off, hk_off, hk_data,
-                  hv_off, hv_data, hv_valid):  # fmt: skip
+def _fingerprints(
+    part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off, hk_off, hk_data, hv_off, hv_data, hv_valid
+):
     n = part.shape[0]
     out = np.empty(n, np.uint64)
     for i in range(n):
@@ -846,6 +933,16 @@ def record_fingerprints(batch: pa.RecordBatch) -> np.ndarray:
         batch.column("partition").to_numpy(zero_copy_only=False).astype(np.int32),
         batch.column("offset").to_numpy(zero_copy_only=False).astype(np.int64),
         batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False),
-        key.offsets, key.data, key.valid, val.offsets, val.data, val.valid,
-        headers.offsets.to_numpy().astype(np.int64), hkey.offsets, hkey.data, hval.offsets, hval.data, hval.valid,
-    )  # fmt: skip
+        key.offsets,
+        key.data,
+        key.valid,
+        val.offsets,
+        val.data,
+        val.valid,
+        headers.offsets.to_numpy().astype(np.int64),
+        hkey.offsets,
+        hkey.data,
+        hval.offsets,
+        hval.data,
+        hval.valid,
+    )

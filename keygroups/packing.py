@@ -78,9 +78,7 @@ def _sift_up(heap: Any, pos: int, loads: Any, tmax: Any, seq: Any) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _ascending(
-    vals: Any, lo: int, span: int, key: Any, idx: Any, key2: Any, idx2: Any, count: Any
-) -> Any:
+def _ascending(vals: Any, lo: int, span: int, key: Any, idx: Any, key2: Any, idx2: Any, count: Any) -> Any:
     """Stable ascending order of `vals` (all within [lo, lo + span]).
 
     numba's own sorts cost 40-60 ns per element; slot loads of one tuple sit within one

@@ -243,8 +243,7 @@ class LocalStorage(Storage):
 
         base = prefix.rpartition("/")[0]
         with self._errors(prefix, "list"):
-            walk(os.path.join(self.root, *base.split("/")) if base else self.root,
-                 base + "/" if base else "")
+            walk(os.path.join(self.root, *base.split("/")) if base else self.root, base + "/" if base else "")
         out.sort(key=lambda o: o.key)
         return out
 
@@ -308,8 +307,11 @@ class S3Limits:
     read_s: float = 20.0
     deadline_s: float = 60.0  # no retry starts that could not finish within this
 
-    ENV = {"connect_s": "KEYFILL_S3_CONNECT_TIMEOUT", "read_s": "KEYFILL_S3_READ_TIMEOUT",
-           "deadline_s": "KEYFILL_S3_DEADLINE"}
+    ENV = {
+        "connect_s": "KEYFILL_S3_CONNECT_TIMEOUT",
+        "read_s": "KEYFILL_S3_READ_TIMEOUT",
+        "deadline_s": "KEYFILL_S3_DEADLINE",
+    }
 
     @classmethod
     def from_env(cls) -> S3Limits:
@@ -349,9 +351,12 @@ def _deadline_hooks(events: Any, limits: S3Limits) -> None:
         attempt = ctx.get("retries", {}).get("attempt", 1)
         if attempt > 1 and now - started + limits.read_s > limits.deadline_s:
             endpoint = urlparse(request.url)
-            raise DeadlineExceeded(elapsed=now - started, attempts=attempt - 1,
-                                   endpoint=f"{endpoint.scheme}://{endpoint.netloc}",
-                                   last=ctx.get("keyfill_last_error", "no answer"))
+            raise DeadlineExceeded(
+                elapsed=now - started,
+                attempts=attempt - 1,
+                endpoint=f"{endpoint.scheme}://{endpoint.netloc}",
+                last=ctx.get("keyfill_last_error", "no answer"),
+            )
 
     def needs_retry(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
         if caught_exception is not None:
@@ -417,14 +422,13 @@ class _S3Client:
         return {"threads": self.threads}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["threads"])  # type: ignore[misc]
+        self.__init__(state["threads"])
 
 
 class S3Storage(Storage):
     """Objects under ``s3://bucket/prefix``. PUT is atomic on S3, so no temp objects."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, threads: int = 16,
-                 client: _S3Client | None = None) -> None:
+    def __init__(self, bucket: str, prefix: str = "", *, threads: int = 16, client: _S3Client | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -449,16 +453,16 @@ class S3Storage(Storage):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             if code == "NoSuchBucket":
-                return StorageError(
-                    f"S3 bucket does not exist: s3://{self.bucket} (accessing {url})")
+                return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {url})")
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectNotFound(f"no such object: {url}")
             if code in ("AccessDenied", "403", "Forbidden"):
                 return StorageError(f"access denied to {url}: check AWS credentials and policy")
             return StorageError(f"S3 error on {url}: {code} {err.get('Message', '')}".rstrip())
         if isinstance(exc, NoCredentialsError):
-            return StorageError(f"no AWS credentials found for {url}: set AWS_ACCESS_KEY_ID/"
-                                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE")
+            return StorageError(
+                f"no AWS credentials found for {url}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
+            )
         return StorageError(f"S3 request for {url} failed: {exc}")
 
     @contextmanager
@@ -478,8 +482,9 @@ class S3Storage(Storage):
             except Exception as e:
                 code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
                 if code in ("404", "NoSuchBucket", "NotFound"):
-                    raise StorageError(f"S3 bucket does not exist: s3://{self.bucket} "
-                                       f"(accessing {self.url_for(key)})") from e
+                    raise StorageError(
+                        f"S3 bucket does not exist: s3://{self.bucket} (accessing {self.url_for(key)})"
+                    ) from e
                 raise
         return ObjectNotFound(f"no such object: {self.url_for(key)}")
 
@@ -526,12 +531,11 @@ class S3Storage(Storage):
         root = f"{self.prefix}/" if self.prefix else ""
         out: list[ObjectInfo] = []
         with self._errors(prefix):
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=root + prefix)
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root + prefix)
             for page in pages:
                 for obj in page.get("Contents", ()):
                     if not obj["Key"].endswith("/"):  # folder markers made by consoles
-                        out.append(ObjectInfo(obj["Key"][len(root):], obj["Size"]))
+                        out.append(ObjectInfo(obj["Key"][len(root) :], obj["Size"]))
         # S3 lists in UTF-8 byte order, but not every S3-compatible server does.
         out.sort(key=lambda o: o.key)
         return out
@@ -570,15 +574,18 @@ class S3Storage(Storage):
         for key in keys:
             _check_key(key)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-            batch = keys[i:i + 1000]
+            batch = keys[i : i + 1000]
             with self._errors(batch[0]):
-                resp = self.client.delete_objects(Bucket=self.bucket, Delete={
-                    "Objects": [{"Key": root + k} for k in batch], "Quiet": True})
+                resp = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": root + k} for k in batch], "Quiet": True}
+                )
             if resp.get("Errors"):
                 err = resp["Errors"][0]
-                key = err.get("Key", "")[len(root):]
-                raise StorageError(f"cannot delete {self.url_for(key)}: {err.get('Code')} "
-                                   f"{err.get('Message', '')} ({len(resp['Errors'])} failed)")
+                key = err.get("Key", "")[len(root) :]
+                raise StorageError(
+                    f"cannot delete {self.url_for(key)}: {err.get('Code')} "
+                    f"{err.get('Message', '')} ({len(resp['Errors'])} failed)"
+                )
         return len(keys)
 
     def sub(self, prefix: str) -> S3Storage:
@@ -597,7 +604,6 @@ def overlapping(a: Storage, b: Storage) -> bool:
     la, lb = a.location(), b.location()
     n = min(len(la), len(lb))
     return la[:n] == lb[:n]
-
 
 
 def open_storage(url: str, *, threads: int = 16) -> Storage:
@@ -629,5 +635,5 @@ def open_storage(url: str, *, threads: int = 16) -> Storage:
             raise StorageError(f"invalid S3 URL {url}: {e}") from None
         return S3Storage(parsed.netloc, prefix, threads=threads)
     raise StorageError(
-        f"unsupported storage URL scheme {scheme!r} in {url} "
-        "(use a local path, file:///path or s3://bucket/prefix)")
+        f"unsupported storage URL scheme {scheme!r} in {url} (use a local path, file:///path or s3://bucket/prefix)"
+    )

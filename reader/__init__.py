@@ -14,5 +14,14 @@ see docs/spark-source.md). It is a submodule so that `import reader` never loads
 from reader.partitioner import consumer_indexes, partition_batches
 from reader.replay import RECORD_SCHEMA, CheckpointError, Records, Replay, ReplayError, Watermark, replay
 
-__all__ = ["replay", "Replay", "Records", "Watermark", "ReplayError", "CheckpointError", "RECORD_SCHEMA", "partition_batches",
-           "consumer_indexes"]
+__all__ = [
+    "replay",
+    "Replay",
+    "Records",
+    "Watermark",
+    "ReplayError",
+    "CheckpointError",
+    "RECORD_SCHEMA",
+    "partition_batches",
+    "consumer_indexes",
+]

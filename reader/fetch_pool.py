@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 _STOP = object()
 
@@ -22,8 +23,9 @@ class FetchPool:
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-                         for i in range(max(1, workers))]
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(max(1, workers))
+        ]
         self._started = False
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:

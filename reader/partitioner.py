@@ -156,8 +156,16 @@ def _bytes_hash(data: Any, start: int, end: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _route(offsets: Any, data: Any, validity: Any, bit0: int, partitions: Any, bytes_mode: bool,
-           max_parallelism: int, consumers: int) -> Any:  # fmt: skip
+def _route(
+    offsets: Any,
+    data: Any,
+    validity: Any,
+    bit0: int,
+    partitions: Any,
+    bytes_mode: bool,
+    max_parallelism: int,
+    consumers: int,
+) -> Any:
     """Consumer index per row. An empty ``validity`` means the key column has no nulls."""
     n = offsets.shape[0] - 1
     dest = np.empty(n, np.int32)
@@ -212,7 +220,7 @@ def _stable_split(dest: Any, consumers: int) -> tuple[Any, Any, bool]:
 def _check_int(name: str, value: object, low: int, high: int, why: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         # ValueError, not TypeError: callers catch one exception for any bad parallelism
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")  # noqa: TRY004
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     if not low <= int(value) <= high:
         raise ValueError(f"{name} must be in [{low}, {high}] ({why}), got {value}")
     return int(value)
@@ -220,10 +228,10 @@ def _check_int(name: str, value: object, low: int, high: int, why: str) -> int:
 
 def _check_parallelism(consumers: object, max_parallelism: object) -> tuple[int, int]:
     """Flink's own preconditions: 0 < parallelism <= maxParallelism <= 2**15."""
-    max_p = _check_int("max_parallelism", max_parallelism, 1, UPPER_BOUND_MAX_PARALLELISM,
-                       "Flink's number of key groups")  # fmt: skip
-    d = _check_int("consumers", consumers, 1, max_p,
-                   "Flink requires parallelism <= max_parallelism")  # fmt: skip
+    max_p = _check_int(
+        "max_parallelism", max_parallelism, 1, UPPER_BOUND_MAX_PARALLELISM, "Flink's number of key groups"
+    )
+    d = _check_int("consumers", consumers, 1, max_p, "Flink requires parallelism <= max_parallelism")
     return d, max_p
 
 

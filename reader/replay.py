@@ -19,9 +19,10 @@ import heapq
 import queue
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -124,8 +125,10 @@ class Replay:
         if range_bytes < 0:
             raise ValueError("range_bytes must not be negative (0: one GET per file)")
         if watermark_bound_ms < 0:
-            raise ValueError("watermark_bound_ms must not be negative: a watermark past a slice's end would "
-                             "declare the next slice's valid records late")
+            raise ValueError(
+                "watermark_bound_ms must not be negative: a watermark past a slice's end would "
+                "declare the next slice's valid records late"
+            )
         self.store = store or open_storage(url, threads=max(threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.threads = threads
@@ -231,8 +234,9 @@ class Replay:
         data = b"".join(parts)
         if len(data) != gf.file_bytes:
             found = "more" if len(data) > gf.file_bytes else len(data)
-            raise StorageError(f"{self.store.url_for(gf.key)}: the slice metadata says {gf.file_bytes} bytes, "
-                               f"the object has {found}")
+            raise StorageError(
+                f"{self.store.url_for(gf.key)}: the slice metadata says {gf.file_bytes} bytes, the object has {found}"
+            )
         return data
 
     def _worker(self, t: int, first: int, metas: list[compacted.SliceMeta | None]) -> None:
@@ -387,8 +391,9 @@ class Replay:
         slices = self.manifest.slices
         metas: list[compacted.SliceMeta | None] = [None] * len(slices)
         for t in range(self.threads):
-            w = threading.Thread(target=self._worker, args=(t, self._slice, metas), name=f"keyfill-replay-{t}",
-                                 daemon=True)
+            w = threading.Thread(
+                target=self._worker, args=(t, self._slice, metas), name=f"keyfill-replay-{t}", daemon=True
+            )
             w.start()
             self._workers.append(w)
         done = 0

@@ -25,9 +25,10 @@ parses options.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,16 +54,18 @@ SCHEMA_DDL = (
 )
 # What read() yields, field for field: Spark refuses batches whose Arrow types differ
 # (timestamps in microseconds, int32 for int).
-ARROW_SCHEMA = pa.schema([
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))),
-    pa.field("key_group", pa.int32()),
-    pa.field("slice", pa.int32()),
-])
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))),
+        pa.field("key_group", pa.int32()),
+        pa.field("slice", pa.int32()),
+    ]
+)
 
 
 class SourceOptionError(ValueError):
@@ -189,6 +192,9 @@ class _Planner:
         if self._store is None:
             self._store = open_storage(self.opts.path)
         return self._store
+
+    def load(self) -> compacted.Manifest:
+        return self.manifest
 
     @property
     def manifest(self) -> compacted.Manifest:
@@ -318,7 +324,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.planner.manifest  # noqa: B018 - the target is the end of this immutable archive
+        self.planner.load()  # the target is the end of this immutable archive: load it now
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         slices = self.planner.manifest.slices
@@ -336,9 +342,11 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while end < len(slices):
             summary = slices[end]
             if summary.records:
-                over = ((max_slices is not None and taken + 1 > max_slices)
-                        or (max_bytes is not None and nbytes + summary.file_bytes > max_bytes)
-                        or (max_rows is not None and rows + summary.records > max_rows))
+                over = (
+                    (max_slices is not None and taken + 1 > max_slices)
+                    or (max_bytes is not None and nbytes + summary.file_bytes > max_bytes)
+                    or (max_rows is not None and rows + summary.records > max_rows)
+                )
                 if over and taken:
                     break
                 taken, nbytes, rows = taken + 1, nbytes + summary.file_bytes, rows + summary.records

@@ -15,7 +15,7 @@ import pytest
 try:
     from tests.s3server import S3Server, start_seaweedfs
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    from s3server import S3Server, start_seaweedfs  # type: ignore[no-redef]
+    from s3server import S3Server, start_seaweedfs
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +43,7 @@ def s3_url(s3_server: S3Server) -> str:
 
 
 @pytest.fixture
-def local_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
+def local_url(tmp_path) -> str:
     """A fresh, empty local folder."""
     root = tmp_path / "store"
     root.mkdir()
@@ -57,7 +57,7 @@ def storage_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark(s3_server):  # type: ignore[no-untyped-def]
+def spark(s3_server):
     """One real local[2] Spark for the session (a cold start costs 10-15 s). It starts after
     the S3 server so its Python workers inherit the AWS environment."""
     from compactor.spark_session import local_spark

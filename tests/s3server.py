@@ -27,9 +27,15 @@ BUCKET = "keyfill-test"
 
 # Settings a developer's shell or ~/.aws might carry that would point boto3 elsewhere.
 _ISOLATE = (
-    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-    "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "AWS_REGION",
-    "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+    "AWS_REGION",
+    "AWS_RETRY_MODE",
+    "AWS_MAX_ATTEMPTS",
 )
 # `weed mini` components whose HTTP port we set; each also serves gRPC on port + 10000,
 # and its admin worker dials admin.port + 10000 whatever -admin.port.grpc says.
@@ -123,34 +129,47 @@ class S3Server:
         self.stop()
 
 
-def _client(endpoint: str):  # type: ignore[no-untyped-def]
+def _client(endpoint: str):
     import boto3
     from botocore.config import Config
 
     return boto3.client(
-        "s3", endpoint_url=endpoint, region_name=REGION,
-        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-        config=Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=10))
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=10),
+    )
 
 
 def _start_once(bucket: str, timeout: float) -> S3Server:
     workdir = tempfile.mkdtemp(prefix="keyfill-seaweedfs-")
     ports = dict(zip(_COMPONENTS, _free_port_pairs(len(_COMPONENTS))))
     args = [
-        weed_binary(), "mini", f"-dir={workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
-        "-s3.port.iceberg=0", "-s3.port.lance=0",
+        weed_binary(),
+        "mini",
+        f"-dir={workdir}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
         # Without this a write to a missing bucket silently creates it.
         "-s3.autoCreateBucket=false",
-        f"-filer.localSocket={workdir}/filer.sock", f"-s3.localSocket={workdir}/s3.sock",
+        f"-filer.localSocket={workdir}/filer.sock",
+        f"-s3.localSocket={workdir}/s3.sock",
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + 10000}"]
     # weed mini makes its admin identity from these variables.
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
     with open(os.path.join(workdir, "weed.log"), "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, cwd=workdir)
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, cwd=workdir
+        )
     server = S3Server(f"http://127.0.0.1:{ports['s3']}", bucket, workdir, proc)
     client = _client(server.endpoint)
     deadline = time.monotonic() + timeout

@@ -18,8 +18,21 @@ from keygroups.storage import open_storage
 def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, pa.Table, int]:
     """A small archive with null keys, headers, a hot key and several chunks per partition."""
     url = str(tmp_path_factory.mktemp("baselines") / "src")
-    generate(GeneratorConfig(out=url, records=12_000, keys=200, partitions=3, chunk_records=1_500, headers=True,
-                             null_keys=0.05, hot_key_share=0.3, jitter_ms=3_000, seed=4), progress=False)  # fmt: skip
+    generate(
+        GeneratorConfig(
+            out=url,
+            records=12_000,
+            keys=200,
+            partitions=3,
+            chunk_records=1_500,
+            headers=True,
+            null_keys=0.05,
+            hot_key_share=0.3,
+            jitter_ms=3_000,
+            seed=4,
+        ),
+        progress=False,
+    )
     store = open_storage(url)
     index = build_index(store)
     table = pa.Table.from_batches([read_chunk(store, c) for c in index.all_chunks()])
@@ -39,8 +52,9 @@ def check_same_records(out: pa.Table, src: pa.Table) -> None:
 def check_key_order(out: pa.Table) -> None:
     """Every key's records (null keys: per partition) come out in strictly rising offsets."""
     last: dict[tuple[int, bytes | None], int] = {}
-    for p, o, k in zip(out.column("partition").to_pylist(), out.column("offset").to_pylist(),
-                       out.column("key").to_pylist()):  # fmt: skip
+    for p, o, k in zip(
+        out.column("partition").to_pylist(), out.column("offset").to_pylist(), out.column("key").to_pylist()
+    ):
         kk = (p if k is None else -1, k)
         assert last.get(kk, -1) < o, f"key {k!r}: offset {o} after {last[kk]}"
         last[kk] = o
@@ -76,7 +90,7 @@ def test_leaving_early_stops_readers(source: tuple[str, pa.Table, int]) -> None:
     assert all(not w.is_alive() for w in replay._workers)
 
 
-def test_failure_names_the_file(source: tuple[str, pa.Table, int], tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_failure_names_the_file(source: tuple[str, pa.Table, int], tmp_path) -> None:
     url, _, _ = source
     store = open_storage(url)
     index = build_index(store)

@@ -33,8 +33,26 @@ def test_each_subcommand_has_help(name, capsys):
 
 
 def test_generate_then_inspect_on_both_backends(storage_url, capsys):
-    assert main(["generate", "--out", storage_url, "--records", "5000", "--keys", "50", "--partitions", "3",
-                 "--chunk-records", "1000", "--no-progress", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                storage_url,
+                "--records",
+                "5000",
+                "--keys",
+                "50",
+                "--partitions",
+                "3",
+                "--chunk-records",
+                "1000",
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
     written = json.loads(capsys.readouterr().out)
     assert written["records"] == 5000 and written["chunks"] >= 5
     assert main(["inspect", storage_url, "--json", "--top", "3"]) == 0
@@ -80,8 +98,27 @@ def test_generate_refuses_to_overwrite_without_flag(tmp_path, capsys):
 
 
 def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
-    assert main(["generate", "--out", str(tmp_path), "--records", "3000", "--keys", "5", "--partitions", "1",
-                 "--chunk-records", "1000", "--codec", "null", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                str(tmp_path),
+                "--records",
+                "3000",
+                "--keys",
+                "5",
+                "--partitions",
+                "1",
+                "--chunk-records",
+                "1000",
+                "--codec",
+                "null",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     victim = sorted((tmp_path / "payments" / "partition=0").iterdir())[1]
     victim.write_bytes(victim.read_bytes()[:-3000])
     capsys.readouterr()
@@ -91,8 +128,25 @@ def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
 
 def test_compact_and_verify_commands_end_to_end(tmp_path):
     src, dest = str(tmp_path / "src"), str(tmp_path / "c")
-    assert main(["generate", "--out", src, "--records", "4000", "--keys", "30", "--partitions", "2",
-                 "--chunk-records", "1000", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                src,
+                "--records",
+                "4000",
+                "--keys",
+                "30",
+                "--partitions",
+                "2",
+                "--chunk-records",
+                "1000",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = run("compact", src, dest, "--groups", "3", "--slice-duration", "1m", "--master", "local[2]", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -107,8 +161,14 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
     assert json.loads(checkpoint.read_text())["slice"] == result["slices"]
     out = run("replay", dest, "--checkpoint-file", str(checkpoint), "--json")  # resumes at the end
     assert json.loads(out.stdout) | {"seconds": 0, "records_per_second": 0} == {
-        "records": 0, "seconds": 0, "records_per_second": 0, "watermark": None, "threads": 16, "resumed": True,
-        "max_spread_ms": 0}
+        "records": 0,
+        "seconds": 0,
+        "records_per_second": 0,
+        "watermark": None,
+        "threads": 16,
+        "resumed": True,
+        "max_spread_ms": 0,
+    }
     # a damaged group file: verify exits 1 and names it
     victim = sorted((tmp_path / "c" / "slices").rglob("group-*.avro"))[0]
     victim.write_bytes(victim.read_bytes()[:-20])
@@ -118,8 +178,27 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
 
 def test_compact_names_a_corrupt_chunk(tmp_path):
     src = tmp_path / "src"
-    assert main(["generate", "--out", str(src), "--records", "3000", "--keys", "5", "--partitions", "1",
-                 "--chunk-records", "1000", "--codec", "null", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--out",
+                str(src),
+                "--records",
+                "3000",
+                "--keys",
+                "5",
+                "--partitions",
+                "1",
+                "--chunk-records",
+                "1000",
+                "--codec",
+                "null",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     victim = sorted((src / "payments" / "partition=0").iterdir())[1]
     victim.write_bytes(victim.read_bytes()[:-3000])
     out = run("compact", str(src), str(tmp_path / "c"), "--groups", "2", "--master", "local[2]")

@@ -41,8 +41,22 @@ def replay_in_order(url: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def skewed(tmp_path_factory):
     src = str(tmp_path_factory.mktemp("src"))
-    generate(GeneratorConfig(out=src, records=60_000, keys=400, partitions=4, chunk_records=7_000, skew=1.2,
-                             jitter_ms=4_000, null_keys=0.03, headers=True, rate=200.0, seed=5), progress=False)
+    generate(
+        GeneratorConfig(
+            out=src,
+            records=60_000,
+            keys=400,
+            partitions=4,
+            chunk_records=7_000,
+            skew=1.2,
+            jitter_ms=4_000,
+            null_keys=0.03,
+            headers=True,
+            rate=200.0,
+            seed=5,
+        ),
+        progress=False,
+    )
     return src
 
 
@@ -80,7 +94,7 @@ def test_per_key_order_and_interleaving_inside_files(spark, skewed, tmp_path):
         assert r["offset"] > last.get(k, -1)
         last[k] = r["offset"]
         # and every partition's own order is kept inside a file
-    for (s, g) in {(r["slice"], r["group"]) for r in rows}:
+    for s, g in {(r["slice"], r["group"]) for r in rows}:
         in_file = [r for r in rows if r["slice"] == s and r["group"] == g]
         for p in {r["partition"] for r in in_file}:
             offs = [r["offset"] for r in in_file if r["partition"] == p]
@@ -136,10 +150,19 @@ def test_existing_archive_needs_overwrite(spark, skewed, tmp_path):
 
 
 def records(partition, offsets, ts, keys):
-    return envelope.batch_from_records([
-        {"partition": partition, "offset": int(o), "timestamp": int(t), "key": k, "value": b"v%d" % o, "headers": []}
-        for o, t, k in zip(offsets, ts, keys)
-    ])
+    return envelope.batch_from_records(
+        [
+            {
+                "partition": partition,
+                "offset": int(o),
+                "timestamp": int(t),
+                "key": k,
+                "value": b"v%d" % o,
+                "headers": [],
+            }
+            for o, t, k in zip(offsets, ts, keys)
+        ]
+    )
 
 
 def test_empty_slices_are_recorded(spark, tmp_path):
@@ -222,8 +245,9 @@ def small_archive(draw):
     return chunks, draw(st.integers(1, 5)), draw(st.sampled_from(["2s", "10s", "1m"]))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(case=small_archive())
 def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
     chunks, groups, duration = case
@@ -237,7 +261,8 @@ def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
     assert report.ok, report.violations
     rows = replay_in_order(a)
     assert sorted((r["partition"], r["offset"]) for r in rows) == sorted(
-        (p, o) for p, offs, _, _ in chunks for o in offs)
+        (p, o) for p, offs, _, _ in chunks for o in offs
+    )
     last: dict = {}
     for r in rows:  # offsets order records within a partition only: a key may span partitions here
         k = (r["key"], r["partition"])
@@ -255,8 +280,9 @@ def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):
     connect = str(tmp_path / "connect")
     write_connect_archive(open_source(skewed), connect, records_per_file=5_000)
     dest = str(tmp_path / "c")
-    cfg = CompactConfig(source=connect, dest=dest, groups=4, slice_duration="1m", source_format="kafka-connect",
-                        timestamp_field="ts")
+    cfg = CompactConfig(
+        source=connect, dest=dest, groups=4, slice_duration="1m", source_format="kafka-connect", timestamp_field="ts"
+    )
     r = compact(cfg, spark)
     assert r.records == 60_000
     source = open_source(connect, format="kafka-connect", timestamp_field="ts")

@@ -41,8 +41,9 @@ def fastavro_records(data: bytes) -> list[dict]:
     records=st.lists(record, max_size=60),
     codec=st.sampled_from(envelope.CODECS),
     block_bytes=st.integers(1, 4096),
-    metadata=st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: not k.startswith("avro.")),
-                             st.text(max_size=20), max_size=3),
+    metadata=st.dictionaries(
+        st.text(min_size=1, max_size=8).filter(lambda k: not k.startswith("avro.")), st.text(max_size=20), max_size=3
+    ),
 )
 def test_encoder_output_reads_back_identically_with_fastavro(records, codec, block_bytes, metadata):
     batch = envelope.batch_from_records(records)
@@ -65,14 +66,15 @@ def test_encoder_is_deterministic_and_matches_fastavro_writer_blocks(records, bl
     # With one block, the file equals what fastavro itself writes for the same records.
     ours = envelope.encode_avro(batch, codec="null", sync_marker=marker, block_bytes=1 << 30)
     theirs = io.BytesIO()
-    fastavro.writer(theirs, envelope.PARSED_SCHEMA, records, codec="null", sync_marker=marker,
-                    sync_interval=1 << 30)
+    fastavro.writer(theirs, envelope.PARSED_SCHEMA, records, codec="null", sync_marker=marker, sync_interval=1 << 30)
     assert ours == theirs.getvalue()
 
 
 def test_blocks_are_cut_near_block_bytes():
-    records = [{"partition": 0, "offset": i, "timestamp": i, "key": b"k", "value": b"v" * 100, "headers": []}
-               for i in range(1000)]
+    records = [
+        {"partition": 0, "offset": i, "timestamp": i, "key": b"k", "value": b"v" * 100, "headers": []}
+        for i in range(1000)
+    ]
     data = envelope.encode_avro(envelope.batch_from_records(records), codec="null", block_bytes=10_000)
     blocks = list(fastavro.block_reader(io.BytesIO(data)))
     assert len(blocks) > 5
@@ -93,8 +95,14 @@ def test_unknown_codec_is_named():
 def test_record_bytes_counts_key_value_and_headers():
     records = [
         {"partition": 0, "offset": 0, "timestamp": 0, "key": b"abc", "value": None, "headers": []},
-        {"partition": 0, "offset": 1, "timestamp": 0, "key": None, "value": b"12345",
-         "headers": [{"key": "hh", "value": b"xyz"}, {"key": "é", "value": None}]},
+        {
+            "partition": 0,
+            "offset": 1,
+            "timestamp": 0,
+            "key": None,
+            "value": b"12345",
+            "headers": [{"key": "hh", "value": b"xyz"}, {"key": "é", "value": None}],
+        },
     ]
     assert envelope.record_bytes(envelope.batch_from_records(records)).tolist() == [3, 5 + 2 + 3 + 2]
 
@@ -107,8 +115,7 @@ def test_corrupt_bytes_name_the_object():
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(records=st.lists(record, max_size=60), codec=st.sampled_from(envelope.CODECS),
-       block_bytes=st.integers(1, 4096))
+@given(records=st.lists(record, max_size=60), codec=st.sampled_from(envelope.CODECS), block_bytes=st.integers(1, 4096))
 def test_fast_decoder_equals_fastavro_reference(records, codec, block_bytes):
     data = envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes)
     ref_meta, ref = envelope.read_avro_batch(data)
@@ -119,16 +126,19 @@ def test_fast_decoder_equals_fastavro_reference(records, codec, block_bytes):
 
 
 @settings(max_examples=100, deadline=None)
-@given(records=st.lists(record, min_size=1, max_size=20), block_bytes=st.integers(1, 512),
-       codec=st.sampled_from(envelope.CODECS),
-       metadata=st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: not k.startswith("avro.")),
-                                st.text(max_size=20), max_size=3))
+@given(
+    records=st.lists(record, min_size=1, max_size=20),
+    block_bytes=st.integers(1, 512),
+    codec=st.sampled_from(envelope.CODECS),
+    metadata=st.dictionaries(
+        st.text(min_size=1, max_size=8).filter(lambda k: not k.startswith("avro.")), st.text(max_size=20), max_size=3
+    ),
+)
 def test_fast_decoder_reads_fastavro_written_files(records, block_bytes, codec, metadata):
     """Files from other writers (fastavro here: its own header, block sizes and codecs)
     decode the same, metadata included."""
     buf = io.BytesIO()
-    fastavro.writer(buf, envelope.PARSED_SCHEMA, records, codec=codec, sync_interval=block_bytes,
-                    metadata=metadata)
+    fastavro.writer(buf, envelope.PARSED_SCHEMA, records, codec=codec, sync_interval=block_bytes, metadata=metadata)
     meta, fast = envelope.decode_avro(buf.getvalue())
     ref_meta, ref = envelope.read_avro_batch(buf.getvalue())
     assert meta == ref_meta
@@ -149,9 +159,14 @@ def test_fast_decoder_buffers_hold_exactly_the_data(records, block_bytes):
 
 
 @settings(max_examples=400, deadline=None)
-@given(records=st.lists(record, min_size=1, max_size=10), cut=st.floats(0, 1), flip=st.integers(0, 10**6),
-       mode=st.sampled_from(["truncate", "flip"]), codec=st.sampled_from(envelope.CODECS),
-       block_bytes=st.sampled_from([1, 200, envelope.DEFAULT_BLOCK_BYTES]))
+@given(
+    records=st.lists(record, min_size=1, max_size=10),
+    cut=st.floats(0, 1),
+    flip=st.integers(0, 10**6),
+    mode=st.sampled_from(["truncate", "flip"]),
+    codec=st.sampled_from(envelope.CODECS),
+    block_bytes=st.sampled_from([1, 200, envelope.DEFAULT_BLOCK_BYTES]),
+)
 def test_corrupt_files_raise_corruptfile_never_crash(records, cut, flip, mode, codec, block_bytes):
     data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes))
     if mode == "truncate":

@@ -14,7 +14,6 @@ in a clear error naming the object at fault, with nothing lost and nothing wrong
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,6 @@ import sys
 import time
 from contextlib import contextmanager
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -40,7 +38,7 @@ from keygroups.storage import StorageError, open_storage
 try:
     from tests.s3server import S3Server, start_seaweedfs
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    from s3server import S3Server, start_seaweedfs  # type: ignore[no-redef]
+    from s3server import S3Server, start_seaweedfs
 
 # Short limits for the frozen-endpoint cases, so each takes seconds; the defaults (5 s
 # connect, 20 s read, 60 s deadline) are measured in the closing note instead.
@@ -53,17 +51,40 @@ def snapshot(url: str) -> dict[str, bytes]:
 
 
 def envelope_records(partition, offsets, ts, keys):
-    return envelope.batch_from_records([
-        {"partition": partition, "offset": int(o), "timestamp": int(t), "key": k, "value": b"v%d" % o, "headers": []}
-        for o, t, k in zip(offsets, ts, keys)
-    ])
+    return envelope.batch_from_records(
+        [
+            {
+                "partition": partition,
+                "offset": int(o),
+                "timestamp": int(t),
+                "key": k,
+                "value": b"v%d" % o,
+                "headers": [],
+            }
+            for o, t, k in zip(offsets, ts, keys)
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     src = str(tmp_path_factory.mktemp("faults") / "src")
-    generate(GeneratorConfig(out=src, records=12_000, keys=200, partitions=3, chunk_records=2_000, skew=1.1,
-                             null_keys=0.02, headers=True, rate=200.0, seed=11, codec="null"), progress=False)
+    generate(
+        GeneratorConfig(
+            out=src,
+            records=12_000,
+            keys=200,
+            partitions=3,
+            chunk_records=2_000,
+            skew=1.1,
+            null_keys=0.02,
+            headers=True,
+            rate=200.0,
+            seed=11,
+            codec="null",
+        ),
+        progress=False,
+    )
     return src
 
 
@@ -107,9 +128,11 @@ def test_overwrite_from_a_bad_source_keeps_the_previous_archive(spark, source, a
     dest = str(tmp_path / "c")
     shutil.copytree(archive, dest)
     before = snapshot(dest)
-    bad_url = {"missing": lambda: str(tmp_path / "no-such-source"),
-               "overlapping": lambda: overlapping_source(tmp_path),
-               "corrupt": lambda: corrupt_source(tmp_path, source)}[bad]()
+    bad_url = {
+        "missing": lambda: str(tmp_path / "no-such-source"),
+        "overlapping": lambda: overlapping_source(tmp_path),
+        "corrupt": lambda: corrupt_source(tmp_path, source),
+    }[bad]()
     with pytest.raises(Exception) as err:  # a bad chunk fails inside a Spark task: Spark wraps the error
         compact(CompactConfig(source=bad_url, dest=dest, groups=3, slice_duration="10s", overwrite=True), spark)
     assert bad_url in str(err.value)
@@ -147,9 +170,12 @@ def test_overwrite_replaces_only_the_archive_and_keeps_foreign_files(spark, sour
     now = {k for k in snapshot(str(dest)) if compacted.is_archive_key(k)}
     manifest = compacted.load_manifest(open_storage(str(dest)))
     listed = {compacted.MANIFEST, compacted.ASSIGNMENT} | {
-        k for s in manifest.slices if s.records
-        for k in [compacted.slice_meta_key(s.slice)] + [g.key for g in compacted.load_slice(open_storage(str(dest)),
-                                                                                         s.slice).groups]}
+        k
+        for s in manifest.slices
+        if s.records
+        for k in [compacted.slice_meta_key(s.slice)]
+        + [g.key for g in compacted.load_slice(open_storage(str(dest)), s.slice).groups]
+    }
     assert now == listed | {compacted.slice_meta_key(s.slice) for s in manifest.slices}  # no stale old file
     assert old - now  # the old archive had files the new one does not (4 groups, 20 s slices)
     assert verify(open_source(source), open_storage(str(dest))).ok
@@ -174,8 +200,8 @@ def test_overlap_is_judged_on_both_backends():
 def flip_a_digit(data: bytes) -> bytes:
     """Change one digit of one amount: the file still decodes, to a different value."""
     at = data.index(b'"amount":') + len(b'"amount":')
-    digit = data[at:at + 1]
-    return data[:at] + (b"9" if digit != b"9" else b"1") + data[at + 1:]
+    digit = data[at : at + 1]
+    return data[:at] + (b"9" if digit != b"9" else b"1") + data[at + 1 :]
 
 
 def swap_with_another_slice(store, victim: compacted.GroupFile, s: int) -> None:
@@ -294,8 +320,13 @@ def test_frozen_endpoint_fails_the_replay_command_in_bounded_time(frozen_s3):
     server, url, env = frozen_s3
     with frozen(server):
         started = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "keyfill", "replay", url, "--no-progress"], env=fault_env(env),
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
+            env=fault_env(env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         took = time.monotonic() - started
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
@@ -323,8 +354,14 @@ except KeyboardInterrupt:
 
 def start_replay_then_freeze(server: S3Server, url: str, env: dict) -> subprocess.Popen:
     """A replay whose manifest is read; its threads then meet a frozen endpoint."""
-    proc = subprocess.Popen([sys.executable, "-c", REPLAY_SCRIPT, url], env=fault_env(env), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPLAY_SCRIPT, url],
+        env=fault_env(env),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout.readline().strip() == "opened"
     os.kill(server.process.pid, signal.SIGSTOP)
     proc.stdin.write("go\n")
@@ -350,9 +387,14 @@ def test_ctrl_c_stops_a_stalled_replay_at_once(frozen_s3):
     server, url, env = frozen_s3
     try:
         # Long limits here: only Ctrl-C may end this replay.
-        proc = subprocess.Popen([sys.executable, "-c", REPLAY_SCRIPT, url],
-                                env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
-                                text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", REPLAY_SCRIPT, url],
+            env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert proc.stdout.readline().strip() == "opened"
         os.kill(server.process.pid, signal.SIGSTOP)
         proc.stdin.write("go\n")
@@ -373,9 +415,13 @@ def test_ctrl_c_stops_a_stalled_replay_at_once(frozen_s3):
 def test_ctrl_c_stops_the_replay_command_stalled_on_its_manifest(frozen_s3):
     server, url, env = frozen_s3
     with frozen(server):
-        proc = subprocess.Popen([sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
-                                env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
+            env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         time.sleep(3)  # started, and waiting for the manifest
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
@@ -418,9 +464,17 @@ def test_verify_of_an_unreadable_manifest_reports_checks_not_run(source, archive
     assert sum(line.startswith("skip") for line in out.splitlines()) == len(CHECKS) - 1
 
 
-@pytest.mark.parametrize("content", ["", "{ half", '["a list"]', '{"version": 1, "slices": 0}',
-                                     '{"version": 1, "slices": SLICES, "slice": "x"}',
-                                     '{"version": 1, "slices": SLICES, "slice": 999}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        "{ half",
+        '["a list"]',
+        '{"version": 1, "slices": 0}',
+        '{"version": 1, "slices": SLICES, "slice": "x"}',
+        '{"version": 1, "slices": SLICES, "slice": 999}',
+    ],
+)
 def test_a_bad_checkpoint_file_is_named(archive, tmp_path, capsys, content):
     slices = len(compacted.load_manifest(open_storage(archive)).slices)
     path = tmp_path / "ck.json"

@@ -39,9 +39,18 @@ def test_same_seed_same_bytes_on_both_backends(storage_url, tmp_path):
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
-    cfg = GeneratorConfig(out=str(tmp_path_factory.mktemp("gen")), records=200_000, keys=5_000,
-                          partitions=6, chunk_records=15_000, skew=1.1, jitter_ms=3_000,
-                          null_keys=0.05, headers=True, seed=3)
+    cfg = GeneratorConfig(
+        out=str(tmp_path_factory.mktemp("gen")),
+        records=200_000,
+        keys=5_000,
+        partitions=6,
+        chunk_records=15_000,
+        skew=1.1,
+        jitter_ms=3_000,
+        null_keys=0.05,
+        headers=True,
+        seed=3,
+    )
     generate(cfg, progress=False)
     return cfg, load(cfg.out)
 
@@ -123,8 +132,9 @@ def test_headers_when_asked(archive):
 @given(share=st.floats(0.3, 0.95), keys=st.integers(2, 300))
 def test_hot_key_gets_its_share(tmp_path_factory, share, keys):
     out = tmp_path_factory.mktemp("hot")
-    cfg = GeneratorConfig(out=str(out), records=20_000, keys=keys, partitions=4, hot_key_share=share,
-                          null_keys=0.0, seed=keys)
+    cfg = GeneratorConfig(
+        out=str(out), records=20_000, keys=keys, partitions=4, hot_key_share=share, null_keys=0.0, seed=keys
+    )
     generate(cfg, progress=False)
     t = load(cfg.out)
     hot = pc.sum(pc.equal(t.column("key"), user_key(0, keys))).as_py() / t.num_rows
@@ -154,8 +164,9 @@ def test_failure_midway_leaves_nothing_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LocalStorage, "write", flaky)
     with pytest.raises(OSError, match="injected"):
-        generate(GeneratorConfig(out=str(tmp_path), records=20_000, keys=50, chunk_records=1_000, threads=2),
-                 progress=False)
+        generate(
+            GeneratorConfig(out=str(tmp_path), records=20_000, keys=50, chunk_records=1_000, threads=2), progress=False
+        )
     monkeypatch.undo()
     assert open_storage(str(tmp_path)).list() == []
 

@@ -41,15 +41,17 @@ def records(partition: int, n: int, *, first: int = 0, seed: int = 0, tombstones
         user = None if rng.random() < 0.2 else f"user-{rng.integers(0, 9)}"
         ts = T0 + 10 * i - int(rng.integers(0, 30))
         tomb = i > 0 and rng.random() < tombstones
-        out.append({
-            "partition": partition,
-            "offset": first + i,
-            "timestamp": ts,
-            "key": user.encode() if user else None,
-            "value": None if tomb else payment(user, ts, float(rng.integers(100, 99999)) / 100),
-            "headers": [{"key": "trace-id", "value": b"%016x" % i}]
-            + ([{"key": "src", "value": None}] if i % 3 else []),
-        })  # fmt: skip
+        out.append(
+            {
+                "partition": partition,
+                "offset": first + i,
+                "timestamp": ts,
+                "key": user.encode() if user else None,
+                "value": None if tomb else payment(user, ts, float(rng.integers(100, 99999)) / 100),
+                "headers": [{"key": "trace-id", "value": b"%016x" % i}]
+                + ([{"key": "src", "value": None}] if i % 3 else []),
+            }
+        )
     return out
 
 
@@ -75,8 +77,12 @@ def assert_same(got: pa.Table, want: list[dict], *, ts_scale: int = 1) -> None:
     got_rows = got.to_pylist()
     assert len(got_rows) == len(want)
     for g, w in zip(got_rows, want):
-        assert (g["partition"], g["offset"], g["key"], g["headers"]) == (w["partition"], w["offset"], w["key"],
-                                                                         w["headers"])
+        assert (g["partition"], g["offset"], g["key"], g["headers"]) == (
+            w["partition"],
+            w["offset"],
+            w["key"],
+            w["headers"],
+        )
         if w["value"] is None:
             assert g["value"] is None
         else:
@@ -95,8 +101,18 @@ def test_generated_archive_round_trip(storage_url):
     from keyfill.generate import GeneratorConfig, generate
 
     store = open_storage(storage_url)
-    generate(GeneratorConfig(out=f"{storage_url}/env", records=6000, partitions=3, headers=True,
-                             chunk_records=1500, null_keys=0.05, threads=2), progress=False)  # fmt: skip
+    generate(
+        GeneratorConfig(
+            out=f"{storage_url}/env",
+            records=6000,
+            partitions=3,
+            headers=True,
+            chunk_records=1500,
+            null_keys=0.05,
+            threads=2,
+        ),
+        progress=False,
+    )
     env = open_source(f"{storage_url}/env")
     want = pa.Table.from_batches([env.read(c) for c in env.list_chunks()])
     write_connect_archive(env, store.sub("connect"), records_per_file=700)
@@ -125,7 +141,7 @@ def test_list_chunks_from_a_listing_only(storage_url):
     def no_reads(*a, **k):
         raise AssertionError("list_chunks read an object")
 
-    store.read = store.read_range = no_reads  # type: ignore[method-assign]
+    store.read = store.read_range = no_reads
     chunks = src.list_chunks()
     assert [(c.partition, c.first_offset) for c in chunks] == [(0, s) for s in range(0, 25, 4)] + [(1, 0), (1, 4)]
     assert chunks[3].key == f"topics/{TOPIC}/partition=0/{TOPIC}+0+12.avro"  # 9 < 12, numeric order
@@ -175,8 +191,9 @@ def test_key_from_keys_file_or_value_field(storage_url):
 def test_timestamp_units(storage_url, ts_type):
     store = fresh(storage_url)
     want = records(0, 20, seed=5)
-    write_connect_archive([batch_from_records(want)], store, topic=TOPIC, records_per_file=7,
-                          value_schema=payment_schema(ts_type))  # fmt: skip
+    write_connect_archive(
+        [batch_from_records(want)], store, topic=TOPIC, records_per_file=7, value_schema=payment_schema(ts_type)
+    )
     schema = json.loads(fastavro.reader(io.BytesIO(store.read(STEM + ".avro"))).metadata["avro.schema"])
     want_type = "long" if ts_type == "long" else {"type": "long", "logicalType": ts_type}
     assert schema["fields"][-1]["type"] == want_type
@@ -186,10 +203,15 @@ def test_timestamp_units(storage_url, ts_type):
 
 def test_sub_millisecond_timestamps_floor(storage_url):
     store = fresh(storage_url)
-    schema = {"type": "record", "name": "E", "fields": [
-        {"name": "us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-        {"name": "ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
-        {"name": "ms", "type": "int"}]}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "E",
+        "fields": [
+            {"name": "us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+            {"name": "ms", "type": "int"},
+        ],
+    }
     us = [1_700_000_000_123_999, -1, 5]
     put_avro(store, STEM + ".avro", schema, [{"us": u, "ns": u * 1000 + 999, "ms": 7} for u in us])
     for field in ("us", "ns"):
@@ -199,17 +221,26 @@ def test_sub_millisecond_timestamps_floor(storage_url):
     assert got.to_pylist() == [7] * 3
     # The value keeps the raw Avro longs of the logical types, not rounded datetimes.
     assert json.loads(read_all(KafkaConnectSource(store, timestamp_field="us")).column("value")[0].as_py()) == {
-        "us": us[0], "ns": us[0] * 1000 + 999, "ms": 7}  # fmt: skip
+        "us": us[0],
+        "ns": us[0] * 1000 + 999,
+        "ms": 7,
+    }
 
 
 def test_null_keys_and_tombstones(storage_url):
     store = fresh(storage_url)
     ts = [None, 50, None, None, 90, None]
     recs = [
-        {"partition": 0, "offset": i, "timestamp": t or 0, "key": None if i % 2 else b"k%d" % i,
-         "value": None if t is None else payment(None, t), "headers": []}
+        {
+            "partition": 0,
+            "offset": i,
+            "timestamp": t or 0,
+            "key": None if i % 2 else b"k%d" % i,
+            "value": None if t is None else payment(None, t),
+            "headers": [],
+        }
         for i, t in enumerate(ts)
-    ]  # fmt: skip
+    ]
     write_connect_archive([batch_from_records(recs)], store, topic=TOPIC)
     schema = json.loads(fastavro.reader(io.BytesIO(store.read(STEM + ".avro"))).metadata["avro.schema"])
     assert schema[0] == "null"  # a file holding tombstones gets a nullable value schema
@@ -232,25 +263,49 @@ def test_value_encoding(storage_url):
     """Values become compact JSON: bytes as base64, decimals as exact strings, logical types
     as their Avro value, unions unwrapped, NaN as a string; keys of any type per the rule."""
     store = fresh(storage_url)
-    schema = {"type": "record", "name": "V", "fields": [
-        {"name": "ts", "type": "long"},
-        {"name": "raw", "type": "bytes"},
-        {"name": "fix", "type": {"type": "fixed", "name": "F", "size": 2}},
-        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
-        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
-        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["A", "B"]}},
-        {"name": "nested", "type": ["null", {"type": "record", "name": "N", "fields": [
-            {"name": "tags", "type": {"type": "array", "items": "string"}},
-            {"name": "m", "type": {"type": "map", "values": "double"}}]}]},
-        {"name": "x", "type": "double"},
-        {"name": "n", "type": "long"},
-        {"name": "text", "type": "string"},
-    ]}  # fmt: skip
-    rec = {"ts": 1, "raw": b"\x00\xff", "fix": b"ab", "price": Decimal("12.30"), "day": 19000,
-           "id": "6f1c5a52-3b8e-4a57-9b53-9f8a4e1d2c3b", "kind": "B",
-           "nested": {"tags": ["x", "é"], "m": {"a": 1.5}}, "x": float("nan"), "n": 42,
-           "text": "héllo"}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "V",
+        "fields": [
+            {"name": "ts", "type": "long"},
+            {"name": "raw", "type": "bytes"},
+            {"name": "fix", "type": {"type": "fixed", "name": "F", "size": 2}},
+            {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+            {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["A", "B"]}},
+            {
+                "name": "nested",
+                "type": [
+                    "null",
+                    {
+                        "type": "record",
+                        "name": "N",
+                        "fields": [
+                            {"name": "tags", "type": {"type": "array", "items": "string"}},
+                            {"name": "m", "type": {"type": "map", "values": "double"}},
+                        ],
+                    },
+                ],
+            },
+            {"name": "x", "type": "double"},
+            {"name": "n", "type": "long"},
+            {"name": "text", "type": "string"},
+        ],
+    }
+    rec = {
+        "ts": 1,
+        "raw": b"\x00\xff",
+        "fix": b"ab",
+        "price": Decimal("12.30"),
+        "day": 19000,
+        "id": "6f1c5a52-3b8e-4a57-9b53-9f8a4e1d2c3b",
+        "kind": "B",
+        "nested": {"tags": ["x", "é"], "m": {"a": 1.5}},
+        "x": float("nan"),
+        "n": 42,
+        "text": "héllo",
+    }
     put_avro(store, STEM + ".avro", schema, [rec, {**rec, "nested": None, "x": float("-inf")}])
     values = read_all(KafkaConnectSource(store, timestamp_field="ts")).column("value").to_pylist()
     assert values[0].decode() == (
@@ -259,10 +314,17 @@ def test_value_encoding(storage_url):
         '"x":"NaN","n":42,"text":"héllo"}'
     )
     assert json.loads(values[1])["nested"] is None and json.loads(values[1])["x"] == "-Infinity"
-    keys = {f: read_all(KafkaConnectSource(store, key_field=f, timestamp_field="ts")).column("key")[0].as_py()
-            for f in ("text", "raw", "n", "nested", "price")}  # fmt: skip
-    assert keys == {"text": "héllo".encode(), "raw": b"\x00\xff", "n": b"42",
-                    "nested": '{"tags":["x","é"],"m":{"a":1.5}}'.encode(), "price": b'"12.30"'}  # fmt: skip
+    keys = {
+        f: read_all(KafkaConnectSource(store, key_field=f, timestamp_field="ts")).column("key")[0].as_py()
+        for f in ("text", "raw", "n", "nested", "price")
+    }
+    assert keys == {
+        "text": "héllo".encode(),
+        "raw": b"\x00\xff",
+        "n": b"42",
+        "nested": '{"tags":["x","é"],"m":{"a":1.5}}'.encode(),
+        "price": b'"12.30"',
+    }
 
 
 def test_other_keys_and_headers_shapes(storage_url):
@@ -272,18 +334,27 @@ def test_other_keys_and_headers_shapes(storage_url):
     put_avro(store, STEM + ".avro", payment_schema(), [json.loads(payment("u", T0 + i)) for i in range(3)])
     key_schema = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}
     put_avro(store, STEM + ".keys.avro", key_schema, [{"id": i} for i in range(3)])
-    item = {"type": "record", "name": "H", "fields": [{"name": "key", "type": "string"},
-                                                        {"name": "value", "type": ["null", "bytes"]}]}  # fmt: skip
-    enveloped = {"type": "record", "name": "RecordHeaders",
-                 "fields": [{"name": "headers", "type": {"type": "array", "items": item}}]}  # fmt: skip
+    item = {
+        "type": "record",
+        "name": "H",
+        "fields": [{"name": "key", "type": "string"}, {"name": "value", "type": ["null", "bytes"]}],
+    }
+    enveloped = {
+        "type": "record",
+        "name": "RecordHeaders",
+        "fields": [{"name": "headers", "type": {"type": "array", "items": item}}],
+    }
     headers = [[{"key": "a", "value": b"\xff"}], [], [{"key": "b", "value": None}]]
     put_avro(store, STEM + ".headers.avro", enveloped, [{"headers": h} for h in headers])
     got = read_all(KafkaConnectSource(store, timestamp_field="ts"))
     assert got.column("key").to_pylist() == [b'{"id":0}', b'{"id":1}', b'{"id":2}']
     assert got.column("headers").to_pylist() == headers
-    put_avro(store, STEM + ".keys.avro",
-             {"type": "record", "name": "RecordKey", "fields": [{"name": "key", "type": ["null", "string"]}]},
-             [{"key": "x"}, {"key": None}, {"key": "z"}])  # fmt: skip
+    put_avro(
+        store,
+        STEM + ".keys.avro",
+        {"type": "record", "name": "RecordKey", "fields": [{"name": "key", "type": ["null", "string"]}]},
+        [{"key": "x"}, {"key": None}, {"key": "z"}],
+    )
     assert read_all(KafkaConnectSource(store, timestamp_field="ts")).column("key").to_pylist() == [b"x", None, b"z"]
 
 
@@ -293,8 +364,10 @@ def test_writer_writes_the_connector_shapes(storage_url):
     for r in recs:
         r["headers"] = [h for h in r["headers"] if h["value"] is not None]
     write_connect_archive([batch_from_records(recs)], store, topic=TOPIC)
-    meta = {s: json.loads(fastavro.reader(io.BytesIO(store.read(STEM + s))).metadata["avro.schema"])
-            for s in (".avro", ".keys.avro", ".headers.avro")}  # fmt: skip
+    meta = {
+        s: json.loads(fastavro.reader(io.BytesIO(store.read(STEM + s))).metadata["avro.schema"])
+        for s in (".avro", ".keys.avro", ".headers.avro")
+    }
     assert meta[".keys.avro"] == ["null", "string"]
     items = meta[".headers.avro"]["items"]
     assert meta[".headers.avro"]["type"] == "array" and items["name"].endswith("ConnectDefault")
@@ -321,8 +394,7 @@ def test_missing_headers_files(storage_url):
 def test_timestamp_field_is_required_and_must_exist(storage_url):
     store = fresh(storage_url)
     write_connect_archive([batch_from_records(records(0, 3))], store, topic=TOPIC)
-    for make in (lambda: KafkaConnectSource(store),
-                 lambda: open_source(store.url, format="kafka-connect")):  # fmt: skip
+    for make in (lambda: KafkaConnectSource(store), lambda: open_source(store.url, format="kafka-connect")):
         with pytest.raises(OptionError, match=r"timestamp_field \(--timestamp-field\)"):
             make()
     src = KafkaConnectSource(store, timestamp_field="event_time")
@@ -378,8 +450,9 @@ def test_truncated_file_is_corrupt(storage_url, suffix, codec):
 def test_duplicate_start_offsets_name_both(storage_url):
     store = fresh(storage_url)
     write_connect_archive([batch_from_records(records(0, 3))], store, topic=TOPIC, pad=10)
-    write_connect_archive([batch_from_records(records(0, 3))], store, topic=TOPIC, pad=4, with_keys=False,
-                          with_headers=False)  # fmt: skip
+    write_connect_archive(
+        [batch_from_records(records(0, 3))], store, topic=TOPIC, pad=4, with_keys=False, with_headers=False
+    )
     with pytest.raises(ArchiveError, match="two value files of payments partition 0 start at offset 0") as err:
         KafkaConnectSource(store, timestamp_field="ts").list_chunks()
     assert store.url_for(STEM + ".avro") in str(err.value)
@@ -427,12 +500,21 @@ def archives(draw):
             in_file = 1 if starts_file else in_file + 1
             ts = draw(st.integers(T0 - 10**6, T0 + 10**6))
             tomb = not starts_file and draw(st.booleans())  # every file keeps a datable record
-            recs.append({
-                "partition": p, "offset": offset, "timestamp": ts, "key": draw(st.none() | key_st),
-                "value": None if tomb else payment(draw(st.none() | _text), ts, draw(st.floats(-1e9, 1e9))),
-                "headers": draw(st.lists(st.fixed_dictionaries(
-                    {"key": _text, "value": st.none() | _text.map(str.encode)}), max_size=3)),
-            })  # fmt: skip
+            recs.append(
+                {
+                    "partition": p,
+                    "offset": offset,
+                    "timestamp": ts,
+                    "key": draw(st.none() | key_st),
+                    "value": None if tomb else payment(draw(st.none() | _text), ts, draw(st.floats(-1e9, 1e9))),
+                    "headers": draw(
+                        st.lists(
+                            st.fixed_dictionaries({"key": _text, "value": st.none() | _text.map(str.encode)}),
+                            max_size=3,
+                        )
+                    ),
+                }
+            )
             offset += 1
         parts.append(recs)
     return key_type, per_file, parts
@@ -444,8 +526,16 @@ def test_property_round_trip(storage_url, case, with_keys, with_headers, pad):
     key_type, per_file, parts = case
     store = fresh(storage_url)
     batches = [batch_from_records(recs) for recs in parts]
-    write_connect_archive(batches, store, topic=TOPIC, records_per_file=per_file, pad=pad, key_type=key_type,
-                          with_keys=with_keys, with_headers=with_headers)  # fmt: skip
+    write_connect_archive(
+        batches,
+        store,
+        topic=TOPIC,
+        records_per_file=per_file,
+        pad=pad,
+        key_type=key_type,
+        with_keys=with_keys,
+        with_headers=with_headers,
+    )
     src = KafkaConnectSource(store, key_field=None if with_keys else "user", timestamp_field="ts")
     chunks = src.list_chunks()
     got = [src.read(c) for c in chunks]
@@ -483,4 +573,4 @@ def test_base64_is_what_connect_json_would_write():
     """Sanity of the bytes rule against the standard library's base64 (no padding games)."""
     from compactor.kafka_connect import encode_json
 
-    assert encode_json({"b": b"\x00\x01\xfe"}) == '{"b":"%s"}' % base64.b64encode(b"\x00\x01\xfe").decode()
+    assert encode_json({"b": b"\x00\x01\xfe"}) == '{"b":"' + base64.b64encode(b"\x00\x01\xfe").decode() + '"}'

@@ -172,10 +172,33 @@ def make_batch(keys: list[bytes | None], partitions: list[int] | None = None) ->
 
 utf8_keys = st.text(max_size=24).map(lambda s: s.encode("utf-8"))  # any code point, incl. non-BMP
 malformed_bytes = st.lists(
-    st.sampled_from([0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xED,
-                     0xEF, 0xF0, 0xF1, 0xF4, 0xF5, 0xFF]) | st.integers(0, 255),
+    st.sampled_from(
+        [
+            0x41,
+            0x80,
+            0x8F,
+            0x90,
+            0x9F,
+            0xA0,
+            0xBF,
+            0xC0,
+            0xC1,
+            0xC2,
+            0xDF,
+            0xE0,
+            0xE1,
+            0xED,
+            0xEF,
+            0xF0,
+            0xF1,
+            0xF4,
+            0xF5,
+            0xFF,
+        ]
+    )
+    | st.integers(0, 255),
     max_size=12,
-).map(bytes)  # fmt: skip
+).map(bytes)
 any_key = st.one_of(utf8_keys, st.binary(max_size=24), malformed_bytes, st.none())
 
 
@@ -303,22 +326,24 @@ def test_routing_equals_flink_for_utf8_keys(rows: tuple[list, list[int]], par: t
 
 @MANY
 @given(keyed_rows(), parallelism(), st.sampled_from(["string", "bytes"]))
-def test_routing_equals_flink_for_any_bytes(rows: tuple[list, list[int]], par: tuple[int, int],
-                                            key_type: str) -> None:  # fmt: skip
+def test_routing_equals_flink_for_any_bytes(rows: tuple[list, list[int]], par: tuple[int, int], key_type: str) -> None:
     keys, parts = rows
     max_p, d = par
-    got = consumer_indexes(make_batch(keys, parts), d, max_p, key_type=key_type)  # type: ignore[arg-type]
+    got = consumer_indexes(make_batch(keys, parts), d, max_p, key_type=key_type)
     assert got.tolist() == [expected_consumer(k, p, max_p, d, key_type) for k, p in zip(keys, parts)]
 
 
 @MANY
-@given(keyed_rows(), parallelism(most_consumers=512), st.sampled_from(["string", "bytes"]))  # D batches each: keep D modest
-def test_partitions_keep_every_row_once_in_order(rows: tuple[list, list[int]], par: tuple[int, int],
-                                                 key_type: str) -> None:  # fmt: skip
+@given(
+    keyed_rows(), parallelism(most_consumers=512), st.sampled_from(["string", "bytes"])
+)  # D batches each: keep D modest
+def test_partitions_keep_every_row_once_in_order(
+    rows: tuple[list, list[int]], par: tuple[int, int], key_type: str
+) -> None:
     keys, parts = rows
     max_p, d = par
     batch = make_batch(keys, parts)
-    outs = partition_batches(batch, d, max_p, key_type=key_type)  # type: ignore[arg-type]
+    outs = partition_batches(batch, d, max_p, key_type=key_type)
     assert len(outs) == d
     seen: list[int] = []
     consumer_of_key: dict[object, int] = {}
@@ -338,10 +363,16 @@ def test_partitions_keep_every_row_once_in_order(rows: tuple[list, list[int]], p
 
 
 @SOME
-@given(keyed_rows(), parallelism(), st.integers(0, 80), st.integers(0, 80),
-       st.sampled_from([pa.binary(), pa.large_binary()]))  # fmt: skip
-def test_sliced_and_large_binary_keys_route_the_same(rows: tuple[list, list[int]], par: tuple[int, int],
-                                                     start: int, length: int, key_type: pa.DataType) -> None:  # fmt: skip
+@given(
+    keyed_rows(),
+    parallelism(),
+    st.integers(0, 80),
+    st.integers(0, 80),
+    st.sampled_from([pa.binary(), pa.large_binary()]),
+)
+def test_sliced_and_large_binary_keys_route_the_same(
+    rows: tuple[list, list[int]], par: tuple[int, int], start: int, length: int, key_type: pa.DataType
+) -> None:
     keys, parts = rows
     max_p, d = par
     batch = make_batch(keys, parts)
@@ -423,19 +454,19 @@ def test_one_consumer_returns_the_batch() -> None:
 )
 def test_invalid_parallelism_is_rejected(consumers: object, max_parallelism: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        partition_batches(make_batch([b"a"]), consumers, max_parallelism)  # type: ignore[arg-type]
+        partition_batches(make_batch([b"a"]), consumers, max_parallelism)
 
 
 def test_other_invalid_arguments() -> None:
     batch = make_batch([b"a"])
     with pytest.raises(ValueError, match="key_type"):
-        partition_batches(batch, 2, key_type="utf16")  # type: ignore[arg-type]
+        partition_batches(batch, 2, key_type="utf16")
     with pytest.raises(ValueError, match="null_keys"):
-        partition_batches(batch, 2, null_keys="zero")  # type: ignore[arg-type]
+        partition_batches(batch, 2, null_keys="zero")
     with pytest.raises(ValueError, match="no 'key' column"):
         partition_batches(batch.drop_columns(["key"]), 2)
     with pytest.raises(TypeError):
-        partition_batches(pa.Table.from_batches([batch]), 2)  # type: ignore[arg-type]
+        partition_batches(pa.Table.from_batches([batch]), 2)
     assert len(partition_batches(batch, np.int64(4), np.int32(128))) == 4  # numpy ints are fine
 
 
@@ -507,7 +538,7 @@ public class FlinkRoute {
 """
 
 
-def test_matches_a_real_jvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_matches_a_real_jvm(tmp_path) -> None:
     """Cross-check against real Java semantics (UTF-8 decoding, String/Arrays.hashCode, int
     overflow). Needs a JDK 17+, as Spark does; it fails rather than skips without one."""
     javac, java = shutil.which("javac"), shutil.which("java")
@@ -523,8 +554,16 @@ def test_matches_a_real_jvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
         if kind == 0:
             keys.append(b"user-%08d" % rng.randrange(10**8))
         elif kind == 1:  # any code points, BMP and beyond
-            keys.append("".join(chr(rng.choice([rng.randrange(0x20, 0x7F), rng.randrange(0xA0, 0xD800),
-                                                rng.randrange(0xE000, 0x110000)])) for _ in range(rng.randrange(8))).encode())  # fmt: skip
+            keys.append(
+                "".join(
+                    chr(
+                        rng.choice(
+                            [rng.randrange(0x20, 0x7F), rng.randrange(0xA0, 0xD800), rng.randrange(0xE000, 0x110000)]
+                        )
+                    )
+                    for _ in range(rng.randrange(8))
+                ).encode()
+            )
         elif kind == 2:
             keys.append(bytes(rng.randrange(256) for _ in range(rng.randrange(12))))
         elif kind == 3:  # malformed-heavy
@@ -536,8 +575,13 @@ def test_matches_a_real_jvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
     combos = [(128, 1), (128, 4), (128, 85), (128, 128), (4096, 16), (4096, 1000), (32768, 7), (32768, 32768)]
 
     lines = [f"{'null' if k is None else k.hex()} {m} {d} {p}" for m, d in combos for k, p in zip(keys, parts)]
-    result = subprocess.run([java, "-cp", str(tmp_path), "FlinkRoute"], input="\n".join(lines) + "\n",
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    result = subprocess.run(
+        [java, "-cp", str(tmp_path), "FlinkRoute"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     jvm = np.array([list(map(int, row.split())) for row in result.stdout.splitlines()]).reshape(
         len(combos), len(keys), 2
     )

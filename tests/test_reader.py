@@ -20,9 +20,13 @@ from keyfill.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import open_storage
 
+
 def hypothesis_settings(examples: int) -> settings:
-    return settings(max_examples=examples, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
 
 
 def source_table(url: str) -> pa.Table:
@@ -56,11 +60,26 @@ def archives(spark, tmp_path_factory):
     """A skewed archive (null keys, headers, jitter, several slices) and a hot-key one."""
     root = tmp_path_factory.mktemp("reader")
     out = Archives()
-    for name, extra, groups in [("skewed", dict(skew=1.2, null_keys=0.05), 7),
-                                ("hot", dict(hot_key_share=0.9, null_keys=0.0), 16)]:
+    for name, extra, groups in [
+        ("skewed", dict(skew=1.2, null_keys=0.05), 7),
+        ("hot", dict(hot_key_share=0.9, null_keys=0.0), 16),
+    ]:
         src = str(root / f"{name}-src")
-        generate(GeneratorConfig(out=src, records=20_000, keys=300, partitions=3, chunk_records=3_000,
-                                 jitter_ms=5_000, headers=True, rate=100.0, seed=9, **extra), progress=False)
+        generate(
+            GeneratorConfig(
+                out=src,
+                records=20_000,
+                keys=300,
+                partitions=3,
+                chunk_records=3_000,
+                jitter_ms=5_000,
+                headers=True,
+                rate=100.0,
+                seed=9,
+                **extra,
+            ),
+            progress=False,
+        )
         dest = str(root / f"{name}-c")
         compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration="20s"), spark)
         table = source_table(src)
@@ -68,8 +87,11 @@ def archives(spark, tmp_path_factory):
     # an archive with empty slices and an idle partition
     src = open_storage(str(root / "gappy-src"))
     recs = lambda p, offs, ts, keys: envelope.batch_from_records(  # noqa: E731
-        [{"partition": p, "offset": o, "timestamp": t, "key": k, "value": b"x", "headers": []}
-         for o, t, k in zip(offs, ts, keys)])
+        [
+            {"partition": p, "offset": o, "timestamp": t, "key": k, "value": b"x", "headers": []}
+            for o, t, k in zip(offs, ts, keys)
+        ]
+    )
     write_chunk(src, recs(0, range(4), [0, 5_000, 2_000, 400_000], [b"a", b"b", b"a", b"a"]), "t")
     write_chunk(src, recs(1, range(3), [1, 2, 300_000 - 1], [b"c", None, b"c"]), "t")
     dest = str(root / "gappy-c")
@@ -101,16 +123,25 @@ def check_invariants(events: list, table: pa.Table, before: dict, bound: int) ->
             continue
         assert ev.batch.schema == reader.RECORD_SCHEMA
         assert set(ev.batch.column("key_group").to_pylist()) == {ev.group}
-        for p, o, t in zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist(),
-                           ev.batch.column("timestamp").cast(pa.int64()).to_pylist()):
+        for p, o, t in zip(
+            ev.batch.column("partition").to_pylist(),
+            ev.batch.column("offset").to_pylist(),
+            ev.batch.column("timestamp").cast(pa.int64()).to_pylist(),
+        ):
             if watermark is not None and t < watermark:  # 3: late in the replay => late originally
                 ts, runmax = before[(p, o)]
                 assert ts < runmax - bound, (p, o, t, watermark)
-        rows.extend(zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist(),
-                        ev.batch.column("key").to_pylist()))
+        rows.extend(
+            zip(
+                ev.batch.column("partition").to_pylist(),
+                ev.batch.column("offset").to_pylist(),
+                ev.batch.column("key").to_pylist(),
+            )
+        )
     # 2: exactly the source's records, each once
     assert sorted((p, o) for p, o, _ in rows) == sorted(
-        zip(table.column("partition").to_pylist(), table.column("offset").to_pylist()))
+        zip(table.column("partition").to_pylist(), table.column("offset").to_pylist())
+    )
     # 1: per key (per partition) in offset order
     last: dict = {}
     for p, o, k in rows:
@@ -120,18 +151,24 @@ def check_invariants(events: list, table: pa.Table, before: dict, bound: int) ->
 
 
 @hypothesis_settings(60)
-@given(name=st.sampled_from(["skewed", "hot", "gappy"]), threads=st.integers(1, 16),
-       batch_size=st.sampled_from([1, 7, 100, 65_536]), bound=st.sampled_from([0, 1_000, 30_000]),
-       drift=st.sampled_from([None, 0, 2_000]))
+@given(
+    name=st.sampled_from(["skewed", "hot", "gappy"]),
+    threads=st.integers(1, 16),
+    batch_size=st.sampled_from([1, 7, 100, 65_536]),
+    bound=st.sampled_from([0, 1_000, 30_000]),
+    drift=st.sampled_from([None, 0, 2_000]),
+)
 def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound, drift):
     dest, table, before = archives[name]
-    with reader.replay(dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound,
-                       max_drift_ms=drift) as events:
+    with reader.replay(
+        dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound, max_drift_ms=drift
+    ) as events:
         got, _ = run(events)
     check_invariants(got, table, before, bound)
     manifest = compacted.load_manifest(open_storage(dest))
     assert [e.timestamp_ms for e in got if isinstance(e, reader.Watermark)] == [
-        s.end_ms - bound for s in manifest.slices]
+        s.end_ms - bound for s in manifest.slices
+    ]
 
 
 @hypothesis_settings(40)
@@ -143,8 +180,9 @@ def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, nam
     for _ in range(data.draw(st.integers(1, 5))):
         threads = data.draw(st.integers(1, 16))
         limit = data.draw(st.integers(1, 40))
-        with reader.replay(dest, threads=threads, batch_size=data.draw(st.sampled_from([3, 50, 5000])),
-                           resume=state) as events:
+        with reader.replay(
+            dest, threads=threads, batch_size=data.draw(st.sampled_from([3, 50, 5000])), resume=state
+        ) as events:
             got, checkpoint = run(events, limit)
         all_events += got
         if checkpoint is None:
@@ -209,17 +247,27 @@ def test_large_files_arrive_as_ranged_gets_with_the_same_events(archives, storag
     same, record for record, as with one GET per file."""
     src_root, table, before = archives["hot"]
     store = RangeCountingStore(copy_archive(src_root, storage_url))
-    with reader.replay(storage_url, threads=3, batch_size=400, range_bytes=range_bytes,
-                       read_ahead_bytes=read_ahead, store=store) as events:
+    with reader.replay(
+        storage_url, threads=3, batch_size=400, range_bytes=range_bytes, read_ahead_bytes=read_ahead, store=store
+    ) as events:
         got, _ = run(events)
     check_invariants(got, table, before, 0)
     with reader.replay(src_root, threads=3, batch_size=400) as events:
         reference, _ = run(events)
-    key = lambda evs: sorted((e.group, e.slice, e.batch.column("offset")[0].as_py(), e.batch.num_rows)  # noqa: E731
-                             for e in evs if isinstance(e, reader.Records))
+
+    def key(evs):
+        return sorted(
+            (e.group, e.slice, e.batch.column("offset")[0].as_py(), e.batch.num_rows)
+            for e in evs
+            if isinstance(e, reader.Records)
+        )
+
     assert key(got) == key(reference)
-    sizes = {gf.key: gf.file_bytes for s in range(len(compacted.load_manifest(store).slices))
-             for gf in compacted.load_slice(store, s).groups}
+    sizes = {
+        gf.key: gf.file_bytes
+        for s in range(len(compacted.load_manifest(store).slices))
+        for gf in compacted.load_slice(store, s).groups
+    }
     big = {k for k, n in sizes.items() if range_bytes and n > range_bytes}
     avro = [k for k in store.whole if k.endswith(".avro")]
     assert sorted(avro) == sorted(set(sizes) - big)  # each small file in one GET, big ones never whole
@@ -320,9 +368,17 @@ def test_random_archives_replay_exactly_once_in_order_across_restarts(spark, tmp
     root = tmp_path_factory.mktemp("rnd")
     src = open_storage(str(root / "src"))
     for p, offs, ts, ks in chunks:
-        write_chunk(src, envelope.batch_from_records(
-            [{"partition": p, "offset": o, "timestamp": t, "key": k, "value": b"%d" % o, "headers": []}
-             for o, t, k in zip(offs, ts, ks)]), "t", codec="null")
+        write_chunk(
+            src,
+            envelope.batch_from_records(
+                [
+                    {"partition": p, "offset": o, "timestamp": t, "key": k, "value": b"%d" % o, "headers": []}
+                    for o, t, k in zip(offs, ts, ks)
+                ]
+            ),
+            "t",
+            codec="null",
+        )
     dest = str(root / "c")
     compact(CompactConfig(source=src.url, dest=dest, groups=groups, slice_duration=duration), spark)
     table = source_table(src.url)
@@ -330,9 +386,14 @@ def test_random_archives_replay_exactly_once_in_order_across_restarts(spark, tmp
     bound = data.draw(st.sampled_from([0, 2_000]))
     events, state = [], None
     for _ in range(data.draw(st.integers(0, 4))):
-        with reader.replay(dest, threads=data.draw(st.integers(1, 16)), batch_size=data.draw(st.integers(1, 20)),
-                           watermark_bound_ms=bound, resume=state,
-                           max_drift_ms=data.draw(st.sampled_from([None, 1_000]))) as ev:
+        with reader.replay(
+            dest,
+            threads=data.draw(st.integers(1, 16)),
+            batch_size=data.draw(st.integers(1, 20)),
+            watermark_bound_ms=bound,
+            resume=state,
+            max_drift_ms=data.draw(st.sampled_from([None, 1_000])),
+        ) as ev:
             got, state = run(ev, data.draw(st.integers(1, 15)))
         events += got
         if state is None:

@@ -28,7 +28,7 @@ def partitions(draw):
         jitter = draw(st.lists(st.integers(0, 120), min_size=n, max_size=n))
         jump = draw(st.integers(0, 1000))
         base = np.cumsum(steps) + draw(st.integers(-500, 500))
-        base[n // 2:] += jump  # an idle stretch: makes empty slices
+        base[n // 2 :] += jump  # an idle stretch: makes empty slices
         ts = (base - np.array(jitter)).astype(np.int64)
         cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4))) - {n})
         out[p] = (ts, [0, *cuts, n])
@@ -40,9 +40,19 @@ def stats_for(parts, duration):
     for p, (ts, cuts) in parts.items():
         for a, b in zip(cuts, cuts[1:]):
             offs = np.arange(a, b, dtype=np.int64) + 1000 * p
-            chunks.append(ChunkStats(key=f"p{p}-{a}", topic="t", partition=p, first_offset=int(offs[0]),
-                                     last_offset=int(offs[-1]), records=b - a, min_timestamp=int(ts[a:b].min()),
-                                     max_timestamp=int(ts[a:b].max()), runs=chunk_runs(offs, ts[a:b], duration)))
+            chunks.append(
+                ChunkStats(
+                    key=f"p{p}-{a}",
+                    topic="t",
+                    partition=p,
+                    first_offset=int(offs[0]),
+                    last_offset=int(offs[-1]),
+                    records=b - a,
+                    min_timestamp=int(ts[a:b].min()),
+                    max_timestamp=int(ts[a:b].max()),
+                    runs=chunk_runs(offs, ts[a:b], duration),
+                )
+            )
     return chunks
 
 
@@ -54,10 +64,12 @@ def test_slices_follow_the_running_maximum_and_keep_watermarks_safe(parts, durat
     for p, (ts, cuts) in parts.items():
         # brute force: slice of every record from its partition's running maximum
         expect = np.maximum.accumulate(ts) // duration - plan.base
-        got = np.concatenate([
-            record_slices(ts[a:b], plan.prefix_max[f"p{p}-{a}"], duration, plan.base)[0]
-            for a, b in zip(cuts, cuts[1:])
-        ])
+        got = np.concatenate(
+            [
+                record_slices(ts[a:b], plan.prefix_max[f"p{p}-{a}"], duration, plan.base)[0]
+                for a, b in zip(cuts, cuts[1:])
+            ]
+        )
         assert got.tolist() == expect.tolist()
         assert (np.diff(got) >= 0).all()  # slices are contiguous offset ranges
         for s in np.unique(got).tolist():
@@ -90,8 +102,10 @@ def test_overlap_and_gaps_are_named():
     assert plan_slices([a, c], 3, allow_gaps=True).gaps
 
 
-@pytest.mark.parametrize("text, ms", [("500ms", 500), ("90s", 90_000), ("10m", 600_000), ("10min", 600_000),
-                                      ("1h", 3_600_000), ("2d", 172_800_000)])
+@pytest.mark.parametrize(
+    "text, ms",
+    [("500ms", 500), ("90s", 90_000), ("10m", 600_000), ("10min", 600_000), ("1h", 3_600_000), ("2d", 172_800_000)],
+)
 def test_parse_duration(text, ms):
     assert parse_duration(text) == ms
 

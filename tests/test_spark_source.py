@@ -33,8 +33,22 @@ def archive(spark, tmp_path_factory):
     reader.spark.register(spark)
     root = tmp_path_factory.mktemp("spark-source")
     src = str(root / "src")
-    generate(GeneratorConfig(out=src, records=24_000, keys=400, partitions=3, chunk_records=4_000, skew=1.2,
-                             null_keys=0.03, jitter_ms=JITTER_MS, headers=True, rate=100.0, seed=11), progress=False)
+    generate(
+        GeneratorConfig(
+            out=src,
+            records=24_000,
+            keys=400,
+            partitions=3,
+            chunk_records=4_000,
+            skew=1.2,
+            null_keys=0.03,
+            jitter_ms=JITTER_MS,
+            headers=True,
+            rate=100.0,
+            seed=11,
+        ),
+        progress=False,
+    )
     dest = str(root / "compacted")
     compact(CompactConfig(source=src, dest=dest, groups=6, slice_duration="20s"), spark)
     return dest, source_table(src)
@@ -48,19 +62,24 @@ def identity(table: pa.Table) -> list[tuple]:
     return sorted(zip(cols[0], cols[1], ts, cols[2], cols[3], headers))
 
 
-def stream(spark, url: str, **options: str):  # type: ignore[no-untyped-def]
+def stream(spark, url: str, **options: str):
     r = spark.readStream.format("keyfill")
     for k, v in options.items():
         r = r.option(k, v)
     return r.load(url)
 
 
-def run_collecting(df, checkpoint: str) -> list[tuple[int, pa.Table]]:  # type: ignore[no-untyped-def]
+def run_collecting(df, checkpoint: str) -> list[tuple[int, pa.Table]]:
     """Run an AvailableNow query; return each micro-batch's rows in the order Spark hands
     them to the sink (Spark partition by partition, each in its read order)."""
     batches: list[tuple[int, pa.Table]] = []
-    (df.writeStream.foreachBatch(lambda b, i: batches.append((i, b.toArrow())))
-     .option("checkpointLocation", checkpoint).trigger(availableNow=True).start().awaitTermination())
+    (
+        df.writeStream.foreachBatch(lambda b, i: batches.append((i, b.toArrow())))
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
     return batches
 
 
@@ -68,7 +87,15 @@ def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
     url, src = archive
     df = spark.read.format("keyfill").load(url)
     assert [f.name for f in df.schema.fields] == [
-        "partition", "offset", "timestamp", "key", "value", "headers", "key_group", "slice"]
+        "partition",
+        "offset",
+        "timestamp",
+        "key",
+        "value",
+        "headers",
+        "key_group",
+        "slice",
+    ]
     got = df.toArrow()
     assert identity(got) == identity(src)
     manifest = compacted.load_manifest(open_storage(url))
@@ -81,8 +108,10 @@ def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
             assert dict(Counter(in_slice.column("key_group").to_pylist())) == {g.group: g.records for g in meta.groups}
 
 
-@pytest.mark.parametrize("options", [{"maxSlicesPerTrigger": "3"}, {"maxBytesPerTrigger": "1"},
-                                     {"maxSlicesPerTrigger": "2", "numPartitions": "2"}])
+@pytest.mark.parametrize(
+    "options",
+    [{"maxSlicesPerTrigger": "3"}, {"maxBytesPerTrigger": "1"}, {"maxSlicesPerTrigger": "2", "numPartitions": "2"}],
+)
 def test_available_now_writes_whole_slices_exactly_once_in_key_order(spark, archive, tmp_path, options):
     url, src = archive
     manifest = compacted.load_manifest(open_storage(url))
@@ -102,8 +131,9 @@ def test_available_now_writes_whole_slices_exactly_once_in_key_order(spark, arch
             assert len(slices) == 1
         seen_slices.extend(slices)
         # per-key order: within a Kafka partition, a key's offsets rise in sink order
-        for k, p, o in zip(t.column("key").to_pylist(), t.column("partition").to_pylist(),
-                           t.column("offset").to_pylist()):
+        for k, p, o in zip(
+            t.column("key").to_pylist(), t.column("partition").to_pylist(), t.column("offset").to_pylist()
+        ):
             assert o > last.get((k, p), -1), (k, p, o)
             last[(k, p)] = o
 
@@ -112,17 +142,26 @@ def test_windowed_counts_equal_a_batch_computation_over_the_source(spark, archiv
     """With a watermark delay of the source's own out-of-orderness, nothing may be dropped
     as late: whole-slice micro-batches keep Spark's watermark behind every record to come."""
     url, src = archive
-    windows = (stream(spark, url, maxSlicesPerTrigger="3")
-               .withWatermark("timestamp", f"{JITTER_MS} milliseconds")
-               .groupBy(F.window("timestamp", "30 seconds"), "key").count())
+    windows = (
+        stream(spark, url, maxSlicesPerTrigger="3")
+        .withWatermark("timestamp", f"{JITTER_MS} milliseconds")
+        .groupBy(F.window("timestamp", "30 seconds"), "key")
+        .count()
+    )
     final: dict = {}
 
-    def keep(batch, _):  # type: ignore[no-untyped-def]
+    def keep(batch, _):
         for r in batch.collect():
             final[(r["window"]["start"], r["key"])] = r["count"]
 
-    (windows.writeStream.outputMode("update").foreachBatch(keep).option("checkpointLocation", str(tmp_path / "ck"))
-     .trigger(availableNow=True).start().awaitTermination())
+    (
+        windows.writeStream.outputMode("update")
+        .foreachBatch(keep)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
     ts = src.column("timestamp").cast(pa.int64()).to_numpy()
     starts = ts - ts % 30_000
     expected = Counter(zip(starts.tolist(), src.column("key").to_pylist()))
@@ -135,16 +174,28 @@ def test_restart_from_checkpoint_after_k_batches_is_exactly_once(spark, archive,
     url, src = archive
     out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
     df = stream(spark, url, maxSlicesPerTrigger="1")
-    q = (df.writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
-         .trigger(processingTime="0 seconds").start())
+    q = (
+        df.writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", ck)
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
     deadline = time.time() + 120
     while (q.lastProgress or {}).get("batchId", -1) < 1 and time.time() < deadline:
         time.sleep(0.2)
     q.stop()
     first = spark.read.parquet(out).count()
     assert 0 < first < src.num_rows, "the stop should come part-way"
-    (stream(spark, url, maxSlicesPerTrigger="4").writeStream.format("parquet").option("path", out)
-     .option("checkpointLocation", ck).trigger(availableNow=True).start().awaitTermination())
+    (
+        stream(spark, url, maxSlicesPerTrigger="4")
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", ck)
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
     assert identity(spark.read.parquet(out).toArrow()) == identity(src)
 
 
@@ -165,7 +216,7 @@ def test_a_corrupt_file_fails_the_query_naming_it(spark, archive, tmp_path):
     meta = compacted.load_slice(copy, 1)
     victim = meta.groups[0].key
     data = bytearray(copy.read(victim))
-    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
     copy.write(victim, bytes(data))
     with pytest.raises(Exception) as err:
         spark.read.format("keyfill").load(copy.url).count()
@@ -174,8 +225,13 @@ def test_a_corrupt_file_fails_the_query_naming_it(spark, archive, tmp_path):
 
 def test_option_errors_name_the_option(spark, tmp_path):
     with pytest.raises(Exception, match="maxSlicesPerTrigger"):
-        (stream(spark, str(tmp_path), maxSlicesPerTrigger="lots").writeStream.format("noop")
-         .option("checkpointLocation", str(tmp_path / "ck")).start().awaitTermination(60))
+        (
+            stream(spark, str(tmp_path), maxSlicesPerTrigger="lots")
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+            .awaitTermination(60)
+        )
     with pytest.raises(reader.spark.SourceOptionError, match="numPartitions"):
         reader.spark.Options.parse({"path": "x", "numPartitions": "0"})
     with pytest.raises(reader.spark.SourceOptionError, match="archive URL"):
@@ -188,12 +244,18 @@ def test_option_errors_name_the_option(spark, tmp_path):
 
 
 @hypothesis_settings(300)
-@given(limit=st.one_of(st.just(ReadAllAvailable()), st.builds(ReadMaxFiles, st.integers(1, 5)),
-                       st.builds(ReadMaxBytes, st.integers(1, 2_000_000)), st.builds(ReadMaxRows, st.integers(1, 5_000))),
-       max_slices=st.none() | st.integers(1, 4), parts=st.none() | st.integers(1, 8),
-       start=st.integers(0, 3))
-def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(archive, limit, max_slices, parts,
-                                                                             start):
+@given(
+    limit=st.one_of(
+        st.just(ReadAllAvailable()),
+        st.builds(ReadMaxFiles, st.integers(1, 5)),
+        st.builds(ReadMaxBytes, st.integers(1, 2_000_000)),
+        st.builds(ReadMaxRows, st.integers(1, 5_000)),
+    ),
+    max_slices=st.none() | st.integers(1, 4),
+    parts=st.none() | st.integers(1, 8),
+    start=st.integers(0, 3),
+)
+def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(archive, limit, max_slices, parts, start):
     url, _ = archive
     opts = {"path": url, "startingSlice": str(start)}
     if max_slices:
@@ -227,8 +289,9 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
         plan = rdr.partitions(offset, end)
         assert len(plan) <= (parts or manifest.groups)
         files = [(f.slice, f.group) for p in plan for f in p.files]
-        expected = [(s, g.group) for s in range(offset["slice"], end["slice"])
-                    for g in rdr.planner.slice_meta(s).groups]
+        expected = [
+            (s, g.group) for s in range(offset["slice"], end["slice"]) for g in rdr.planner.slice_meta(s).groups
+        ]
         assert sorted(files) == sorted(expected) and len(set(files)) == len(files)
         owners = defaultdict(set)
         for i, p in enumerate(plan):  # a group lives in one partition, read slice by slice
@@ -287,8 +350,15 @@ def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, ar
     from jobs.fraud_backfill import run
 
     url, src = archive
-    args = argparse.Namespace(archive=url, out=str(tmp_path / "fraud"), window="1 minute",
-                              watermark_delay="10 seconds", max_slices_per_trigger=3, top=3, overwrite=True)
+    args = argparse.Namespace(
+        archive=url,
+        out=str(tmp_path / "fraud"),
+        window="1 minute",
+        watermark_delay="10 seconds",
+        max_slices_per_trigger=3,
+        top=3,
+        overwrite=True,
+    )
     result = run(spark, args)
     assert result["dropped_late"] == 0 and result["records"] == src.num_rows
     payments = [json.loads(v) for v in src.column("value").to_pylist()]
@@ -300,8 +370,10 @@ def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, ar
         if p["user"] is not None and start + 60_000 <= closed_before:
             expected[(start, p["user"])][0] += 1
             expected[(start, p["user"])][1] += p["amount"]
-    got = {(int(r["window_start"].timestamp() * 1000), r["user"]): (r["payments"], r["spend"])
-           for r in spark.read.parquet(result["windows_dir"]).collect()}
+    got = {
+        (int(r["window_start"].timestamp() * 1000), r["user"]): (r["payments"], r["spend"])
+        for r in spark.read.parquet(result["windows_dir"]).collect()
+    }
     assert len(got) > 100
     assert set(got) == set(expected)
     for k, (n, spend) in expected.items():
@@ -317,14 +389,26 @@ def test_a_checkpoint_of_another_archive_is_refused_naming_both(spark, archive, 
     for info in local.list(""):
         copy.write(info.key, local.read(info.key))
     ck = str(tmp_path / "ck")
-    (stream(spark, copy.url, maxSlicesPerTrigger="2").writeStream.format("noop").option("checkpointLocation", ck)
-     .trigger(availableNow=True).start().awaitTermination())
+    (
+        stream(spark, copy.url, maxSlicesPerTrigger="2")
+        .writeStream.format("noop")
+        .option("checkpointLocation", ck)
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
     doc = json.loads(copy.read(compacted.MANIFEST))
     doc["config"]["note"] = "recompacted"
     copy.write(compacted.MANIFEST, compacted.dumps(doc))
     with pytest.raises(Exception, match="checkpoint holds offsets of archive"):
-        (stream(spark, copy.url, maxSlicesPerTrigger="2").writeStream.format("noop").option("checkpointLocation", ck)
-         .trigger(availableNow=True).start().awaitTermination())
+        (
+            stream(spark, copy.url, maxSlicesPerTrigger="2")
+            .writeStream.format("noop")
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url}))
     with pytest.raises(reader.spark.ArchiveChanged):
         rdr.partitions({"slice": 0, "archive": "0" * 16}, rdr.initialOffset())

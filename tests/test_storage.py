@@ -30,8 +30,7 @@ from keygroups.storage import (
 REPO = Path(__file__).resolve().parents[1]
 
 # Function-scoped fixtures are fine here: every example works under its own fresh sub-root.
-per_example = settings(
-    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+per_example = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # Printable ASCII (no '/' or '\\': SeaweedFS turns '\\' into '/') plus some non-ASCII, so
 # URL-encoding of keys is exercised; the narrow alphabet makes keys share prefixes often,
@@ -92,15 +91,22 @@ def test_overwrite_replaces(store: Storage, key: str, first: bytes, second: byte
 def test_read_range(store: Storage, data: bytes, start: int, length: int) -> None:
     s = fresh(store)
     s.write("blob", data)
-    assert s.read_range("blob", start, length) == data[start:start + length]
+    assert s.read_range("blob", start, length) == data[start : start + length]
 
 
 def test_read_range_edges(store: Storage) -> None:
     data = bytes(range(256)) * 40
     store.write("d/blob", data)
-    for start, length in [(0, 1), (0, len(data)), (len(data) - 1, 10), (len(data), 5),
-                          (len(data) + 100, 5), (1000, 0), (4095, 2)]:
-        assert store.read_range("d/blob", start, length) == data[start:start + length]
+    for start, length in [
+        (0, 1),
+        (0, len(data)),
+        (len(data) - 1, 10),
+        (len(data), 5),
+        (len(data) + 100, 5),
+        (1000, 0),
+        (4095, 2),
+    ]:
+        assert store.read_range("d/blob", start, length) == data[start : start + length]
     store.write("d/empty", b"")
     assert store.read_range("d/empty", 0, 10) == b""
     with pytest.raises(ValueError):
@@ -112,8 +118,7 @@ def test_read_range_edges(store: Storage) -> None:
 # --------------------------------------------------------------------------- listing and deletes
 
 
-LAYOUT = {"a/1": b"x", "a/2/x": b"yy", "a/2/y": b"", "ab": b"zzz", "a2": b"w", "a-z": b"-",
-          "b/c/d/e": b"q"}
+LAYOUT = {"a/1": b"x", "a/2/x": b"yy", "a/2/y": b"", "ab": b"zzz", "a2": b"w", "a-z": b"-", "b/c/d/e": b"q"}
 
 
 def test_list_by_prefix_sorted_recursive(store: Storage) -> None:
@@ -202,9 +207,11 @@ def test_sub(store: Storage) -> None:
 
 def test_not_found_names_url(store: Storage) -> None:
     url = store.url_for("no/such/key")
-    for op in (lambda: store.read("no/such/key"),
-               lambda: store.read_range("no/such/key", 0, 10),
-               lambda: store.size("no/such/key")):
+    for op in (
+        lambda: store.read("no/such/key"),
+        lambda: store.read_range("no/such/key", 0, 10),
+        lambda: store.size("no/such/key"),
+    ):
         with pytest.raises(ObjectNotFound) as info:
             op()
         assert url in str(info.value)
@@ -212,8 +219,7 @@ def test_not_found_names_url(store: Storage) -> None:
     assert store.list("no/such/") == []
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/", "../up", "a/../b", "a/./b",
-                                 "x/.keyfill-tmp-123", "nul\x00"])
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/", "../up", "a/../b", "a/./b", "x/.keyfill-tmp-123", "nul\x00"])
 def test_invalid_keys(store: Storage, key: str) -> None:
     with pytest.raises(ValueError):
         store.write(key, b"x")
@@ -221,16 +227,14 @@ def test_invalid_keys(store: Storage, key: str) -> None:
         store.read(key)
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/x", "hdfs://nn:8020/data", "ftp://host/x",
-                                 "s3a://bucket/x"])
+@pytest.mark.parametrize("url", ["gs://bucket/x", "hdfs://nn:8020/data", "ftp://host/x", "s3a://bucket/x"])
 def test_unknown_scheme(url: str) -> None:
     with pytest.raises(StorageError) as info:
         open_storage(url)
     assert url in str(info.value)
 
 
-@pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "s3://b/a//c", "s3://b/../x",
-                                 "file://otherhost/x"])
+@pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "s3://b/a//c", "s3://b/../x", "file://otherhost/x"])
 def test_malformed_url(url: str) -> None:
     with pytest.raises(StorageError) as info:
         open_storage(url)
@@ -251,12 +255,19 @@ def test_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert s3.url_for("k") == root + "/k"
 
 
-def test_missing_bucket(s3_server) -> None:  # type: ignore[no-untyped-def]
+def test_missing_bucket(s3_server) -> None:
     bucket_url = "s3://keyfill-no-such-bucket"
     s = open_storage(bucket_url + "/some/prefix")
-    ops = [lambda: s.read("k"), lambda: s.read_range("k", 0, 4), lambda: s.write("k", b"x"),
-           lambda: s.list(), lambda: s.exists("k"), lambda: s.size("k"),
-           lambda: s.delete("k"), lambda: s.delete_prefix("")]
+    ops = [
+        lambda: s.read("k"),
+        lambda: s.read_range("k", 0, 4),
+        lambda: s.write("k", b"x"),
+        lambda: s.list(),
+        lambda: s.exists("k"),
+        lambda: s.size("k"),
+        lambda: s.delete("k"),
+        lambda: s.delete_prefix(""),
+    ]
     for op in ops:
         with pytest.raises(StorageError) as info:
             op()
@@ -281,7 +292,7 @@ def test_unreachable_endpoint_names_url(monkeypatch: pytest.MonkeyPatch) -> None
 # --------------------------------------------------------------------------- S3 client setup
 
 
-def test_s3_client_config(s3_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_s3_client_config(s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     s = open_storage(f"s3://{s3_server.bucket}/cfg", threads=32)
     assert isinstance(s, S3Storage)
@@ -294,7 +305,7 @@ def test_s3_client_config(s3_server, monkeypatch: pytest.MonkeyPatch) -> None:  
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
-    meta = open_storage(f"s3://{s3_server.bucket}/cfg").client.meta  # type: ignore[attr-defined]
+    meta = open_storage(f"s3://{s3_server.bucket}/cfg").client.meta
     assert meta.region_name == "eu-west-3"
     assert meta.config.retries == {"mode": "adaptive", "total_max_attempts": 3}
 
@@ -303,7 +314,7 @@ class _FakeRaw:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
-    def stream(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+    def stream(self, *args: object, **kwargs: object):
         yield self.body
 
 
@@ -316,7 +327,7 @@ def test_s3_retries_throttling_and_5xx(s3_url: str, status: int, code: str) -> N
     s.write("k", b"payload")
     failures = {"left": 2}
 
-    def fail_first(request, **kwargs):  # type: ignore[no-untyped-def]
+    def fail_first(request, **kwargs):
         if failures["left"]:
             failures["left"] -= 1
             body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
@@ -348,13 +359,11 @@ def test_pickle_round_trip(store: Storage) -> None:
 def test_pickle_into_fresh_process(store: Storage) -> None:
     """What Spark does: ship the store to a new Python process that inherits the env."""
     store.write("in", b"from parent")
-    script = ("import pickle, sys\n"
-              "s = pickle.loads(sys.stdin.buffer.read())\n"
-              "s.write('out', s.read('in') + b' and child')\n")
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-c", script], input=pickle.dumps(store), env=env,
-                   check=True, timeout=60)
+    script = (
+        "import pickle, sys\ns = pickle.loads(sys.stdin.buffer.read())\ns.write('out', s.read('in') + b' and child')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", script], input=pickle.dumps(store), env=env, check=True, timeout=60)
     assert store.read("out") == b"from parent and child"
 
 
@@ -411,7 +420,8 @@ def test_readers_never_see_partial_writes(store: Storage) -> None:
 @pytest.mark.parametrize("fail_at", ["write", "fsync", "replace"])
 @pytest.mark.parametrize("existing", [True, False])
 def test_local_write_failure_leaves_nothing_visible(
-        local_url: str, monkeypatch: pytest.MonkeyPatch, fail_at: str, existing: bool) -> None:
+    local_url: str, monkeypatch: pytest.MonkeyPatch, fail_at: str, existing: bool
+) -> None:
     s = open_storage(local_url)
     if existing:
         s.write("dir/k", b"old contents")
@@ -423,10 +433,10 @@ def test_local_write_failure_leaves_nothing_visible(
         real_open = open
 
         class Failing:
-            def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+            def __init__(self, f) -> None:
                 self.f = f
 
-            def __enter__(self):  # type: ignore[no-untyped-def]
+            def __enter__(self):
                 return self
 
             def __exit__(self, *exc: object) -> None:
@@ -436,11 +446,10 @@ def test_local_write_failure_leaves_nothing_visible(
                 self.f.write(data[: len(data) // 2])
                 raise OSError(28, "No space left on device")
 
-            def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            def __getattr__(self, name: str):
                 return getattr(self.f, name)
 
-        monkeypatch.setattr(storage_mod, "open",
-                            lambda *a, **k: Failing(real_open(*a, **k)), raising=False)
+        monkeypatch.setattr(storage_mod, "open", lambda *a, **k: Failing(real_open(*a, **k)), raising=False)
     else:
         monkeypatch.setattr(storage_mod.os, fail_at, boom)
     with pytest.raises(StorageError) as info:
