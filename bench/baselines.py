@@ -19,7 +19,6 @@ which is not what compaction is about. They live in bench/ because they need `co
 from __future__ import annotations
 
 import heapq
-import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from compactor.envelope_archive import ArchiveIndex, ChunkInfo, build_index
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 from reader.partitioner import consumer_indexes, flink_default_max_parallelism
-from reader.replay import drain, put_until_stopped
+from reader.stoppable_queue import StoppableQueue
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
 
@@ -78,8 +77,8 @@ class _BaselineReplay:
         self.jobs = self._jobs()
         self._bytes = [0] * len(self.jobs)
         self.records = 0
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_batches or max(4, 2 * len(self.jobs)))
         self._stop = threading.Event()
+        self._queue = StoppableQueue(queue_batches or max(4, 2 * len(self.jobs)), self._stop)
         self._workers: list[threading.Thread] = []
         self._started = False
 
@@ -127,7 +126,7 @@ class _BaselineReplay:
                 fetch.shutdown(wait=False, cancel_futures=True)
 
     def _put(self, item: object, force: bool = False) -> None:
-        put_until_stopped(self._queue, item, self._stop, force=force)
+        self._queue.put(item, force=force)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._started:
@@ -154,7 +153,7 @@ class _BaselineReplay:
     def close(self) -> None:
         """Stop all threads promptly; safe to call twice."""
         self._stop.set()
-        drain(self._queue)
+        self._queue.drain()
         for w in self._workers:
             w.join(timeout=5)
 

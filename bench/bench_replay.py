@@ -36,7 +36,6 @@ bound: max event-time spread across threads (sampled by the consumer) and throug
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import shutil
@@ -333,8 +332,8 @@ def measure_case(
 
 
 def drift_supported() -> bool:
-    params = inspect.signature(reader.Replay.__init__).parameters
-    return "max_drift_ms" in params and "pacing" in params
+    fields = reader.ReplayOptions.__dataclass_fields__
+    return "max_drift_ms" in fields and "pacing" in fields
 
 
 def run_drift(store: Storage, args: argparse.Namespace, records: int) -> list[tuple[str, Row, int, int | None]]:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from keygroups import envelope
 from keygroups.envelope import CorruptFile, HeaderTruncated
+from keygroups.errors import KeyfillError
 from keygroups.storage import Storage
 
 FORMAT = "keyfill.envelope-chunk/1"
@@ -26,7 +27,7 @@ _CHUNK_RE = re.compile(r"^(?P<topic>[^/]+)/partition=(?P<partition>\d+)/(?P<firs
 _HEAD_BYTES = (8 * 1024, 256 * 1024)
 
 
-class ArchiveError(ValueError):
+class ArchiveError(KeyfillError, ValueError):
     """The archive breaks the format: overlapping chunks, metadata that lies, ..."""
 
 

@@ -27,14 +27,19 @@ import pyarrow.compute as pc
 from compactor.slicing import ChunkStats, Run, chunk_runs, parse_duration, plan_slices, record_slices
 from compactor.sources import FORMATS, SourceArchive, SourceChunk, open_source
 from keygroups import compacted, envelope
+from keygroups.assignment import ASSIGNMENT_SCHEMA, MISSING, KeyAssignment, load_assignment, write_assignment
 from keygroups.compacted import GroupFile, Manifest, SliceMeta, SliceSummary
+from keygroups.errors import KeyfillError, OptionError
 from keygroups.storage import Storage, StorageError, open_storage, overlapping
 
 log = logging.getLogger("keyfill.compact")
 
-GROUP_FILE_FORMAT = "keyfill.group-file/1"
 DEFAULT_BLOCK_BYTES = 1 << 20
 NULL_KEY_POLICIES = ("partition",)
+
+
+class CompactionError(KeyfillError, RuntimeError):
+    """The two passes over the source disagree: the source changed while it was compacted."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,15 @@ class CompactConfig:
 
     def __post_init__(self) -> None:
         if self.groups < 1:
-            raise ValueError("--groups must be at least 1")
+            raise OptionError("--groups must be at least 1")
         if self.codec not in envelope.CODECS:
-            raise ValueError(f"--codec must be one of {', '.join(envelope.CODECS)}")
+            raise OptionError(f"--codec must be one of {', '.join(envelope.CODECS)}")
         if self.source_format not in FORMATS:
-            raise ValueError(f"--format must be one of {', '.join(FORMATS)}")
+            raise OptionError(f"--format must be one of {', '.join(FORMATS)}")
         if self.null_keys not in NULL_KEY_POLICIES:
-            raise ValueError(f"--null-keys must be one of {', '.join(NULL_KEY_POLICIES)}")
+            raise OptionError(f"--null-keys must be one of {', '.join(NULL_KEY_POLICIES)}")
         if self.block_bytes < 1024:
-            raise ValueError("--block-bytes must be at least 1024")
+            raise OptionError("--block-bytes must be at least 1024")
         parse_duration(self.slice_duration)
 
     @property
@@ -165,14 +170,14 @@ WRITE_SCHEMA = (
     "slice int, grp int, key string, records long, file_bytes long, payload_bytes long, sha256 string, crc32c string, "
     "min_ts long, max_ts long"
 )
-_assignment_cache: dict[str, compacted.KeyAssignment] = {}
+_assignment_cache: dict[str, KeyAssignment] = {}
 
 
-def _load_assignment(dest: Storage) -> compacted.KeyAssignment:
+def _load_assignment(dest: Storage) -> KeyAssignment:
     """The key -> group lookup, loaded once per worker process."""
     if dest.url not in _assignment_cache:
         _assignment_cache.clear()
-        _assignment_cache[dest.url] = compacted.KeyAssignment.from_table(compacted.load_assignment(dest))
+        _assignment_cache[dest.url] = KeyAssignment.from_table(load_assignment(dest))
     return _assignment_cache[dest.url]
 
 
@@ -186,8 +191,11 @@ def _decode_task(source: SourceArchive, chunks: list[SourceChunk], dest: Storage
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 slices, order_ts = record_slices(ts, row["prefix_max"], duration_ms, base)
                 grp = assignment.group_of(batch.column("key"), batch.column("partition").to_numpy())
-                if (grp == compacted.MISSING).any():
-                    raise RuntimeError(f"{source.store.url_for(chunk.key)}: a key missing from the assignment")
+                if (grp == MISSING).any():
+                    raise CompactionError(
+                        f"{source.store.url_for(chunk.key)}: a key missing from the assignment (the source changed "
+                        "during the compaction?)"
+                    )
                 yield pa.RecordBatch.from_arrays(
                     [
                         pa.array(slices, pa.int32()),
@@ -208,18 +216,6 @@ def _decode_task(source: SourceArchive, chunks: list[SourceChunk], dest: Storage
     return run
 
 
-def encode_group_file(batch: pa.RecordBatch, s: int, g: int, codec: str, block_bytes: int) -> tuple[str, bytes]:
-    key = compacted.group_file_key(s, g)
-    meta = {
-        "keyfill.format": GROUP_FILE_FORMAT,
-        "keyfill.slice": str(s),
-        "keyfill.group": str(g),
-        "keyfill.records": str(batch.num_rows),
-    }
-    marker = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    return key, envelope.encode_avro(batch, codec=codec, metadata=meta, sync_marker=marker, block_bytes=block_bytes)
-
-
 def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | None):
     def flush(pieces: list[pa.RecordBatch], s: int, g: int) -> pa.RecordBatch:
         table = pa.Table.from_batches(pieces).combine_chunks()
@@ -233,7 +229,7 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | N
                 names=envelope.ARROW_SCHEMA.names,
             )
         )
-        key, data = encode_group_file(env, s, g, codec, block_bytes)
+        key, data = compacted.encode_group_file(env, s, g, codec, block_bytes)
         dest.write(key, data)
         ts = batch.column("timestamp").to_numpy()
         return pa.RecordBatch.from_pylist(
@@ -359,16 +355,8 @@ def _packed_assignment(totals: pa.Table, groups: int) -> pa.Table:
             "records": totals.column("records"),
             "bytes": totals.column("bytes"),
         },
-        schema=compacted.ASSIGNMENT_SCHEMA,
+        schema=ASSIGNMENT_SCHEMA,
     )
-
-
-def _write_assignment(dest: Storage, table: pa.Table) -> None:
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
-    dest.write(compacted.ASSIGNMENT, sink.getvalue().to_pybytes())
 
 
 def compact(cfg: CompactConfig, spark) -> CompactResult:
@@ -388,7 +376,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     topics = sorted({c.topic for c in chunks})
     topic = cfg.topic or (topics[0] if len(topics) == 1 else None)
     if topic is None or topic not in topics:
-        raise ValueError(f"{source.url}: holds topics {topics}; choose one with --topic")
+        raise OptionError(f"{source.url}: holds topics {topics}; choose one with --topic")
     chunks = [c for c in chunks if c.topic == topic]
     phases["list"] = time.perf_counter() - t
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
@@ -425,7 +413,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     plan = plan_slices(chunk_stats, duration, allow_gaps=cfg.allow_gaps, name=source.store.url_for)
     assignment = _packed_assignment(totals, cfg.groups)
     _clear_destination(dest)
-    _write_assignment(dest, assignment)
+    write_assignment(dest, assignment)
     phases["packing"] = time.perf_counter() - t
 
     # Phase 2: rewrite.
@@ -472,7 +460,10 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         )
         expected = sum(p.records for p in meta.partitions)
         if meta.records != expected:
-            raise RuntimeError(f"slice {s}: wrote {meta.records} records, statistics counted {expected}")
+            raise CompactionError(
+                f"slice {s}: wrote {meta.records} records, statistics counted {expected} (the source changed during "
+                "the compaction?)"
+            )
         compacted.write_json(dest, compacted.slice_meta_key(s), meta.to_json())
         summaries.append(
             SliceSummary(

@@ -33,6 +33,7 @@ from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope
 from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
+from keygroups.errors import OptionError
 from keygroups.storage import ObjectNotFound, Storage
 
 __all__ = ["KafkaConnectSource", "OptionError", "KEYS_SUFFIX", "HEADERS_SUFFIX", "encode_json"]
@@ -82,11 +83,6 @@ _TS_DIVISOR = {
     "timestamp-nanos": 1_000_000,
     "local-timestamp-nanos": 1_000_000,
 }
-
-
-class OptionError(ValueError):
-    """The source options do not fit the archive: a missing `timestamp_field`, a field that
-    is not in a file's value schema. Names the option and the file."""
 
 
 # --- values to bytes -------------------------------------------------------------------

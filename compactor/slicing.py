@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keygroups.compacted import PartitionRange
+from keygroups.errors import KeyfillError, OptionError
 
 NO_PREFIX = np.iinfo(np.int64).min
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -29,7 +30,7 @@ def parse_duration(text: str) -> int:
     """'10m', '1h', '90s', '500ms', '1d' -> milliseconds."""
     m = re.fullmatch(r"\s*(\d+)\s*(ms|s|min|m|h|d)\s*", text)
     if not m or int(m[1]) == 0:
-        raise ValueError(f"--slice-duration {text!r}: expected a positive duration like 500ms, 90s, 10m, 1h, 1d")
+        raise OptionError(f"--slice-duration {text!r}: expected a positive duration like 500ms, 90s, 10m, 1h, 1d")
     return int(m[1]) * _UNITS[m[2]]
 
 
@@ -87,7 +88,7 @@ def record_slices(ts: np.ndarray, prefix_max: int, duration_ms: int, base: int) 
     return (runmax // duration_ms - base).astype(np.int32), runmax
 
 
-class SlicingError(ValueError):
+class SlicingError(KeyfillError, ValueError):
     """Chunks of a partition overlap, or leave a gap where none is allowed."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from keygroups.errors import OptionError
 from keygroups.storage import Storage, open_storage
 
 FORMATS = ("envelope", "kafka-connect")
@@ -110,4 +111,4 @@ def open_source(
         from compactor.kafka_connect import KafkaConnectSource
 
         return KafkaConnectSource(store, key_field=key_field, timestamp_field=timestamp_field, threads=threads)
-    raise ValueError(f"unknown source format {format!r}; choose one of {', '.join(FORMATS)}")
+    raise OptionError(f"unknown source format {format!r}; choose one of {', '.join(FORMATS)}")

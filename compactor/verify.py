@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from compactor.sources import SourceArchive
 from keygroups import compacted, envelope
+from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.storage import Storage
 
 CHECKS = ("manifest", "checksums", "exactly_once", "key_order", "slice_bounds", "handoff")
@@ -128,7 +129,7 @@ class FileChecker:
 
     def __init__(self, dest: Storage):
         self.dest = dest
-        self.assignment = compacted.KeyAssignment.from_table(compacted.load_assignment(dest))
+        self.assignment = KeyAssignment.from_table(load_assignment(dest))
 
     def __call__(
         self, meta: compacted.SliceMeta, gf: compacted.GroupFile
@@ -156,7 +157,7 @@ class FileChecker:
         null = keys.is_null().to_numpy(zero_copy_only=False)
         parts = batch.column("partition").to_numpy()
         grp = self.assignment.group_of(keys, parts)
-        missing = ~null & (grp == compacted.MISSING)
+        missing = ~null & (grp == MISSING)
         if missing.any():
             problems.append(("key_order", f"{name}: {int(missing.sum())} records with keys not in the assignment"))
         elif (grp[~null] != gf.group).any():

@@ -35,6 +35,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _iso_ms(text: str) -> int:
+    """An ISO 8601 time (UTC unless it says otherwise) as epoch milliseconds."""
+    try:
+        start = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time like 2026-01-01T00:00:00Z") from None
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=timezone.utc)
+    return int(start.timestamp() * 1000)
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -70,7 +81,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hot-key-share", type=float, default=None, help="give one key this share of all records, e.g. 0.9")
     p.add_argument("--rate", type=float, default=G.rate, help="records per second of event time")
     p.add_argument(
-        "--start", default=None, help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)"
+        "--start",
+        type=_iso_ms,
+        default=None,
+        help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)",
     )
     p.add_argument("--codec", default=G.codec, choices=["null", "deflate", "snappy"], help="Avro codec")
     p.add_argument("--threads", type=_positive_int, default=G.threads, help="parallel uploads")
@@ -83,12 +97,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def _run_generate(args: argparse.Namespace) -> int:
     from keyfill.generate import GeneratorConfig, generate
 
-    start_ms = {}
-    if args.start:
-        start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
-        if start.tzinfo is None:
-            start = start.replace(tzinfo=timezone.utc)
-        start_ms = {"start_ms": int(start.timestamp() * 1000)}
+    start_ms = {} if args.start is None else {"start_ms": args.start}
     cfg = GeneratorConfig(
         out=args.out,
         topic=args.topic,
@@ -358,10 +367,6 @@ def print_verify_report(report, as_json: bool) -> None:
 # --- replay ----------------------------------------------------------------------------
 
 
-class CheckpointFileError(ValueError):
-    """The --checkpoint-file cannot be resumed from; names the file."""
-
-
 def _add_replay(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay",
@@ -403,7 +408,7 @@ def _run_replay(args: argparse.Namespace) -> int:
             with open(args.checkpoint_file) as f:
                 resume = json.load(f)
         except (OSError, ValueError) as exc:
-            raise CheckpointFileError(
+            raise reader.CheckpointError(
                 f"checkpoint file {args.checkpoint_file}: not a readable keyfill checkpoint "
                 f"({exc}); delete it to start from the beginning"
             ) from None
@@ -428,7 +433,7 @@ def _run_replay(args: argparse.Namespace) -> int:
             max_drift_ms=args.max_drift_ms,
         )
     except reader.CheckpointError as exc:
-        raise CheckpointFileError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
+        raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
     with events:
         total = events.manifest.totals["records"]
         bar = tqdm(
@@ -509,7 +514,9 @@ def _run_handoff(args: argparse.Namespace) -> int:
 # --- main ------------------------------------------------------------------------------
 
 
-_TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*(?:Error|File|Found): (.+)$", re.M)
+# The last line of a Python traceback raised in a Spark task by one of our packages:
+# "keygroups.errors.CorruptFile: <message>" (Spark wraps it; its type cannot be caught).
+_TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*\.[A-Z]\w*: (.+)$", re.M)
 
 
 def _spark_task_error(exc: Exception) -> str | None:
@@ -537,16 +544,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from keygroups.envelope import CorruptFile
-    from keygroups.storage import StorageError
+    from keygroups.errors import KeyfillError
 
     try:
         return args.run(args)
+    except KeyfillError as exc:
+        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         cause = _spark_task_error(exc)
-        if cause is None and not isinstance(exc, (StorageError, CorruptFile, ValueError)):
-            raise
-        print(f"keyfill {args.command}: error: {cause or exc}", file=sys.stderr)
+        if cause is None:
+            raise  # a bug: the traceback is what a report needs
+        print(f"keyfill {args.command}: error: {cause}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"keyfill {args.command}: interrupted", file=sys.stderr)

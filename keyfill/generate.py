@@ -20,6 +20,7 @@ from compactor.envelope_archive import encode_chunk
 from keyfill.partitioner import kafka_partitions
 from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, CODECS, HEADER_TYPE
+from keygroups.errors import OptionError
 from keygroups.storage import Storage, StorageError, open_storage
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -66,7 +67,7 @@ class GeneratorConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise OptionError(message)
 
 
 @dataclass

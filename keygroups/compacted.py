@@ -4,51 +4,32 @@ Written by the compactor, read by the reader, so it lives here, in the package b
 depend on. The on-disk layout is documented in docs/compacted-archive.md:
 
     <root>/_manifest.json                         written last: makes the archive visible
-    <root>/assignment.parquet                     key -> group
+    <root>/assignment.parquet                     key -> group (keygroups.assignment)
     <root>/slices/<slice:06d>/_slice.json         per-slice metadata
     <root>/slices/<slice:06d>/group-<g:05d>.avro  one group's records of one slice
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import google_crc32c
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from keygroups import envelope
+from keygroups.errors import FormatError, IntegrityError
 from keygroups.storage import ObjectNotFound, Storage
 
 FORMAT = "keyfill.compacted"
+GROUP_FILE_FORMAT = "keyfill.group-file/1"
 FORMAT_VERSION = 1
 MANIFEST = "_manifest.json"
 ASSIGNMENT = "assignment.parquet"
 SLICES = "slices"
-
-ASSIGNMENT_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),  # null for the null-key pseudo-keys
-        pa.field("null_key_partition", pa.int32()),  # the partition of a null-key pseudo-key, else null
-        pa.field("group", pa.int32(), nullable=False),
-        pa.field("records", pa.int64(), nullable=False),
-        pa.field("bytes", pa.int64(), nullable=False),
-    ]
-)
-
-
-class FormatError(ValueError):
-    """A compacted archive that is missing, incomplete or of another format version."""
-
-
-class IntegrityError(FormatError):
-    """A group file's bytes differ from what its slice metadata records: corrupted, cut
-    short, or another file put in its place."""
-
 
 # Every object this layout writes, and nothing else: what --overwrite may delete.
 _ARCHIVE_KEY = re.compile(
@@ -102,6 +83,21 @@ class GroupFile:
     crc32c: str  # 8 hex digits (CRC-32C, Castagnoli): checked by every reader before it emits
     min_timestamp: int
     max_timestamp: int
+
+
+def encode_group_file(batch: pa.RecordBatch, s: int, g: int, codec: str, block_bytes: int) -> tuple[str, bytes]:
+    """(key, bytes) of group g's file for slice s: an envelope Avro file whose header names
+    its slice and group, with a sync marker derived from its key, so equal input gives
+    byte-identical files (invariant 6)."""
+    key = group_file_key(s, g)
+    meta = {
+        "keyfill.format": GROUP_FILE_FORMAT,
+        "keyfill.slice": str(s),
+        "keyfill.group": str(g),
+        "keyfill.records": str(batch.num_rows),
+    }
+    marker = hashlib.blake2b(key.encode(), digest_size=16).digest()
+    return key, envelope.encode_avro(batch, codec=codec, metadata=meta, sync_marker=marker, block_bytes=block_bytes)
 
 
 def crc32c(data: bytes) -> str:
@@ -204,6 +200,14 @@ def write_json(store: Storage, key: str, obj: Any) -> None:
     store.write(key, dumps(obj))
 
 
+def fingerprint(manifest: Manifest) -> str:
+    """Identifies one compacted archive: 16 hex digits of the SHA-256 of its manifest's
+    canonical JSON. Equal input and configuration give equal fingerprints; a recompaction
+    with other groups or slices gives another, so a replay checkpoint or a Spark offset can
+    refuse to resume against the wrong archive."""
+    return hashlib.sha256(dumps(manifest.to_json())).hexdigest()[:16]
+
+
 def load_manifest(store: Storage) -> Manifest:
     """The manifest, or FormatError: without a manifest there is no archive."""
     try:
@@ -239,42 +243,3 @@ def slice_meta(store: Storage, summary: SliceSummary) -> SliceMeta:
     if not summary.records:
         return SliceMeta(slice=summary.slice, start_ms=summary.start_ms, end_ms=summary.end_ms)
     return load_slice(store, summary.slice)
-
-
-def load_assignment(store: Storage) -> pa.Table:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(pa.BufferReader(store.read(ASSIGNMENT)), schema=ASSIGNMENT_SCHEMA)
-
-
-MISSING = -1  # group_of: a key the assignment does not know
-
-
-@dataclass
-class KeyAssignment:
-    """The assignment as a lookup: keyed records by key, null-key records by partition."""
-
-    keys: pa.Array
-    groups: np.ndarray
-    null_groups: dict[int, int]
-
-    @classmethod
-    def from_table(cls, t: pa.Table) -> KeyAssignment:
-        keyed = t.filter(pc.is_null(t.column("null_key_partition")))
-        nulls = t.filter(pc.is_valid(t.column("null_key_partition")))
-        return cls(
-            keys=keyed.column("key").combine_chunks(),
-            groups=keyed.column("group").to_numpy(),
-            null_groups=dict(zip(nulls.column("null_key_partition").to_pylist(), nulls.column("group").to_pylist())),
-        )
-
-    def group_of(self, keys: pa.Array, partitions: np.ndarray) -> np.ndarray:
-        """Group per record (int32), MISSING where the assignment has no such key."""
-        out = np.full(len(keys), MISSING, np.int32)
-        null = keys.is_null().to_numpy(zero_copy_only=False)
-        idx = pc.index_in(keys, value_set=self.keys).to_numpy(zero_copy_only=False).astype(np.float64)
-        known = ~null & ~np.isnan(idx)
-        out[known] = self.groups[idx[known].astype(np.int64)]
-        for p in np.unique(partitions[null]).tolist():
-            out[null & (partitions == p)] = self.null_groups.get(p, MISSING)
-        return out

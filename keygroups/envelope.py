@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
+from keygroups.errors import CorruptFile, HeaderTruncated, OptionError
 
 AVRO_SCHEMA = {
     "type": "record",
@@ -218,7 +219,7 @@ def _compress(codec: str, data: bytes) -> bytes:
 
         # Avro's snappy: the raw snappy block followed by the big-endian CRC32 of the input.
         return bytes(cramjam.snappy.compress_raw(data)) + zlib.crc32(data).to_bytes(4, "big")
-    raise ValueError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
+    raise OptionError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
 
 
 def _varint_bytes(n: int) -> bytes:
@@ -245,7 +246,7 @@ def encode_avro(
     marker is derived from the content.
     """
     if codec not in CODECS:
-        raise ValueError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
+        raise OptionError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
     batch = conform(batch)
     n = batch.num_rows
     part = batch.column("partition").to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
@@ -849,14 +850,6 @@ def read_avro_metadata(head: bytes, *, name: str = "<bytes>") -> dict[str, str]:
     except Exception as exc:
         raise CorruptFile(f"{name}: unreadable Avro header: {exc}") from exc
     return {k: v.decode() if isinstance(v, bytes) else v for k, v in r.metadata.items()}
-
-
-class CorruptFile(ValueError):
-    """An archive file that cannot be read as what it claims to be; names the object."""
-
-
-class HeaderTruncated(Exception):
-    pass
 
 
 def record_bytes(batch: pa.RecordBatch) -> np.ndarray:

@@ -13,6 +13,7 @@ import io
 import json
 
 from keygroups.compacted import Manifest
+from keygroups.errors import OptionError
 
 FORMATS = ("spark", "csv", "json")
 
@@ -57,4 +58,4 @@ def render(manifest: Manifest, archive: str, fmt: str) -> str:
         return consumer_groups_csv(manifest)
     if fmt == "json":
         return json.dumps(summary(manifest, archive), indent=2) + "\n"
-    raise ValueError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    raise OptionError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")

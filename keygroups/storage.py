@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from keygroups.errors import InvalidKey, ObjectNotFound, StorageError
+
 __all__ = [
     "StorageError",
     "ObjectNotFound",
@@ -31,14 +33,6 @@ __all__ = [
     "open_storage",
     "overlapping",
 ]
-
-
-class StorageError(Exception):
-    """A storage operation failed; the message names the full URL of the object or bucket."""
-
-
-class ObjectNotFound(StorageError):
-    """The object does not exist (the bucket or directory may)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +50,7 @@ _TMP = ".keyfill-tmp-"
 def _check_key(key: str) -> str:
     """Reject keys that would escape the root locally or mean different things per backend."""
     if not isinstance(key, str) or not key:
-        raise ValueError(f"invalid storage key {key!r}: must be a non-empty string")
+        raise InvalidKey(f"invalid storage key {key!r}: must be a non-empty string")
     _check_segments(key, key.split("/"))
     return key
 
@@ -64,7 +58,7 @@ def _check_key(key: str) -> str:
 def _check_segments(what: str, parts: list[str]) -> None:
     for part in parts:
         if part in ("", ".", "..") or part.startswith(_TMP) or "\x00" in part:
-            raise ValueError(
+            raise InvalidKey(
                 f"invalid storage key {what!r}: segments may not be empty, '.', '..', "
                 f"contain NUL or start with {_TMP!r}"
             )
@@ -73,7 +67,7 @@ def _check_segments(what: str, parts: list[str]) -> None:
 def _check_prefix(prefix: str) -> str:
     """A prefix is a plain string prefix (like S3); only its folder part must be a valid key."""
     if prefix.startswith("/"):
-        raise ValueError(f"invalid storage prefix {prefix!r}: must be relative")
+        raise InvalidKey(f"invalid storage prefix {prefix!r}: must be relative")
     folder = prefix.rpartition("/")[0]
     if folder:
         _check_key(folder)
@@ -143,7 +137,7 @@ class Storage(ABC):
     @staticmethod
     def _check_range(start: int, length: int) -> None:
         if start < 0 or length < 0:
-            raise ValueError(f"invalid byte range start={start} length={length}")
+            raise InvalidKey(f"invalid byte range start={start} length={length}")
 
 
 # --------------------------------------------------------------------------- local

@@ -11,12 +11,15 @@ On Spark, `reader.spark.register(spark)` adds `format("keyfill")` (batch and str
 see docs/spark-source.md). It is a submodule so that `import reader` never loads pyspark.
 """
 
+from reader.checkpoint import CheckpointError
+from reader.options import ReplayOptions
 from reader.partitioner import consumer_indexes, partition_batches
-from reader.replay import RECORD_SCHEMA, CheckpointError, Records, Replay, ReplayError, Watermark, replay
+from reader.replay import RECORD_SCHEMA, Records, Replay, ReplayError, Watermark, replay
 
 __all__ = [
     "replay",
     "Replay",
+    "ReplayOptions",
     "Records",
     "Watermark",
     "ReplayError",

@@ -24,7 +24,6 @@ parses options.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from pyspark.sql.types import StructType
 
 import keygroups
 from keygroups import compacted
+from keygroups.errors import KeyfillError, OptionError
 from keygroups.storage import Storage, open_storage
 
 NAME = "keyfill"
@@ -68,11 +68,11 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
-class SourceOptionError(ValueError):
+class SourceOptionError(OptionError):
     """An option of the keyfill Spark source is missing or malformed; names the option."""
 
 
-class ArchiveChanged(ValueError):
+class ArchiveChanged(KeyfillError, ValueError):
     """A query's checkpointed offsets belong to another archive than the one now at its URL."""
 
 
@@ -212,7 +212,7 @@ class _Planner:
         """Identifies the archive in every offset, so a checkpoint cannot silently resume
         against a recompacted archive (equal inputs and config give equal manifests)."""
         if self._fingerprint is None:
-            self._fingerprint = hashlib.sha256(compacted.dumps(self.manifest.to_json())).hexdigest()[:16]
+            self._fingerprint = compacted.fingerprint(self.manifest)
         return self._fingerprint
 
     def offset(self, s: int) -> dict:

@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor.envelope_archive import write_chunk
-from compactor.job import CompactConfig, compact, encode_group_file
+from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
 from compactor.sources import open_source
 from compactor.verify import verify, verify_spark
 from keyfill.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
+from keygroups.assignment import load_assignment
 from keygroups.storage import StorageError, open_storage
 
 
@@ -104,7 +105,7 @@ def test_per_key_order_and_interleaving_inside_files(spark, skewed, tmp_path):
 def test_balance_beats_hashing(spark, skewed, tmp_path):
     dest = str(tmp_path / "c")
     r = compact(CompactConfig(source=skewed, dest=dest, groups=8, slice_duration="10m"), spark)
-    a = compacted.load_assignment(open_storage(dest))
+    a = load_assignment(open_storage(dest))
     weights = a.column("bytes").to_numpy()
     lower_bound = max(weights.sum() / 8, weights.max())
     assert r.max_group_bytes <= lower_bound * 1.01
@@ -206,7 +207,7 @@ def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_pat
     # 1. drop a record, rewrite the file consistently with its metadata: only the
     #    source comparison can notice
     dropped = batch.slice(1)
-    _, data = encode_group_file(dropped, 0, victim.group, "snappy", 1 << 20)
+    _, data = compacted.encode_group_file(dropped, 0, victim.group, "snappy", 1 << 20)
     store.write(victim.key, data)
     report = verify(open_source(skewed), store)
     assert not report.ok and report.counts["exactly_once"] >= 1 and report.counts["checksums"] >= 1
@@ -221,7 +222,7 @@ def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_pat
     i, j = [n for n, k in enumerate(keys) if k == first][:2]
     order = list(range(batch.num_rows))
     order[i], order[j] = j, i
-    _, data = encode_group_file(batch.take(pa.array(order)), 0, victim.group, "snappy", 1 << 20)
+    _, data = compacted.encode_group_file(batch.take(pa.array(order)), 0, victim.group, "snappy", 1 << 20)
     store.write(victim.key, data)
     report = verify(open_source(skewed), store)
     assert report.counts["key_order"] >= 1 and report.counts["exactly_once"] == 0
@@ -291,6 +292,6 @@ def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):
     # same keys, same groups as compacting the envelope archive it came from
     env_dest = str(tmp_path / "e")
     compact(CompactConfig(source=skewed, dest=env_dest, groups=4, slice_duration="1m"), spark)
-    a = compacted.load_assignment(open_storage(dest)).select(["key", "null_key_partition", "records"])
-    b = compacted.load_assignment(open_storage(env_dest)).select(["key", "null_key_partition", "records"])
+    a = load_assignment(open_storage(dest)).select(["key", "null_key_partition", "records"])
+    b = load_assignment(open_storage(env_dest)).select(["key", "null_key_partition", "records"])
     assert a.sort_by("key").equals(b.sort_by("key"))

@@ -196,15 +196,32 @@ def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, nam
     check_invariants(all_events, table, before, 0)
 
 
+def watch_pacing(pacer) -> list[tuple[int, int, int | None, bool]]:
+    """Record, each time a thread is let through `pace`, (thread, event time, progress of the
+    slowest other active thread, whether it was the slowest itself)."""
+    trace: list = []
+    original = pacer.pace
+
+    def pace(t: int, ts: int) -> None:
+        original(t, ts)
+        with pacer._cond:
+            others = [(pacer._progress[u], u) for u in range(pacer.threads) if u != t and pacer._active[u]]
+            slowest = not others or (pacer._progress[t], t) < min(others)
+            trace.append((t, ts, None if not others else min(others)[0], slowest))
+
+    pacer.pace = pace
+    return trace
+
+
 @pytest.mark.parametrize("drift", [0, 500, 3_000])
 def test_drift_bound_holds_back_threads_that_run_ahead(archives, drift):
     dest, _, _ = archives["hot"]
     with reader.replay(dest, threads=6, batch_size=50, max_drift_ms=drift) as events:
-        events.trace = []
+        trace = watch_pacing(events.pacer)
         run(events)
-    assert len({t for t, *_ in events.trace}) > 1
+    assert len({t for t, *_ in trace}) > 1
     # a thread moves past the slowest other by more than the bound only when it is the slowest
-    assert all(was_slowest or ts - slowest_other <= drift for _, ts, slowest_other, was_slowest in events.trace)
+    assert all(was_slowest or ts - slowest_other <= drift for _, ts, slowest_other, was_slowest in trace)
     with reader.replay(dest, threads=6, batch_size=50, pacing="none") as free:
         run(free)
     assert events.max_spread_ms < free.max_spread_ms
@@ -307,8 +324,29 @@ def test_a_finished_replay_checkpoint_resumes_to_nothing(archives):
 def test_checkpoint_of_another_archive_is_refused(archives):
     with reader.replay(archives["hot"][0], threads=2) as events:
         state = events.checkpoint()
-    with pytest.raises(ValueError, match="slices"):
+    with pytest.raises(reader.CheckpointError, match="archive"):
         reader.replay(archives["gappy"][0], resume=state)
+
+
+def test_checkpoint_is_refused_after_a_recompaction_with_other_groups(spark, archives, tmp_path):
+    """Same source, same slices, other group count: the slice count alone would accept the
+    checkpoint and then skip or repeat records; the fingerprint names both archives."""
+    dest = archives["skewed"][0]
+    with reader.replay(dest, threads=3, batch_size=300) as events:
+        for i, ev in enumerate(events):
+            if i == 5:
+                state = events.checkpoint()
+                break
+    assert state["groups"]  # part-way through a slice
+    other = str(tmp_path / "recompacted")
+    compact(CompactConfig(source=dest[: -len("-c")] + "-src", dest=other, groups=5, slice_duration="20s"), spark)
+    new, old = (compacted.load_manifest(open_storage(u)) for u in (other, dest))
+    assert len(new.slices) == len(old.slices) and new.groups != old.groups
+    with pytest.raises(reader.CheckpointError) as err:
+        reader.replay(other, resume=state)
+    assert compacted.fingerprint(old) in str(err.value) and compacted.fingerprint(new) in str(err.value)
+    with reader.replay(dest, threads=2, resume=state) as events:  # the archive it belongs to still takes it
+        assert run(events)[0]
 
 
 def test_a_corrupt_file_fails_the_consumer_naming_file_and_group(archives, tmp_path):

@@ -1,0 +1,52 @@
+"""The replay's options: one frozen value, checked once, so the threads can trust it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keygroups.errors import OptionError
+
+PACINGS = ("drift", "proportional", "none")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    threads: int = 16
+    batch_size: int = 65_536  # records per emitted batch, at most
+    watermark_bound_ms: int = 0  # B: the watermark after slice s is its end - B
+    read_ahead_bytes: int = 256 << 20  # GETs of upcoming files in flight, all threads together
+    range_bytes: int = 8 << 20  # a larger file is fetched as concurrent ranged GETs of this size; 0: whole
+    queue_batches: int | None = None  # batches buffered for the consumer (default 2 x threads, at least 4)
+    max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses
+    pacing: str = "drift"  # or "proportional": the seed design's sleep heuristic, for comparison; "none"
+    pacing_sleep_s: float = 0.001  # proportional pacing's longest sleep per batch
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise OptionError(f"threads={self.threads}: must be at least 1")
+        if self.batch_size < 1:
+            raise OptionError(f"batch_size={self.batch_size}: must be at least 1")
+        if self.pacing not in PACINGS:
+            raise OptionError(f"pacing={self.pacing!r}: must be 'drift' (with max_drift_ms), 'proportional' or 'none'")
+        if self.max_drift_ms is not None and self.max_drift_ms < 0:
+            raise OptionError(f"max_drift_ms={self.max_drift_ms}: must not be negative")
+        if self.range_bytes < 0:
+            raise OptionError(f"range_bytes={self.range_bytes}: must not be negative (0: one GET per file)")
+        if self.read_ahead_bytes < 0:
+            raise OptionError(f"read_ahead_bytes={self.read_ahead_bytes}: must not be negative")
+        if self.watermark_bound_ms < 0:
+            raise OptionError(
+                f"watermark_bound_ms={self.watermark_bound_ms}: must not be negative: a watermark past a slice's "
+                "end would declare the next slice's valid records late"
+            )
+        if self.queue_batches is not None and self.queue_batches < 1:
+            raise OptionError(f"queue_batches={self.queue_batches}: must be at least 1")
+
+    @property
+    def queue_size(self) -> int:
+        return self.queue_batches or max(4, 2 * self.threads)
+
+    @property
+    def drift_bound_ms(self) -> int | None:
+        """The bound the pacer enforces: only under drift pacing."""
+        return self.max_drift_ms if self.pacing == "drift" else None

@@ -1,0 +1,93 @@
+"""Event-time pacing inside a slice: how far ahead of the others a replay thread may get.
+
+Between barriers every thread reads its own groups at its own speed, so one thread can be
+minutes of event time ahead of another (602 s in the drift benchmark). Under a drift bound
+a thread more than `max_drift_ms` ahead of the slowest other active thread waits; the
+slowest never waits, so nothing deadlocks. The seed design's proportional sleep is kept
+for comparison.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from reader.options import ReplayOptions
+
+
+class Pacer:
+    def __init__(self, options: ReplayOptions, group_bytes: np.ndarray, stop: threading.Event) -> None:
+        self.threads = options.threads
+        self.max_drift_ms = options.drift_bound_ms
+        self.proportional = options.pacing == "proportional"
+        self.sleep_s = options.pacing_sleep_s
+        self.group_bytes = group_bytes
+        self.heaviest = int(group_bytes.max()) if len(group_bytes) else 0
+        self.max_spread_ms = 0
+        self._stop = stop
+        self._cond = threading.Condition()
+        self._progress = [0] * self.threads
+        self._active = [False] * self.threads
+
+    def begin_slice(self, t: int, start_ms: int) -> None:
+        """Thread t starts emitting at event time `start_ms` (its earliest record)."""
+        with self._cond:
+            self._progress[t] = start_ms
+            self._active[t] = True
+            self._cond.notify_all()
+
+    def end_slice(self, t: int) -> None:
+        with self._cond:
+            self._active[t] = False
+            self._cond.notify_all()
+
+    def advance(self, t: int, ts: int, group: int) -> None:
+        """Thread t has emitted a batch of `group` up to event time `ts`."""
+        with self._cond:
+            self._progress[t] = max(self._progress[t], ts)
+            self.max_spread_ms = max(self.max_spread_ms, self._spread_locked())
+            self._cond.notify_all()
+        if self.proportional and self.heaviest:
+            # The seed design's heuristic, kept for comparison: lighter groups sleep longer.
+            time.sleep(self.sleep_s * (self.heaviest - self.group_bytes[group]) / self.heaviest)
+
+    def pace(self, t: int, ts: int) -> None:
+        """Under a drift bound: wait while thread t would get ahead of the slowest other
+        active thread by more than the bound. The slowest (ties: the lowest id) never waits."""
+        if self.max_drift_ms is None:
+            return
+        with self._cond:
+            while not self._stop.is_set():
+                others = [(self._progress[u], u) for u in range(self.threads) if u != t and self._active[u]]
+                if not others or (self._progress[t], t) < min(others) or ts - min(others)[0] <= self.max_drift_ms:
+                    return
+                self._cond.wait(0.05)
+
+    def _spread_locked(self) -> int:
+        active = [self._progress[u] for u in range(self.threads) if self._active[u]]
+        return max(active) - min(active) if len(active) > 1 else 0
+
+    def spread_ms(self) -> int:
+        """Event-time spread across the threads still working on the current slice."""
+        with self._cond:
+            return self._spread_locked()
+
+    def cut(self, batch: pa.RecordBatch, batch_size: int) -> list[tuple[int, int, int]]:
+        """(event-time key, start, stop) of the batches a group's records go out in, keyed by
+        the running maximum of their timestamps (never decreasing, so a merge on it keeps the
+        group's order). Under a drift bound a batch also never spans more than half the bound
+        of event time, or one batch of a light group could cover its whole slice and jump
+        past the bound at once."""
+        n = batch.num_rows
+        if n == 0:
+            return []
+        runmax = np.maximum.accumulate(batch.column("timestamp").cast(pa.int64()).to_numpy())
+        cuts = set(range(0, n, batch_size))
+        if self.max_drift_ms is not None:
+            step = max(1, self.max_drift_ms // 2)
+            cuts.update((np.flatnonzero(np.diff(runmax // step)) + 1).tolist())
+        bounds = sorted(cuts) + [n]
+        return [(int(runmax[b - 1]), a, b) for a, b in zip(bounds, bounds[1:])]

@@ -1,0 +1,41 @@
+"""What a replay reads and who reads it: groups balanced over threads by bytes, and each
+slice's metadata fetched once for all threads (an empty slice needs no fetch)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import keygroups
+from keygroups import compacted
+from keygroups.storage import Storage
+
+
+class ReplayPlan:
+    def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
+        self.store = store
+        self.manifest = manifest
+        self.group_bytes = np.asarray(manifest.group_payload_bytes, dtype=np.int64)
+        if len(self.group_bytes):
+            self.thread_of_group = keygroups.assign_threads(self.group_bytes, threads)
+        else:
+            self.thread_of_group = np.zeros(0, np.int32)
+        self._metas: list[compacted.SliceMeta | None] = [None] * len(manifest.slices)
+        self._lock = threading.Lock()
+
+    @property
+    def slices(self) -> int:
+        return len(self.manifest.slices)
+
+    def groups_of(self, t: int) -> set[int]:
+        return {g for g in range(len(self.thread_of_group)) if self.thread_of_group[g] == t}
+
+    def slice_meta(self, s: int) -> compacted.SliceMeta:
+        meta = self._metas[s]
+        if meta is not None:  # already loaded: no need to queue behind a fetch of another slice
+            return meta
+        with self._lock:
+            if self._metas[s] is None:
+                self._metas[s] = compacted.slice_meta(self.store, self.manifest.slices[s])
+            return self._metas[s]
