@@ -28,10 +28,10 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
-from compactor.envelope_archive import ArchiveIndex, ChunkInfo, build_index
+from compactor.sources.envelope import ArchiveIndex, SourceChunk, build_index
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
-from reader.partitioner import consumer_indexes, flink_default_max_parallelism
+from reader.flink_keyby import consumer_indexes, flink_default_max_parallelism
 from reader.stoppable_queue import StoppableQueue
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
@@ -91,11 +91,11 @@ class _BaselineReplay:
         """Bytes fetched from storage so far, by all reader threads."""
         return sum(self._bytes)
 
-    def _jobs(self) -> list[tuple[list[ChunkInfo], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
+    def _jobs(self) -> list[tuple[list[SourceChunk], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
         """Per reader thread: the chunks it reads, in order, and what it keeps of each."""
         raise NotImplementedError
 
-    def _run(self, t: int, chunks: list[ChunkInfo], keep: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
+    def _run(self, t: int, chunks: list[SourceChunk], keep: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
         fetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"baseline-get-{t}") if self.read_ahead else None
         ahead: deque[Future[bytes]] = deque()
         nxt = 0
@@ -172,11 +172,11 @@ class PerPartitionReplay(_BaselineReplay):
     """One reader per (topic, partition), its chunks in offset order: per-partition order,
     hence per-key order, for free, but no more parallelism than the topic has partitions."""
 
-    def _jobs(self) -> list[tuple[list[ChunkInfo], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
+    def _jobs(self) -> list[tuple[list[SourceChunk], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
         return [(self.index.chunks[k], _keep_all) for k in sorted(self.index.chunks)]
 
 
-def time_ordered_chunks(index: ArchiveIndex) -> list[ChunkInfo]:
+def time_ordered_chunks(index: ArchiveIndex) -> list[SourceChunk]:
     """All chunks, merged across partitions by their first timestamp so event time advances
     roughly together; each partition's chunks stay in offset order whatever their
     timestamps (a lazy merge only ever takes the head of a partition's list)."""
@@ -196,7 +196,7 @@ class ShardedReplay(_BaselineReplay):
         self.shards = shards
         super().__init__(url, **options)
 
-    def _jobs(self) -> list[tuple[list[ChunkInfo], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
+    def _jobs(self) -> list[tuple[list[SourceChunk], Callable[[pa.RecordBatch], pa.RecordBatch]]]:
         order = time_ordered_chunks(self.index)
         max_p = flink_default_max_parallelism(self.shards)
 

@@ -18,8 +18,8 @@ def main() -> None:
 
     import pyarrow as pa
 
-    from compactor.envelope_archive import build_index, read_chunk
-    from keyfill.generate import GeneratorConfig, generate
+    from compactor.sources.envelope import build_index, read_chunk
+    from keyfill.synth.generate import GeneratorConfig, generate
     from keygroups import envelope
     from keygroups.storage import open_storage
 

@@ -33,7 +33,7 @@ def main() -> None:
 
     from compactor.job import CompactConfig, compact
     from compactor.spark_session import local_spark
-    from keyfill.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig, generate
     from keygroups.storage import open_storage
 
     src = os.path.join(args.dir, f"source-{args.records}-{args.keys}-{args.partitions}-{args.codec}")

@@ -18,7 +18,7 @@ import time
 
 import fastavro
 
-from keyfill.generate import GeneratorConfig, generate
+from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import envelope
 
 
@@ -48,7 +48,7 @@ def main() -> None:
         gen_s = time.perf_counter() - t
 
         # Baseline: fastavro writing records of the same archive (first chunk, repeated).
-        from compactor.envelope_archive import build_index, read_chunk
+        from compactor.sources.envelope import build_index, read_chunk
         from keygroups.storage import open_storage
 
         store = open_storage(cfg.out)

@@ -25,7 +25,7 @@ from keygroups import compacted, envelope
 def ensure_archive(args: argparse.Namespace) -> str:
     from compactor.job import CompactConfig, compact
     from compactor.spark_session import local_spark
-    from keyfill.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig, generate
 
     src = os.path.join(args.dir, f"source-{args.records}")
     dest = os.path.join(args.dir, f"compacted-{args.records}-G{args.groups}")

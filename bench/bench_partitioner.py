@@ -1,4 +1,4 @@
-"""Shuffle partitioner speed: `reader.partitioner.partition_batches` against a per-record
+"""Shuffle partitioner speed: `reader.flink_keyby.partition_batches` against a per-record
 Python loop doing the same Flink routing, measured in one run on the same batches.
 
     python -m bench.bench_partitioner [--records 1000000] [--batch-rows 65536] [--consumers 4 16 64]
@@ -99,10 +99,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
 
-    from compactor.envelope_archive import build_index, read_chunk
-    from keyfill.generate import GeneratorConfig, generate
+    from compactor.sources.envelope import build_index, read_chunk
+    from keyfill.synth.generate import GeneratorConfig, generate
     from keygroups.storage import open_storage
-    from reader.partitioner import consumer_indexes, partition_batches
+    from reader.flink_keyby import consumer_indexes, partition_batches
 
     with tempfile.TemporaryDirectory() as tmp:
         generate(

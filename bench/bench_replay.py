@@ -49,7 +49,7 @@ from typing import Any, cast
 
 import reader
 from bench.baselines import PerPartitionReplay, ShardedReplay
-from compactor.envelope_archive import build_index
+from compactor.sources.envelope import build_index
 from keygroups import compacted
 from keygroups.storage import ObjectInfo, S3Storage, Storage, open_storage
 
@@ -64,7 +64,7 @@ S3_TARGET = 3.0  # compacted replay at 16 threads / per-partition baseline, on l
 def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str | None, str]:
     """Generate and compact what the cache lacks; (source, compacted, hot source, hot
     compacted, sink-sized source) paths. Generation and compaction are not measured here."""
-    from keyfill.generate import GeneratorConfig
+    from keyfill.synth.generate import GeneratorConfig
 
     tag = f"{args.records}-{args.keys}-{args.partitions}-{args.chunk_records}-{args.codec}"
     src = os.path.join(args.dir, f"source-{tag}")
@@ -95,7 +95,7 @@ def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str
         )
         todo.append((hot_src, hot, hot_dest, args.groups))
     if "s3" in args.cases.split(",") and not os.path.exists(os.path.join(sink_src, "_done")):
-        from keyfill.generate import generate
+        from keyfill.synth.generate import generate
 
         shutil.rmtree(sink_src, ignore_errors=True)
         print(f"generating {args.records:,} records into {sink_src} ...", flush=True)
@@ -105,7 +105,7 @@ def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str
     try:
         for src_dir, cfg, dest_dir, groups in todo:
             if not os.path.exists(os.path.join(src_dir, "_done")):
-                from keyfill.generate import generate
+                from keyfill.synth.generate import generate
 
                 shutil.rmtree(src_dir, ignore_errors=True)
                 print(f"generating {cfg.records:,} records into {src_dir} ...", flush=True)
@@ -156,7 +156,7 @@ def warm_page_cache(roots: Iterable[str]) -> None:
 def warm_up_compiled(root: str) -> None:
     """Load the numba-compiled decoder and key hash once, so no row pays for it."""
     from keygroups import envelope
-    from reader.partitioner import consumer_indexes
+    from reader.flink_keyby import consumer_indexes
 
     store = open_storage(root)
     key = next(o.key for o in store.list("slices/") if o.key.endswith(".avro"))

@@ -75,7 +75,7 @@ class SyntheticDataSource(rs.KeyfillDataSource):
 
 def ensure_archive(args: argparse.Namespace, spark) -> str:
     from compactor.job import CompactConfig, compact
-    from keyfill.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig, generate
 
     tag = f"{args.records}-{args.groups}-{args.slice_duration}"
     src, dest = os.path.join(args.dir, f"source-{tag}"), os.path.join(args.dir, f"compacted-{tag}")

@@ -57,7 +57,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
-    from keyfill.generate import GeneratorConfig as G
+    from keyfill.synth.generate import GeneratorConfig as G
 
     p = sub.add_parser(
         "generate",
@@ -95,7 +95,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from keyfill.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig, generate
 
     start_ms = {} if args.start is None else {"start_ms": args.start}
     cfg = GeneratorConfig(

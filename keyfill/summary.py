@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
-from compactor.envelope_archive import ArchiveIndex, build_index, read_chunk
+from compactor.sources.envelope import ArchiveIndex, build_index, read_chunk
 from keygroups.envelope import record_bytes
 from keygroups.storage import Storage
 

@@ -350,7 +350,7 @@ def conform(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
 # into Arrow buffers with the GIL released (only the small header, decompression and the
 # Arrow wrapping run in Python), letting reader threads decode in parallel.
 
-# Error codes of the compiled Avro readers (shared with compactor.kafka_connect).
+# Error codes of the compiled Avro readers (shared with compactor.sources.kafka_connect).
 ERR_EOF, ERR_UNION, ERR_NEGATIVE = 1, 2, 3
 _ERR_EOF, _ERR_UNION, _ERR_NEGATIVE = ERR_EOF, ERR_UNION, ERR_NEGATIVE
 _ERR_SYNC, _ERR_RANGE = 5, 6

@@ -12,8 +12,8 @@ see docs/spark-source.md). It is a submodule so that `import reader` never loads
 """
 
 from reader.checkpoint import CheckpointError
+from reader.flink_keyby import consumer_indexes, partition_batches
 from reader.options import ReplayOptions
-from reader.partitioner import consumer_indexes, partition_batches
 from reader.replay import RECORD_SCHEMA, Records, Replay, ReplayError, Watermark, replay
 
 __all__ = [

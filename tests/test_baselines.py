@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from bench.baselines import BaselineError, PerPartitionReplay, ShardedReplay
-from compactor.envelope_archive import build_index, read_chunk
-from keyfill.generate import GeneratorConfig, generate
+from compactor.sources.envelope import build_index, read_chunk
+from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups.storage import open_storage
 
 

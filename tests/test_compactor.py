@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.envelope_archive import write_chunk
 from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
 from compactor.sources import open_source
+from compactor.sources.envelope import write_chunk
 from compactor.verify import verify, verify_spark
-from keyfill.generate import GeneratorConfig, generate
+from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.assignment import load_assignment
 from keygroups.storage import StorageError, open_storage
@@ -276,7 +276,7 @@ def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
 
 
 def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):
-    from compactor.kafka_connect_writer import write_connect_archive
+    from keyfill.synth.kafka_connect import write_connect_archive
 
     connect = str(tmp_path / "connect")
     write_connect_archive(open_source(skewed), connect, records_per_file=5_000)

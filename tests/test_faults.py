@@ -26,12 +26,12 @@ import pyarrow as pa
 import pytest
 
 import reader
-from compactor.envelope_archive import write_chunk
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
+from compactor.sources.envelope import write_chunk
 from compactor.verify import CHECKS, verify
 from keyfill.cli import main
-from keyfill.generate import GeneratorConfig, generate
+from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import StorageError, open_storage
 

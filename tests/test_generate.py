@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.envelope_archive import build_index, read_chunk
-from keyfill.generate import GeneratorConfig, generate, key_probabilities, user_key
-from keyfill.partitioner import kafka_partition
+from compactor.sources.envelope import build_index, read_chunk
+from keyfill.synth.generate import GeneratorConfig, generate, key_probabilities, user_key
+from keyfill.synth.kafka_partitioner import kafka_partition
 from keygroups.envelope import record_bytes
 from keygroups.storage import open_storage
 

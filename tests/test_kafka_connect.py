@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.envelope_archive import ArchiveError
-from compactor.kafka_connect import KafkaConnectSource, OptionError
-from compactor.kafka_connect_writer import headers_schema, payment_schema, write_connect_archive
 from compactor.sources import open_source
+from compactor.sources.envelope import ArchiveError
+from compactor.sources.kafka_connect import KafkaConnectSource, OptionError
+from keyfill.synth.kafka_connect import headers_schema, payment_schema, write_connect_archive
 from keygroups.envelope import ARROW_SCHEMA, CorruptFile, batch_from_records
 from keygroups.storage import open_storage
 
@@ -98,7 +98,7 @@ def assert_same(got: pa.Table, want: list[dict], *, ts_scale: int = 1) -> None:
 def test_generated_archive_round_trip(storage_url):
     """`keyfill generate` output -> Connect layout -> the same envelope records, with the
     root at the folder holding topics/ or at topics/ itself."""
-    from keyfill.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig, generate
 
     store = open_storage(storage_url)
     generate(
@@ -571,6 +571,6 @@ def _user_key(value: bytes) -> bytes | None:
 
 def test_base64_is_what_connect_json_would_write():
     """Sanity of the bytes rule against the standard library's base64 (no padding games)."""
-    from compactor.kafka_connect import encode_json
+    from compactor.sources.kafka_connect import encode_json
 
     assert encode_json({"b": b"\x00\x01\xfe"}) == '{"b":"' + base64.b64encode(b"\x00\x01\xfe").decode() + '"}'

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reader
-from compactor.envelope_archive import build_index, read_chunk, write_chunk
 from compactor.job import CompactConfig, compact
-from keyfill.generate import GeneratorConfig, generate
+from compactor.sources.envelope import build_index, read_chunk, write_chunk
+from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import open_storage
 
@@ -333,7 +333,7 @@ def test_checkpoint_is_refused_after_a_recompaction_with_other_groups(spark, arc
     checkpoint and then skip or repeat records; the fingerprint names both archives."""
     dest = archives["skewed"][0]
     with reader.replay(dest, threads=3, batch_size=300) as events:
-        for i, ev in enumerate(events):
+        for i, _ in enumerate(events):
             if i == 5:
                 state = events.checkpoint()
                 break

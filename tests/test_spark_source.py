@@ -20,7 +20,7 @@ from test_reader import hypothesis_settings, source_table
 
 import reader.spark
 from compactor.job import CompactConfig, compact
-from keyfill.generate import GeneratorConfig, generate
+from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
 

@@ -10,6 +10,9 @@ Flink's routing (``KeyGroupStreamPartitioner`` → ``KeyGroupRangeAssignment``):
     keyGroup = MathUtils.murmurHash(key.hashCode()) % maxParallelism
     operator = keyGroup * parallelism / maxParallelism          (Java int arithmetic)
 
+(Flink's "key group" is a hash bucket of its keyed state, called `flink_key_group` here;
+keyfill's key groups are something else: the volume-balanced key sets of the archive.)
+
 The hashing is written by hand on purpose: no Python package reproduces it. ``mmh3`` has
 MurmurHash3 but not Flink's int-only variant with its sign fold, and nothing computes
 Java's ``String.hashCode`` over UTF-16 code units of JDK-decoded UTF-8 bytes. It is
@@ -35,7 +38,7 @@ __all__ = [
     "partition_batches",
 ]
 
-#: Flink's ``Transformation.UPPER_BOUND_MAX_PARALLELISM``: the most key groups a job can have.
+#: Flink's ``Transformation.UPPER_BOUND_MAX_PARALLELISM``: the most Flink key groups a job can have.
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
 #: Flink's ``KeyGroupRangeAssignment.DEFAULT_LOWER_BOUND_MAX_PARALLELISM``.
 DEFAULT_LOWER_BOUND_MAX_PARALLELISM = 1 << 7
@@ -178,8 +181,8 @@ def _route(
             code = _bytes_hash(data, offsets[i], offsets[i + 1])
         else:
             code = _string_hash(data, offsets[i], offsets[i + 1])
-        key_group = _flink_murmur(code) % max_parallelism
-        dest[i] = key_group * consumers // max_parallelism
+        flink_key_group = _flink_murmur(code) % max_parallelism
+        dest[i] = flink_key_group * consumers // max_parallelism
     return dest
 
 
@@ -228,9 +231,7 @@ def _check_int(name: str, value: object, low: int, high: int, why: str) -> int:
 
 def _check_parallelism(consumers: object, max_parallelism: object) -> tuple[int, int]:
     """Flink's own preconditions: 0 < parallelism <= maxParallelism <= 2**15."""
-    max_p = _check_int(
-        "max_parallelism", max_parallelism, 1, UPPER_BOUND_MAX_PARALLELISM, "Flink's number of key groups"
-    )
+    max_p = _check_int("max_parallelism", max_parallelism, 1, UPPER_BOUND_MAX_PARALLELISM, "Flink's key group count")
     d = _check_int("consumers", consumers, 1, max_p, "Flink requires parallelism <= max_parallelism")
     return d, max_p
 

@@ -28,8 +28,7 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 
-from compactor.envelope_archive import ArchiveError
-from compactor.sources import SourceArchive, SourceChunk
+from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from keygroups import envelope
 from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups.envelope import ARROW_SCHEMA
-from reader.partitioner import (
+from reader.flink_keyby import (
     _bytes_hash,
     _flink_murmur,
     _string_hash,

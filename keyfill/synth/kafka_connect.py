@@ -22,8 +22,8 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
-from compactor.kafka_connect import HEADERS_SUFFIX, KEYS_SUFFIX, TOPICS_DIR
-from compactor.sources import SourceArchive
+from compactor.sources.base import SourceArchive
+from compactor.sources.kafka_connect import HEADERS_SUFFIX, KEYS_SUFFIX, TOPICS_DIR
 from keygroups.envelope import conform
 from keygroups.storage import Storage, open_storage
 

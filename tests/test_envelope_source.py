@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.envelope_archive import (
+from compactor.sources.envelope import (
     ArchiveError,
     build_index,
     chunk_key,

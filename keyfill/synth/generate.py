@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from compactor.envelope_archive import encode_chunk
-from keyfill.partitioner import kafka_partitions
+from compactor.sources.envelope import encode_chunk
+from keyfill.synth.kafka_partitioner import kafka_partitions
 from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, CODECS, HEADER_TYPE
 from keygroups.errors import OptionError

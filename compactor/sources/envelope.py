@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from keygroups import envelope
 from keygroups.envelope import CorruptFile, HeaderTruncated
-from keygroups.errors import KeyfillError
+from keygroups.errors import OptionError
 from keygroups.storage import Storage
 
 FORMAT = "keyfill.envelope-chunk/1"
@@ -27,40 +28,21 @@ _CHUNK_RE = re.compile(r"^(?P<topic>[^/]+)/partition=(?P<partition>\d+)/(?P<firs
 _HEAD_BYTES = (8 * 1024, 256 * 1024)
 
 
-class ArchiveError(KeyfillError, ValueError):
-    """The archive breaks the format: overlapping chunks, metadata that lies, ..."""
-
-
 def chunk_key(topic: str, partition: int, first_offset: int) -> str:
     return f"{topic}/partition={partition}/{first_offset:0{OFFSET_DIGITS}d}.avro"
-
-
-@dataclass(frozen=True)
-class ChunkInfo:
-    """One chunk file, as its listing entry and header describe it."""
-
-    key: str
-    size: int
-    topic: str
-    partition: int
-    first_offset: int
-    last_offset: int
-    min_timestamp: int
-    max_timestamp: int
-    records: int
 
 
 def chunk_metadata(batch: pa.RecordBatch, topic: str) -> dict[str, str]:
     """Avro file metadata for a chunk; also checks the batch is a valid chunk."""
     if batch.num_rows == 0:
-        raise ValueError("a chunk must hold at least one record")
+        raise OptionError("a chunk must hold at least one record")
     parts = batch.column("partition").to_numpy(zero_copy_only=False)
     offsets = batch.column("offset").to_numpy(zero_copy_only=False)
     ts = batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
     if (parts != parts[0]).any():
-        raise ValueError("a chunk holds records of exactly one partition")
+        raise OptionError("a chunk holds records of exactly one partition")
     if len(offsets) > 1 and (np.diff(offsets) <= 0).any():
-        raise ValueError("a chunk's offsets must strictly increase")
+        raise OptionError("a chunk's offsets must strictly increase")
     return {
         "keyfill.format": FORMAT,
         "keyfill.topic": topic,
@@ -90,8 +72,8 @@ def write_chunk(store: Storage, batch: pa.RecordBatch, topic: str, *, codec: str
     return key
 
 
-def read_chunk_header(store: Storage, key: str, size: int) -> ChunkInfo:
-    """ChunkInfo from the first bytes of a chunk file, fetching more only if the header is
+def read_chunk_header(store: Storage, key: str, size: int) -> SourceChunk:
+    """SourceChunk from the first bytes of a chunk file, fetching more only if the header is
     longer than the first read."""
     name = store.url_for(key)
     m = _CHUNK_RE.match(key)
@@ -108,7 +90,7 @@ def read_chunk_header(store: Storage, key: str, size: int) -> ChunkInfo:
                 raise CorruptFile(f"{name}: truncated Avro header ({len(head)} bytes)") from None
     assert meta is not None
     try:
-        info = ChunkInfo(
+        info = SourceChunk(
             key=key,
             size=size,
             topic=meta["keyfill.topic"],
@@ -141,7 +123,7 @@ class ArchiveIndex:
     """Partitions and their chunks in offset order, built without reading records."""
 
     url: str
-    chunks: dict[tuple[str, int], list[ChunkInfo]] = field(default_factory=dict)
+    chunks: dict[tuple[str, int], list[SourceChunk]] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
 
     @property
@@ -151,14 +133,14 @@ class ArchiveIndex:
     def partitions(self, topic: str | None = None) -> list[int]:
         return sorted(p for t, p in self.chunks if topic is None or t == topic)
 
-    def partition_chunks(self, partition: int, topic: str | None = None) -> list[ChunkInfo]:
+    def partition_chunks(self, partition: int, topic: str | None = None) -> list[SourceChunk]:
         topic = topic or self._only_topic()
         return list(self.chunks.get((topic, partition), []))
 
-    def all_chunks(self) -> list[ChunkInfo]:
+    def all_chunks(self) -> list[SourceChunk]:
         return [c for k in sorted(self.chunks) for c in self.chunks[k]]
 
-    def overlapping(self, start_ms: int, end_ms: int) -> list[ChunkInfo]:
+    def overlapping(self, start_ms: int, end_ms: int) -> list[SourceChunk]:
         """Chunks that may hold a record with start_ms <= timestamp < end_ms."""
         return [c for c in self.all_chunks() if c.min_timestamp < end_ms and c.max_timestamp >= start_ms]
 
@@ -209,7 +191,7 @@ def build_index(store: Storage, *, threads: int = 16) -> ArchiveIndex:
     return index
 
 
-def read_chunk(store: Storage, chunk: ChunkInfo) -> pa.RecordBatch:
+def read_chunk(store: Storage, chunk: SourceChunk) -> pa.RecordBatch:
     """All records of a chunk, checked against its header: one partition, offsets strictly
     increasing within the header's bounds, the promised record count."""
     name = store.url_for(chunk.key)
@@ -230,3 +212,17 @@ def read_chunk(store: Storage, chunk: ChunkInfo) -> pa.RecordBatch:
             f"{chunk.first_offset}..{chunk.last_offset}"
         )
     return batch
+
+
+class EnvelopeSource(SourceArchive):
+    """The envelope archive as a compactor source: chunk bounds come from the headers."""
+
+    def __init__(self, store: Storage, *, threads: int = 16):
+        self.store = store
+        self.threads = threads
+
+    def list_chunks(self) -> list[SourceChunk]:
+        return build_index(self.store, threads=self.threads).all_chunks()
+
+    def read(self, chunk: SourceChunk) -> pa.RecordBatch:
+        return read_chunk(self.store, chunk)

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfill.partitioner import kafka_partition, kafka_partitions, murmur2, murmur2_many
+from keyfill.synth.kafka_partitioner import kafka_partition, kafka_partitions, murmur2, murmur2_many
 
 # Values asserted by Kafka's own UtilsTest.testMurmur2 (Java ints).
 KAFKA_VECTORS = {

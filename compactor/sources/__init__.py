@@ -1,0 +1,37 @@
+"""Source archives, one module per layout, chosen by `--format` from `FORMATS`:
+
+- `envelope`: keyfill's own partition-ordered archive (`compactor.sources.envelope`);
+- `kafka-connect`: the Kafka Connect S3 sink's AvroFormat layout
+  (`compactor.sources.kafka_connect`).
+
+Each yields `SourceChunk`s and reads them as envelope records (`compactor.sources.base`).
+"""
+
+from __future__ import annotations
+
+from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
+from compactor.sources.envelope import EnvelopeSource
+from compactor.sources.kafka_connect import KafkaConnectSource
+from keygroups.errors import OptionError
+from keygroups.storage import open_storage
+
+FORMATS: dict[str, type[SourceArchive]] = {"envelope": EnvelopeSource, "kafka-connect": KafkaConnectSource}
+
+__all__ = ["FORMATS", "ArchiveError", "SourceArchive", "SourceChunk", "open_source"]
+
+
+def open_source(
+    url: str,
+    *,
+    format: str = "envelope",
+    key_field: str | None = None,
+    timestamp_field: str | None = None,
+    threads: int = 16,
+) -> SourceArchive:
+    """The source archive at `url` in the given layout."""
+    if format not in FORMATS:
+        raise OptionError(f"unknown source format {format!r}; choose one of {', '.join(FORMATS)}")
+    store = open_storage(url, threads=threads)
+    if format == "kafka-connect":
+        return KafkaConnectSource(store, key_field=key_field, timestamp_field=timestamp_field, threads=threads)
+    return FORMATS[format](store, threads=threads)
