@@ -31,8 +31,9 @@ import pyarrow as pa
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from keygroups import envelope
 from keygroups._numba import njit
-from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
-from keygroups.errors import OptionError
+from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, framing
+from keygroups.envelope.buffers import arrow_binary
+from keygroups.errors import HeaderTruncated, OptionError
 from keygroups.storage import ObjectNotFound, Storage
 
 __all__ = ["KafkaConnectSource", "OptionError", "KEYS_SUFFIX", "HEADERS_SUFFIX", "encode_json"]
@@ -191,13 +192,10 @@ class _Avro:
 
 def _file_schema(data: bytes, name: str) -> tuple[Any, dict, int]:
     """(schema as written, header, header length) of an Avro object container file."""
-    buf = io.BytesIO(data)
     try:
-        head = fastavro.schemaless_reader(buf, _AVRO_HEADER, None)
-        if head["magic"] != b"Obj\x01":
-            raise ValueError("bad magic bytes")
-        return json.loads(head["meta"]["avro.schema"]), head, buf.tell()
-    except Exception as exc:
+        meta, sync, end = framing.read_header(memoryview(data), name)
+        return json.loads(meta["avro.schema"]), {"magic": framing.MAGIC, "meta": meta, "sync": sync}, end
+    except (HeaderTruncated, KeyError, ValueError) as exc:
         raise CorruptFile(f"{name}: not a readable Avro object container file ({exc})") from None
 
 
@@ -369,27 +367,13 @@ def _header_null_branch(schema: Any) -> int | None:
     return _null_branch(fields[1]["type"])
 
 
-def _raw_blocks(data: bytes, name: str, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(decompressed block bytes, block ends, block record counts), via fastavro."""
-    raw: list[memoryview] = []
-    counts: list[int] = []
-    try:
-        for block in fastavro.block_reader(io.BytesIO(data)):
-            raw.append(block.bytes_.getbuffer())
-            counts.append(block.num_records)
-    except Exception as exc:
-        raise _truncated(name, first, sum(counts), exc) from None
-    buf = np.frombuffer(b"".join(raw), np.uint8) if raw else np.zeros(0, np.uint8)
-    counts_arr = np.asarray(counts, np.int64)
-    if buf.size >= 2**31 or (counts_arr < 0).any() or counts_arr.sum() > buf.size:
-        raise CorruptFile(f"{name}: block headers claim {int(counts_arr.sum())} records in {buf.size} bytes")
-    return buf, np.cumsum([len(r) for r in raw], dtype=np.int64), counts_arr
-
-
-def _arrow_binary(n: int, off: np.ndarray, data: np.ndarray, valid: np.ndarray | None, typ=pa.binary()) -> pa.Array:
-    nulls = 0 if valid is None else int(n - valid[:n].sum())
-    bitmap = pa.py_buffer(np.packbits(valid[:n], bitorder="little")) if nulls else None
-    return pa.Array.from_buffers(typ, n, [bitmap, pa.py_buffer(off[: n + 1]), pa.py_buffer(data)], null_count=nulls)
+def _raw_blocks(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(decompressed block bytes back to back, block ends, block record counts)."""
+    blocks = framing.read_blocks(data, name).contiguous()
+    buf, counts = blocks.buf, blocks.counts
+    if buf.size >= 2**31 or (counts < 0).any() or counts.sum() > buf.size:
+        raise CorruptFile(f"{name}: block headers claim {int(counts.sum())} records in {buf.size} bytes")
+    return buf, blocks.ends, counts
 
 
 def _fail(name: str, first: int, at: int, err: int) -> CorruptFile:
@@ -397,7 +381,7 @@ def _fail(name: str, first: int, at: int, err: int) -> CorruptFile:
 
 
 def _fast_keys(data: bytes, name: str, first: int, null_branch: int) -> pa.Array:
-    buf, ends, counts = _raw_blocks(data, name, first)
+    buf, ends, counts = _raw_blocks(data, name)
     n = int(counts.sum())
     off = np.empty(n + 1, np.int32)
     out = np.empty(buf.size, np.uint8)
@@ -405,11 +389,11 @@ def _fast_keys(data: bytes, name: str, first: int, null_branch: int) -> pa.Array
     got, err = _decode_keys(buf, ends, counts, null_branch, off, out, valid)
     if err:
         raise _fail(name, first, got, err)
-    return _arrow_binary(n, off, out[: off[n]], valid)
+    return arrow_binary(n, off, out[: off[n]], valid)
 
 
 def _fast_headers(data: bytes, name: str, first: int, null_branch: int) -> pa.Array:
-    buf, ends, counts = _raw_blocks(data, name, first)
+    buf, ends, counts = _raw_blocks(data, name)
     n = int(counts.sum())
     items = buf.size // 2 + 1  # every item takes at least two bytes
     h_off = np.empty(n + 1, np.int32)
@@ -419,12 +403,12 @@ def _fast_headers(data: bytes, name: str, first: int, null_branch: int) -> pa.Ar
     got, m, err = _decode_headers(buf, ends, counts, null_branch, h_off, k_off, k_data, v_off, v_data, v_valid)
     if err:
         raise _fail(name, first, got, err)
-    keys = _arrow_binary(m, k_off, k_data[: k_off[m]], None, pa.string())
+    keys = arrow_binary(m, k_off, k_data[: k_off[m]], None, pa.string())
     try:
         keys.validate(full=True)  # Avro strings are UTF-8
     except pa.ArrowInvalid as exc:
         raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
-    values = _arrow_binary(m, v_off, v_data[: v_off[m]], v_valid)
+    values = arrow_binary(m, v_off, v_data[: v_off[m]], v_valid)
     items_arr = pa.StructArray.from_arrays([keys, values], fields=list(HEADER_TYPE))
     return pa.ListArray.from_arrays(pa.array(h_off), items_arr)
 

@@ -20,6 +20,7 @@ from compactor.sources.envelope import encode_chunk
 from keyfill.synth.kafka_partitioner import kafka_partitions
 from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, CODECS, HEADER_TYPE
+from keygroups.envelope.buffers import arrow_binary
 from keygroups.errors import OptionError
 from keygroups.storage import Storage, StorageError, open_storage
 
@@ -177,8 +178,8 @@ class _Draw:
         _fill_headers(trace, has_source, source_null, _HEX_DIGITS, key_off, key_data, val_off, val_data, val_valid)
         items = pa.StructArray.from_arrays(
             [
-                _from_offsets(pa.string(), key_off, key_data),
-                _from_offsets(pa.binary(), val_off, val_data, valid=val_valid),
+                arrow_binary(len(key_off) - 1, key_off, key_data, None, pa.string()),
+                arrow_binary(len(val_off) - 1, val_off, val_data, val_valid, pa.binary()),
             ],
             fields=list(HEADER_TYPE),
         )
@@ -187,14 +188,6 @@ class _Draw:
 
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
 _CURRENCY_BYTES = np.frombuffer(b"".join(_CURRENCIES), np.uint8).reshape(len(_CURRENCIES), 3)
-
-
-def _from_offsets(typ: pa.DataType, offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    validity = None if valid is None else pa.array(valid).buffers()[1]
-    nulls = 0 if valid is None else int((~valid).sum())
-    return pa.Array.from_buffers(
-        typ, len(offsets) - 1, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
-    )
 
 
 @njit(cache=True)

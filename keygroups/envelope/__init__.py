@@ -1,0 +1,63 @@
+"""The envelope record: one Kafka record as keyfill stores it, in source archives and in
+compacted archives alike (see docs/envelope-archive.md), and its Avro codec.
+
+Records travel as Arrow record batches (`ARROW_SCHEMA`) and are stored as Avro object
+container files. Modules: `schema` (Avro and Arrow schemas, conform, record weights),
+`framing` (container header, blocks, varints, codecs: shared by every decoder),
+`buffers` (Arrow binary columns <-> numpy buffers), `encoder` and `decoder` (compiled),
+`reference` (fastavro, the decoder's reference), `fingerprints` (record digests).
+"""
+
+from keygroups.envelope.decoder import decode_avro
+from keygroups.envelope.encoder import encode_avro
+from keygroups.envelope.fingerprints import record_fingerprints
+from keygroups.envelope.framing import (
+    ERR_EOF,
+    ERR_NEGATIVE,
+    ERR_UNION,
+    read_avro_metadata,
+    read_block_count,
+    read_bytes,
+    read_varint,
+)
+from keygroups.envelope.reference import read_avro_batch, read_avro_records
+from keygroups.envelope.schema import (
+    ARROW_SCHEMA,
+    AVRO_SCHEMA,
+    CODECS,
+    DEFAULT_BLOCK_BYTES,
+    HEADER_TYPE,
+    PARSED_SCHEMA,
+    batch_from_records,
+    conform,
+    empty_batch,
+    record_bytes,
+)
+from keygroups.errors import CorruptFile, HeaderTruncated
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "AVRO_SCHEMA",
+    "CODECS",
+    "DEFAULT_BLOCK_BYTES",
+    "HEADER_TYPE",
+    "PARSED_SCHEMA",
+    "ERR_EOF",
+    "ERR_NEGATIVE",
+    "ERR_UNION",
+    "CorruptFile",
+    "HeaderTruncated",
+    "batch_from_records",
+    "conform",
+    "decode_avro",
+    "empty_batch",
+    "encode_avro",
+    "read_avro_batch",
+    "read_avro_metadata",
+    "read_avro_records",
+    "read_block_count",
+    "read_bytes",
+    "read_varint",
+    "record_bytes",
+    "record_fingerprints",
+]
