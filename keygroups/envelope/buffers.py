@@ -40,3 +40,55 @@ def arrow_binary(
     return pa.Array.from_buffers(
         typ, n, [validity, pa.py_buffer(offsets[: n + 1]), pa.py_buffer(data)], null_count=nulls
     )
+
+
+@dataclass
+class EnvelopeBuffers:
+    """Envelope records as the flat arrays the compiled kernels (encoder, decoder,
+    fingerprints) take, in this field order."""
+
+    part: np.ndarray  # int32
+    off: np.ndarray  # int64
+    ts: np.ndarray  # int64 epoch ms
+    k_off: np.ndarray
+    k_data: np.ndarray
+    k_valid: np.ndarray
+    v_off: np.ndarray
+    v_data: np.ndarray
+    v_valid: np.ndarray
+    h_off: np.ndarray  # headers of record i: items h_off[i]..h_off[i + 1]
+    hk_off: np.ndarray
+    hk_data: np.ndarray
+    hv_off: np.ndarray
+    hv_data: np.ndarray
+    hv_valid: np.ndarray
+
+    @classmethod
+    def from_batch(cls, batch: pa.RecordBatch) -> EnvelopeBuffers:
+        """From a batch with the envelope's columns (views where Arrow allows)."""
+        key, val = binary_buffers(batch.column("key")), binary_buffers(batch.column("value"))
+        headers = batch.column("headers")
+        if headers.offset:
+            headers = pa.concat_arrays([headers])
+        items = headers.values
+        hkey, hval = binary_buffers(items.field("key")), binary_buffers(items.field("value"))
+        return cls(
+            batch.column("partition").to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+            batch.column("offset").to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+            batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False),
+            key.offsets,
+            key.data,
+            key.valid,
+            val.offsets,
+            val.data,
+            val.valid,
+            headers.offsets.to_numpy().astype(np.int64),
+            hkey.offsets,
+            hkey.data,
+            hval.offsets,
+            hval.data,
+            hval.valid,
+        )
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return tuple(getattr(self, f) for f in self.__dataclass_fields__)

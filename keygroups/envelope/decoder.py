@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import arrow_binary
+from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary
 from keygroups.envelope.framing import (
     ERR_EOF,
     ERR_NEGATIVE,
@@ -198,45 +198,28 @@ def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], 
         raise CorruptFile(
             f"{name}: block headers claim {int(counts.sum())} records in {int((ends - starts).sum())} bytes"
         )
-    (
-        err,
-        at,
-        part,
-        off,
-        ts,
-        k_off,
-        k_data,
-        k_valid,
-        v_off,
-        v_data,
-        v_valid,
-        h_off,
-        hk_off,
-        hk_data,
-        hv_off,
-        hv_data,
-        hv_valid,
-    ) = _decode_records(buf, starts, ends, counts)
+    err, at, *arrays = _decode_records(buf, starts, ends, counts)
+    c = EnvelopeBuffers(*arrays)
     if err:
-        where = f"record {at}" + (f" (after offset {off[at - 1]})" if at else "")
+        where = f"record {at}" + (f" (after offset {c.off[at - 1]})" if at else "")
         raise CorruptFile(f"{name}: {RECORD_ERRORS[err]} at {where}")
-    n, items = len(part), len(hv_valid)
-    header_keys = arrow_binary(items, hk_off, hk_data, None, pa.string())
+    n, items = len(c.part), len(c.hv_valid)
+    header_keys = arrow_binary(items, c.hk_off, c.hk_data, None, pa.string())
     try:
         header_keys.validate(full=True)  # Avro strings must be UTF-8
     except pa.ArrowInvalid as exc:
         raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
     items_arr = pa.StructArray.from_arrays(
-        [header_keys, arrow_binary(items, hv_off, hv_data, hv_valid)], fields=list(HEADER_TYPE)
+        [header_keys, arrow_binary(items, c.hv_off, c.hv_data, c.hv_valid)], fields=list(HEADER_TYPE)
     )
     batch = pa.RecordBatch.from_arrays(
         [
-            pa.array(part),
-            pa.array(off),
-            pa.array(ts).view(pa.timestamp("ms", tz="UTC")),
-            arrow_binary(n, k_off, k_data, k_valid),
-            arrow_binary(n, v_off, v_data, v_valid),
-            pa.ListArray.from_arrays(pa.array(h_off), items_arr),
+            pa.array(c.part),
+            pa.array(c.off),
+            pa.array(c.ts).view(pa.timestamp("ms", tz="UTC")),
+            arrow_binary(n, c.k_off, c.k_data, c.k_valid),
+            arrow_binary(n, c.v_off, c.v_data, c.v_valid),
+            pa.ListArray.from_arrays(pa.array(c.h_off), items_arr),
         ],
         schema=ARROW_SCHEMA,
     )

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import binary_buffers
+from keygroups.envelope.buffers import EnvelopeBuffers
 from keygroups.envelope.framing import compress, put_bytes, put_varint, varint_bytes, varint_size
 from keygroups.envelope.schema import CODECS, DEFAULT_BLOCK_BYTES, PARSED_SCHEMA, conform
 from keygroups.errors import OptionError
@@ -118,34 +118,14 @@ def encode_avro(
         raise OptionError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
     batch = conform(batch)
     n = batch.num_rows
-    part = batch.column("partition").to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    off = batch.column("offset").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    ts = batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False)
-    key = binary_buffers(batch.column("key"))
-    val = binary_buffers(batch.column("value"))
-    headers = batch.column("headers")
-    if headers.offset:
-        headers = pa.concat_arrays([headers])
-    h_off = headers.offsets.to_numpy().astype(np.int64)
-    items = headers.values
-    hkey = binary_buffers(items.field("key"))
-    hval = binary_buffers(items.field("value"))
+    cols = EnvelopeBuffers.from_batch(batch)
+    c = cols
     sizes = _record_sizes(
-        part,
-        off,
-        ts,
-        key.offsets,
-        key.valid,
-        val.offsets,
-        val.valid,
-        h_off,
-        hkey.offsets,
-        hval.offsets,
-        hval.valid,
+        c.part, c.off, c.ts, c.k_off, c.k_valid, c.v_off, c.v_valid, c.h_off, c.hk_off, c.hv_off, c.hv_valid
     )
 
     if sync_marker is None:
-        sync_marker = _content_marker(sizes, ts)
+        sync_marker = _content_marker(sizes, cols.ts)
     head = io.BytesIO()
     fastavro.writer(head, PARSED_SCHEMA, [], codec=codec, metadata=metadata, sync_marker=sync_marker)
     parts = [head.getvalue()]
@@ -161,26 +141,7 @@ def encode_avro(
         length = int(ends[hi - 1] - base)
         if scratch.shape[0] < length:
             scratch = np.empty(length, dtype=np.uint8)
-        written = _encode_records(
-            scratch,
-            lo,
-            hi,
-            part,
-            off,
-            ts,
-            key.offsets,
-            key.data,
-            key.valid,
-            val.offsets,
-            val.data,
-            val.valid,
-            h_off,
-            hkey.offsets,
-            hkey.data,
-            hval.offsets,
-            hval.data,
-            hval.valid,
-        )
+        written = _encode_records(scratch, lo, hi, *cols.arrays())
         assert written == length
         block = compress(codec, scratch[:length].tobytes())
         parts += [varint_bytes(hi - lo), varint_bytes(len(block)), block, sync_marker]

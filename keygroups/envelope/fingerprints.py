@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import binary_buffers
+from keygroups.envelope.buffers import EnvelopeBuffers
 from keygroups.envelope.schema import conform
 
 
@@ -53,26 +53,4 @@ def record_fingerprints(batch: pa.RecordBatch) -> np.ndarray:
     """A 64-bit hash of every field of each record. Summed (mod 2**64) over a partition they
     give an order-independent digest: equal multisets of records, equal sums."""
     batch = conform(batch)
-    headers = batch.column("headers")
-    if headers.offset:
-        headers = pa.concat_arrays([headers])
-    key, val = binary_buffers(batch.column("key")), binary_buffers(batch.column("value"))
-    items = headers.values
-    hkey, hval = binary_buffers(items.field("key")), binary_buffers(items.field("value"))
-    return _fingerprints(
-        batch.column("partition").to_numpy(zero_copy_only=False).astype(np.int32),
-        batch.column("offset").to_numpy(zero_copy_only=False).astype(np.int64),
-        batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False),
-        key.offsets,
-        key.data,
-        key.valid,
-        val.offsets,
-        val.data,
-        val.valid,
-        headers.offsets.to_numpy().astype(np.int64),
-        hkey.offsets,
-        hkey.data,
-        hval.offsets,
-        hval.data,
-        hval.valid,
-    )
+    return _fingerprints(*EnvelopeBuffers.from_batch(batch).arrays())
