@@ -61,7 +61,7 @@ def run(spark, args: argparse.Namespace) -> dict:
     checkpoint = args.out.rstrip("/") + "/_checkpoint"
     # Spark writes through Hadoop (s3a:// on a cluster); keyfill's own files go through its
     # storage layer, which calls the same bucket s3://.
-    out_store = open_storage(args.out.replace("s3a://", "s3://", 1))
+    out_store = open_storage(args.out)
     if overlapping(out_store, open_storage(args.archive)):
         raise StorageError(f"--out {args.out} overlaps the archive {args.archive}: choose an output folder outside it")
     if args.overwrite:  # only what this job writes: never other files in --out

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keygroups import storage as storage_mod
+from keygroups.storage import local as storage_mod
 from keygroups.storage import (
     LocalStorage,
     ObjectInfo,
@@ -227,11 +227,17 @@ def test_invalid_keys(store: Storage, key: str) -> None:
         store.read(key)
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/x", "hdfs://nn:8020/data", "ftp://host/x", "s3a://bucket/x"])
+@pytest.mark.parametrize("url", ["gs://bucket/x", "hdfs://nn:8020/data", "ftp://host/x"])
 def test_unknown_scheme(url: str) -> None:
     with pytest.raises(StorageError) as info:
         open_storage(url)
     assert url in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["s3a://bucket/x/y", "S3N://bucket/x/y/", "s3://bucket/x/y"])
+def test_spark_spellings_of_s3_are_the_same_store(url: str) -> None:
+    store = open_storage(url)
+    assert isinstance(store, S3Storage) and store.url == "s3://bucket/x/y"
 
 
 @pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "s3://b/a//c", "s3://b/../x", "file://otherhost/x"])

@@ -1,287 +1,18 @@
-"""Object storage shared by every keyfill component: local paths and S3, chosen by URL.
-
-Keys are '/'-separated and relative to a store's root URL. Both backends give the same
-contract (atomic writes, sorted recursive listings, ``ObjectNotFound`` for missing keys), so
-archive code is written once and tested on both. Every error names the full URL at fault,
-because a backfill touches thousands of objects and "file not found" alone is useless.
-"""
+"""S3 (and S3-compatible stores) through boto3, with every wait bounded."""
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
-import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
-from keygroups.errors import InvalidKey, ObjectNotFound, StorageError
-
-__all__ = [
-    "StorageError",
-    "ObjectNotFound",
-    "ObjectInfo",
-    "Storage",
-    "LocalStorage",
-    "S3Storage",
-    "S3Limits",
-    "open_storage",
-    "overlapping",
-]
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    key: str
-    size: int
-
-
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-# Temp files of in-flight local writes start with this; list() hides them and keys may not
-# use it, so a crashed writer's leftovers can never be mistaken for data.
-_TMP = ".keyfill-tmp-"
-
-
-def _check_key(key: str) -> str:
-    """Reject keys that would escape the root locally or mean different things per backend."""
-    if not isinstance(key, str) or not key:
-        raise InvalidKey(f"invalid storage key {key!r}: must be a non-empty string")
-    _check_segments(key, key.split("/"))
-    return key
-
-
-def _check_segments(what: str, parts: list[str]) -> None:
-    for part in parts:
-        if part in ("", ".", "..") or part.startswith(_TMP) or "\x00" in part:
-            raise InvalidKey(
-                f"invalid storage key {what!r}: segments may not be empty, '.', '..', "
-                f"contain NUL or start with {_TMP!r}"
-            )
-
-
-def _check_prefix(prefix: str) -> str:
-    """A prefix is a plain string prefix (like S3); only its folder part must be a valid key."""
-    if prefix.startswith("/"):
-        raise InvalidKey(f"invalid storage prefix {prefix!r}: must be relative")
-    folder = prefix.rpartition("/")[0]
-    if folder:
-        _check_key(folder)
-    return prefix
-
-
-def _join(root: str, key: str) -> str:
-    if not key:
-        return root
-    return f"{root}/{key}" if not root.endswith("/") else root + key
-
-
-class Storage(ABC):
-    """A flat namespace of immutable-until-replaced objects under one root URL."""
-
-    url: str
-
-    @abstractmethod
-    def read(self, key: str) -> bytes: ...
-
-    @abstractmethod
-    def read_range(self, key: str, start: int, length: int) -> bytes:
-        """Bytes [start, start+length); fewer (possibly none) at end of object."""
-
-    @abstractmethod
-    def write(self, key: str, data: bytes) -> None:
-        """Replace the object atomically: readers see the old or the new bytes, never a mix."""
-
-    @abstractmethod
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """All objects whose key starts with ``prefix`` (a string prefix, like S3), sorted."""
-
-    @abstractmethod
-    def exists(self, key: str) -> bool: ...
-
-    @abstractmethod
-    def size(self, key: str) -> int: ...
-
-    @abstractmethod
-    def delete(self, key: str) -> None:
-        """Remove the object; a missing key is not an error, so retries are safe."""
-
-    @abstractmethod
-    def delete_many(self, keys: list[str]) -> int:
-        """Remove exactly these objects (missing ones are not an error); returns how many
-        keys were given."""
-
-    def delete_prefix(self, prefix: str) -> int:
-        """Remove every object under ``prefix``; returns how many were removed."""
-        return self.delete_many([o.key for o in self.list(prefix)])
-
-    @abstractmethod
-    def sub(self, prefix: str) -> Storage:
-        """A store rooted at ``root/prefix`` that shares this one's connections."""
-
-    @abstractmethod
-    def location(self) -> tuple[str, ...]:
-        """Where the root is, as path segments after a backend tag: equal prefixes mean one
-        root lies inside the other."""
-
-    def url_for(self, key: str) -> str:
-        return _join(self.url, key)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
-
-    @staticmethod
-    def _check_range(start: int, length: int) -> None:
-        if start < 0 or length < 0:
-            raise InvalidKey(f"invalid byte range start={start} length={length}")
-
-
-# --------------------------------------------------------------------------- local
-
-
-class LocalStorage(Storage):
-    """A directory tree. Picklable as-is: it holds nothing but its absolute root path.
-
-    Unlike S3, a key cannot be both an object and a folder ('a' and 'a/b'): the second
-    write fails with a StorageError.
-    """
-
-    def __init__(self, root: str, *, fsync: bool = True) -> None:
-        self.root = os.path.abspath(root)
-        self.url = self.root
-        self.fsync = fsync
-
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, *_check_key(key).split("/"))
-
-    def location(self) -> tuple[str, ...]:
-        # realpath: a symlinked folder is the same place under two names.
-        return ("file", *[p for p in os.path.realpath(self.root).split(os.sep) if p])
-
-    @contextmanager
-    def _errors(self, key: str, verb: str) -> Iterator[None]:
-        try:
-            yield
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
-            if verb == "write":
-                raise StorageError(f"cannot write {self.url_for(key)}: {e.strerror}") from e
-            raise ObjectNotFound(f"no such object: {self.url_for(key)}") from e
-        except OSError as e:
-            raise StorageError(f"cannot {verb} {self.url_for(key)}: {e.strerror or e}") from e
-
-    def read(self, key: str) -> bytes:
-        path = self._path(key)
-        with self._errors(key, "read"), open(path, "rb") as f:
-            return f.read()
-
-    def read_range(self, key: str, start: int, length: int) -> bytes:
-        self._check_range(start, length)
-        path = self._path(key)
-        with self._errors(key, "read"), open(path, "rb") as f:
-            f.seek(start)
-            return f.read(length)
-
-    def write(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        folder = os.path.dirname(path)
-        with self._errors(key, "write"):
-            # A concurrent delete_prefix may prune the folder between makedirs and open.
-            for attempt in range(3):
-                os.makedirs(folder, exist_ok=True)
-                tmp = os.path.join(folder, f"{_TMP}{uuid.uuid4().hex}")
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                    break
-                except FileNotFoundError:
-                    if attempt == 2:
-                        raise
-            try:
-                with open(fd, "wb") as f:
-                    f.write(data)
-                    if self.fsync:
-                        # Without it a crash can leave the renamed file empty: a manifest
-                        # that points at nothing is worse than no manifest.
-                        f.flush()
-                        os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
-        _check_prefix(prefix)
-        out: list[ObjectInfo] = []
-
-        def walk(folder: str, rel: str) -> None:
-            try:
-                entries = list(os.scandir(folder))
-            except (FileNotFoundError, NotADirectoryError):
-                return
-            for entry in entries:
-                key = rel + entry.name
-                try:
-                    if entry.is_dir():
-                        if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
-                            walk(entry.path, key + "/")
-                    elif not entry.name.startswith(_TMP) and key.startswith(prefix):
-                        out.append(ObjectInfo(key, entry.stat().st_size))
-                except FileNotFoundError:  # deleted while we were looking
-                    continue
-
-        base = prefix.rpartition("/")[0]
-        with self._errors(prefix, "list"):
-            walk(os.path.join(self.root, *base.split("/")) if base else self.root, base + "/" if base else "")
-        out.sort(key=lambda o: o.key)
-        return out
-
-    def exists(self, key: str) -> bool:
-        return os.path.isfile(self._path(key))
-
-    def size(self, key: str) -> int:
-        path = self._path(key)
-        with self._errors(key, "stat"):
-            if os.path.isdir(path):
-                raise FileNotFoundError(2, "is a folder, not an object")
-            return os.stat(path).st_size
-
-    def delete(self, key: str) -> None:
-        path = self._path(key)
-        with self._errors(key, "delete"):
-            try:
-                os.unlink(path)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                pass  # no such object (a folder is not one): nothing to do, as on S3
-
-    def delete_many(self, keys: list[str]) -> int:
-        folders: set[str] = set()
-        for key in keys:
-            self.delete(key)
-            folders.add(os.path.dirname(self._path(key)))
-        # Prune folders left empty, so a deleted prefix looks gone as it does on S3.
-        for folder in sorted(folders, key=len, reverse=True):
-            while folder != self.root and folder.startswith(self.root + os.sep):
-                try:
-                    os.rmdir(folder)
-                except OSError:
-                    break
-                folder = os.path.dirname(folder)
-        return len(keys)
-
-    def sub(self, prefix: str) -> LocalStorage:
-        prefix = prefix.strip("/")
-        if not prefix:
-            return self
-        return LocalStorage(self._path(prefix), fsync=self.fsync)
-
-
-# --------------------------------------------------------------------------- S3
+from keygroups.errors import ObjectNotFound, StorageError
+from keygroups.storage.base import ObjectInfo, Storage, check_key, check_prefix
 
 
 @dataclass(frozen=True)
@@ -436,7 +167,7 @@ class S3Storage(Storage):
         return ("s3", self.bucket, *[p for p in self.prefix.split("/") if p])
 
     def _key(self, key: str) -> str:
-        _check_key(key)
+        check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _translate(self, exc: Exception, key: str) -> StorageError:
@@ -521,7 +252,7 @@ class S3Storage(Storage):
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        _check_prefix(prefix)
+        check_prefix(prefix)
         root = f"{self.prefix}/" if self.prefix else ""
         out: list[ObjectInfo] = []
         with self._errors(prefix):
@@ -566,7 +297,7 @@ class S3Storage(Storage):
     def delete_many(self, keys: list[str]) -> int:
         root = f"{self.prefix}/" if self.prefix else ""
         for key in keys:
-            _check_key(key)
+            check_key(key)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = keys[i : i + 1000]
             with self._errors(batch[0]):
@@ -587,47 +318,3 @@ class S3Storage(Storage):
         if not prefix:
             return self
         return S3Storage(self.bucket, self._key(prefix), client=self._client)
-
-
-# --------------------------------------------------------------------------- factory
-
-
-def overlapping(a: Storage, b: Storage) -> bool:
-    """True when the two roots are the same or one lies inside the other: a job that reads
-    one and writes (or clears) the other would then touch its own input."""
-    la, lb = a.location(), b.location()
-    n = min(len(la), len(lb))
-    return la[:n] == lb[:n]
-
-
-def open_storage(url: str, *, threads: int = 16) -> Storage:
-    """Open a store for ``/path``, ``relative/path``, ``file:///path`` or ``s3://bucket/prefix``.
-
-    ``threads`` is how many threads will share the store; it sizes the S3 connection pool.
-    """
-    if not isinstance(url, str) or not url:
-        raise StorageError(f"invalid storage URL {url!r}")
-    match = _SCHEME.match(url)
-    scheme = match.group(1).lower() if match else ""
-    if not scheme:
-        return LocalStorage(url)
-    parsed = urlparse(url)
-    if scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise StorageError(f"file URL with a remote host is not supported: {url}")
-        return LocalStorage(unquote(parsed.path) or "/")
-    if scheme == "s3":
-        if not parsed.netloc:
-            raise StorageError(f"S3 URL has no bucket: {url}")
-        if parsed.query or parsed.fragment:
-            raise StorageError(f"S3 URL may not have a query or fragment: {url}")
-        prefix = parsed.path.strip("/")
-        try:
-            if prefix:
-                _check_key(prefix)
-        except ValueError as e:
-            raise StorageError(f"invalid S3 URL {url}: {e}") from None
-        return S3Storage(parsed.netloc, prefix, threads=threads)
-    raise StorageError(
-        f"unsupported storage URL scheme {scheme!r} in {url} (use a local path, file:///path or s3://bucket/prefix)"
-    )

@@ -1,0 +1,113 @@
+"""The storage contract every backend keeps, and the key rules that make a key mean the
+same thing on all of them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from keygroups.errors import InvalidKey
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+# Temp files of in-flight local writes start with this; list() hides them and keys may not
+# use it, so a crashed writer's leftovers can never be mistaken for data.
+TMP_PREFIX = ".keyfill-tmp-"
+
+
+def check_key(key: str) -> str:
+    """Reject keys that would escape the root locally or mean different things per backend."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"invalid storage key {key!r}: must be a non-empty string")
+    _check_segments(key, key.split("/"))
+    return key
+
+
+def _check_segments(what: str, parts: list[str]) -> None:
+    for part in parts:
+        if part in ("", ".", "..") or part.startswith(TMP_PREFIX) or "\x00" in part:
+            raise InvalidKey(
+                f"invalid storage key {what!r}: segments may not be empty, '.', '..', "
+                f"contain NUL or start with {TMP_PREFIX!r}"
+            )
+
+
+def check_prefix(prefix: str) -> str:
+    """A prefix is a plain string prefix (like S3); only its folder part must be a valid key."""
+    if prefix.startswith("/"):
+        raise InvalidKey(f"invalid storage prefix {prefix!r}: must be relative")
+    folder = prefix.rpartition("/")[0]
+    if folder:
+        check_key(folder)
+    return prefix
+
+
+def _join(root: str, key: str) -> str:
+    if not key:
+        return root
+    return f"{root}/{key}" if not root.endswith("/") else root + key
+
+
+class Storage(ABC):
+    """A flat namespace of immutable-until-replaced objects under one root URL."""
+
+    url: str
+
+    @abstractmethod
+    def read(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes [start, start+length); fewer (possibly none) at end of object."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Replace the object atomically: readers see the old or the new bytes, never a mix."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """All objects whose key starts with ``prefix`` (a string prefix, like S3), sorted."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def size(self, key: str) -> int: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is not an error, so retries are safe."""
+
+    @abstractmethod
+    def delete_many(self, keys: list[str]) -> int:
+        """Remove exactly these objects (missing ones are not an error); returns how many
+        keys were given."""
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every object under ``prefix``; returns how many were removed."""
+        return self.delete_many([o.key for o in self.list(prefix)])
+
+    @abstractmethod
+    def sub(self, prefix: str) -> Storage:
+        """A store rooted at ``root/prefix`` that shares this one's connections."""
+
+    @abstractmethod
+    def location(self) -> tuple[str, ...]:
+        """Where the root is, as path segments after a backend tag: equal prefixes mean one
+        root lies inside the other."""
+
+    def url_for(self, key: str) -> str:
+        return _join(self.url, key)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @staticmethod
+    def _check_range(start: int, length: int) -> None:
+        if start < 0 or length < 0:
+            raise InvalidKey(f"invalid byte range start={start} length={length}")
