@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keygroups.storage import local as storage_mod
 from keygroups.storage import (
     LocalStorage,
     ObjectInfo,
@@ -26,6 +25,7 @@ from keygroups.storage import (
     StorageError,
     open_storage,
 )
+from keygroups.storage import local as storage_mod
 
 REPO = Path(__file__).resolve().parents[1]
 
