@@ -1,0 +1,70 @@
+"""The `keyfill` command: one entry point, a module per subcommand.
+
+Each subcommand imports its package only when it runs, so `keyfill generate` never starts
+Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from keyfill.cli import compact, generate, handoff, inspect_source, replay, verify
+from keyfill.cli.compact import add_compact_arguments, add_source_options, compact_config, print_compact_result
+from keyfill.cli.verify import print_verify_report
+
+__all__ = [
+    "main",
+    "build_parser",
+    "add_compact_arguments",
+    "add_source_options",
+    "compact_config",
+    "print_compact_result",
+    "print_verify_report",
+]
+
+_TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*\.[A-Z]\w*: (.+)$", re.M)
+
+
+def _spark_task_error(exc: Exception) -> str | None:
+    """The keyfill error raised inside a Spark task: Spark wraps it in its own exception
+    with both tracebacks; the user needs the one line that names the object."""
+    found = _TASK_ERROR.findall(str(exc))
+    return found[-1].strip() if found else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keyfill",
+        description="Fast historical backfill: compact a Kafka archive into volume-balanced key "
+        "groups once, then replay it in parallel with per-key order and lockstep event time.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in (generate, inspect_source, compact, verify, replay, handoff):
+        command.add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from keygroups.errors import KeyfillError
+
+    try:
+        return args.run(args)
+    except KeyfillError as exc:
+        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        cause = _spark_task_error(exc)
+        if cause is None:
+            raise  # a bug: the traceback is what a report needs
+        print(f"keyfill {args.command}: error: {cause}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"keyfill {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

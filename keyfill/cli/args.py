@@ -1,0 +1,46 @@
+"""Argument types and output formats shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1]")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def iso_ms(text: str) -> int:
+    """An ISO 8601 time (UTC unless it says otherwise) as epoch milliseconds."""
+    try:
+        start = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time like 2026-01-01T00:00:00Z") from None
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=timezone.utc)
+    return int(start.timestamp() * 1000)
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value

@@ -1,0 +1,107 @@
+"""`keyfill compact` (and the options `spark-submit jobs/compact.py` shares)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from keyfill.cli.args import mb, positive_int
+
+
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        dest="source_format",
+        default="envelope",
+        choices=["envelope", "kafka-connect"],
+        help="source layout",
+    )
+    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
+    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+
+
+def add_compact_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by `keyfill compact` and `spark-submit jobs/compact.py`."""
+    p.add_argument("source", help="source archive: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("dest", help="where the compacted archive goes")
+    p.add_argument("--groups", type=positive_int, required=True, help="key groups (the replay's parallelism)")
+    p.add_argument("--slice-duration", default="10m", help="event-time length of a slice: 500ms, 90s, 10m, 1h, 1d")
+    add_source_options(p)
+    p.add_argument("--topic", help="topic to compact when the source holds several")
+    p.add_argument("--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of group files")
+    p.add_argument("--block-bytes", type=int, default=1 << 20, help="Avro block size of group files")
+    p.add_argument(
+        "--allow-gaps", action="store_true", help="accept offset gaps between chunks (compacted topics), reporting them"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing compacted archive at DEST")
+    p.add_argument("--threads", type=positive_int, default=16, help="I/O threads per task")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def compact_config(args: argparse.Namespace):
+    from compactor.job import CompactConfig
+
+    return CompactConfig(
+        source=args.source,
+        dest=args.dest,
+        groups=args.groups,
+        slice_duration=args.slice_duration,
+        source_format=args.source_format,
+        key_field=args.key_field,
+        timestamp_field=args.timestamp_field,
+        topic=args.topic,
+        codec=args.codec,
+        block_bytes=args.block_bytes,
+        allow_gaps=args.allow_gaps,
+        overwrite=args.overwrite,
+        threads=args.threads,
+    )
+
+
+def print_compact_result(r, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    if as_json:
+        print(json.dumps(asdict(r), indent=2))
+        return
+    rate = r.records / r.seconds if r.seconds else 0.0
+    print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}")
+    print(f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.files} files, {mb(r.file_bytes)}")
+    print(
+        f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
+        f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
+    )
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items())
+    print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compact",
+        help="compact a source archive into key groups (embedded local Spark)",
+        description="Rewrite a partition-ordered archive as one Avro file per (slice, key group), keys packed "
+        "into volume-balanced groups. Runs on an embedded Spark (--master, default local[*]); on a cluster use "
+        "`spark-submit jobs/compact.py` with the same options.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_compact_arguments(p)
+    p.add_argument("--master", default="local[*]", help="Spark master of the embedded session")
+    p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from compactor.job import compact
+    from compactor.spark_session import local_spark
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = compact_config(args)
+    spark = local_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        print_compact_result(compact(cfg, spark), args.json)
+    finally:
+        spark.stop()
+    return 0

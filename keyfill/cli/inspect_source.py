@@ -1,0 +1,59 @@
+"""`keyfill inspect`: summarise a source archive."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from keyfill.cli.args import iso, mb, positive_int
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a source archive",
+        description="Print an archive's partitions, chunks, records, bytes, time span and heaviest keys. "
+        "Partitions and chunks come from file headers; the heaviest keys need one scan of the records.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("url", help="archive root: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("--top", type=int, default=10, help="heaviest keys to list")
+    p.add_argument("--no-scan", action="store_true", help="headers only: skip the key scan")
+    p.add_argument("--threads", type=positive_int, default=8, help="parallel reads")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from keyfill.summary import inspect_archive
+    from keygroups.storage import open_storage
+
+    store = open_storage(args.url, threads=args.threads)
+    s = inspect_archive(
+        store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=not (args.no_progress or args.json)
+    )
+    if args.json:
+        print(json.dumps(s.to_json(), indent=2))
+        return 0
+    print(f"archive   {s.url}")
+    print(f"records   {s.records:,} in {s.chunks} chunks, {mb(s.file_bytes)} on storage")
+    print(
+        f"time      {iso(s.min_timestamp)} .. {iso(s.max_timestamp)}"
+        f" ({(s.max_timestamp - s.min_timestamp) / 1000:,.0f} s)"
+    )
+    print()
+    print(f"{'topic':<16} {'part':>4} {'chunks':>6} {'records':>12} {'offsets':>25} {'MB':>10}")
+    for p in s.partitions:
+        offsets = f"{p.first_offset}..{p.last_offset}"
+        print(f"{p.topic:<16} {p.partition:>4} {p.chunks:>6} {p.records:>12,} {offsets:>25} {p.bytes / 1e6:>10,.1f}")
+    for gap in s.gaps:
+        print(f"gap: {gap}")
+    if s.heaviest_keys:
+        print()
+        print(f"{s.distinct_keys:,} distinct keys, {mb(s.payload_bytes or 0)} of payload; heaviest:")
+        print(f"{'key':<24} {'records':>12} {'bytes':>14} {'share':>7}")
+        for k in s.heaviest_keys:
+            name = "(null key)" if k.key is None else k.key
+            print(f"{name:<24} {k.records:>12,} {k.bytes:>14,} {k.share:>7.2%}")
+    return 0

@@ -1,0 +1,78 @@
+"""`keyfill verify`: audit a compacted archive against its source."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from keyfill.cli.args import positive_int
+from keyfill.cli.compact import add_source_options
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="audit a compacted archive against its source",
+        description="Prove nothing was lost, duplicated or reordered: every source record exactly once (counts and "
+        "a per-partition fingerprint), offsets covered without gaps or overlaps, each key in offset order and in "
+        "its group, slice bounds, file checksums, hand-off offsets. Exits 1 with a report on any violation.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("source", help="the source archive")
+    p.add_argument("dest", help="the compacted archive")
+    add_source_options(p)
+    p.add_argument("--threads", type=positive_int, default=8, help="parallel reads")
+    p.add_argument(
+        "--spark",
+        action="store_true",
+        help="check records on an embedded Spark (--master) instead of in this process: for archives "
+        "whose offsets do not fit in memory",
+    )
+    p.add_argument("--master", default="local[*]", help="Spark master with --spark")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from compactor.sources import open_source
+    from compactor.verify import verify
+    from keygroups.storage import open_storage
+
+    source = open_source(
+        args.source,
+        format=args.source_format,
+        key_field=args.key_field,
+        timestamp_field=args.timestamp_field,
+        threads=args.threads,
+    )
+    dest = open_storage(args.dest, threads=args.threads)
+    if args.spark:
+        from compactor.spark_session import local_spark
+        from compactor.verify import verify_spark
+
+        spark = local_spark(args.master, app="keyfill verify")
+        spark.sparkContext.setLogLevel("WARN")
+        try:
+            report = verify_spark(source, dest, spark)
+        finally:
+            spark.stop()
+    else:
+        report = verify(source, dest, threads=args.threads, progress=not (args.no_progress or args.json))
+    print_verify_report(report, args.json)
+    return 0 if report.ok else 1
+
+
+def print_verify_report(report, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for check, count in report.counts.items():
+            if check in report.not_run:
+                print(f"skip {check:<13} not run: the manifest is needed to check it")
+                continue
+            print(f"{'ok  ' if count == 0 else 'FAIL'} {check:<13} {'' if count == 0 else f'{count} violation(s)'}")
+            for message in report.violations[check]:
+                print(f"     {message}")
+        verdict = "verified" if report.ok else "NOT verified"
+        print(f"{verdict}: {report.records:,} records in {report.files} files of {report.dest}")
