@@ -1,0 +1,89 @@
+"""Phase 1 of the compaction: bytes and records per key, and per chunk the summaries slicing
+needs, computed in Spark tasks; the driver receives per-key totals, never records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from compactor.chunks import chunk_frame, read_checked
+from compactor.slicing import ChunkStats, Run, chunk_runs
+from compactor.sources import SourceArchive, SourceChunk
+from keygroups import envelope
+
+STATS_SCHEMA = "kind int, key binary, null_part int, bytes long, records long, chunk string"
+
+
+@dataclass
+class Statistics:
+    totals: pa.Table  # key, null_part, bytes, records: one row per key (null keys: per partition)
+    chunks: list[ChunkStats]
+
+
+def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for rows in batches:
+            for row in rows.to_pylist():
+                chunk = chunks[row["idx"]]
+                batch = read_checked(source, chunk)
+                offsets = batch.column("offset").to_numpy()
+                ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
+                weights = envelope.record_bytes(batch)
+                t = pa.table({"key": batch.column("key"), "bytes": weights})
+                agg = t.group_by("key", use_threads=False).aggregate([("bytes", "sum"), ("bytes", "count")])
+                n = agg.num_rows
+                keys = agg.column("key")
+                null_part = pa.array(
+                    np.where(keys.is_null().to_numpy(zero_copy_only=False), chunk.partition, -1), pa.int32()
+                )
+                stats = ChunkStats(
+                    key=chunk.key,
+                    topic=chunk.topic,
+                    partition=chunk.partition,
+                    first_offset=int(offsets[0]),
+                    last_offset=int(offsets[-1]),
+                    records=batch.num_rows,
+                    min_timestamp=int(ts.min()),
+                    max_timestamp=int(ts.max()),
+                    runs=chunk_runs(offsets, ts, duration_ms),
+                )
+                # n key rows (kind 0), then one row with the chunk summary (kind 1)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(np.r_[np.zeros(n), [1]].astype(np.int32)),
+                        pa.concat_arrays([keys.combine_chunks(), pa.nulls(1, pa.binary())]),
+                        pa.concat_arrays([null_part, pa.array([-1], pa.int32())]),
+                        pa.concat_arrays([agg.column("bytes_sum").combine_chunks(), pa.array([0], pa.int64())]),
+                        pa.concat_arrays([agg.column("bytes_count").combine_chunks(), pa.array([0], pa.int64())]),
+                        pa.array([None] * n + [json.dumps(asdict(stats))], pa.string()),
+                    ],
+                    names=["kind", "key", "null_part", "bytes", "records", "chunk"],
+                )
+
+    return run
+
+
+def run_statistics(spark, source: SourceArchive, chunks: list[SourceChunk], duration_ms: int) -> Statistics:
+    from pyspark.sql import functions as F
+
+    spark.sparkContext.setJobDescription("keyfill compact: statistics")
+    stats = chunk_frame(spark, chunks).mapInArrow(_stats_task(source, chunks, duration_ms), STATS_SCHEMA).persist()
+    try:
+        totals = (
+            stats.filter("kind = 0")
+            .groupBy("key", "null_part")
+            .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"))
+            .toArrow()
+        )
+        chunk_stats = []
+        for row in stats.filter("kind = 1").select("chunk").toArrow().column("chunk").to_pylist():
+            d = json.loads(row)
+            d["runs"] = [Run(**r) for r in d["runs"]]
+            chunk_stats.append(ChunkStats(**d))
+    finally:
+        stats.unpersist()
+    return Statistics(totals, chunk_stats)
