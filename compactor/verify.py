@@ -13,6 +13,8 @@ Checks, each reported by name:
   partition, ranges of successive slices follow each other, and running-maximum
   timestamps fall inside [start, end) of their slice;
 - hand-off: the manifest's next offset per partition is the source's last offset + 1.
+
+The same audit runs on Spark for archives too large for one process: `compactor.verify_spark`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.storage import Storage
 
 CHECKS = ("manifest", "checksums", "exactly_once", "key_order", "slice_bounds", "handoff")
-_MAX_REPORTED = 20  # violations listed per check; the count is always exact
+MAX_REPORTED = 20  # violations listed per check; the count is always exact
 
 
 @dataclass
@@ -50,7 +52,7 @@ class VerifyReport:
 
     def fail(self, check: str, message: str) -> None:
         self.counts[check] += 1
-        if len(self.violations[check]) < _MAX_REPORTED:
+        if len(self.violations[check]) < MAX_REPORTED:
             self.violations[check].append(message)
 
     def to_json(self) -> dict:
@@ -188,7 +190,7 @@ class FileChecker:
         return batch, problems
 
 
-def _plan(source: SourceArchive, dest: Storage):
+def plan_audit(source: SourceArchive, dest: Storage):
     """A fresh report and what to audit: manifest, source chunks, slice metadata, group
     files; no plan when the manifest is missing or unreadable (reported)."""
     report = VerifyReport(source=source.url, dest=dest.url)
@@ -208,7 +210,7 @@ def _plan(source: SourceArchive, dest: Storage):
 def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
     from tqdm import tqdm
 
-    report, plan = _plan(source, dest)
+    report, plan = plan_audit(source, dest)
     if plan is None:
         return report
     manifest, chunks, metas, files = plan
@@ -270,12 +272,12 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
                     f"{start[wrong[0]]}, its running maximum timestamp says otherwise",
                 )
 
-    _metadata_checks(report, manifest, metas)
-    _handoff_checks(report, manifest, {p: int(max(o.max() for o in d.offsets)) for p, d in src.items()})
+    metadata_checks(report, manifest, metas)
+    handoff_checks(report, manifest, {p: int(max(o.max() for o in d.offsets)) for p, d in src.items()})
     return report
 
 
-def _metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: list[compacted.SliceMeta]) -> None:
+def metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: list[compacted.SliceMeta]) -> None:
     """Slices one duration long whose partition ranges follow each other; manifest totals."""
     last: dict[int, int] = {}
     for m in metas:
@@ -294,144 +296,8 @@ def _metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: 
         report.fail("manifest", f"files hold {report.records} records, manifest says {manifest.totals['records']}")
 
 
-def _handoff_checks(report: VerifyReport, manifest: compacted.Manifest, last_offsets: dict[int, int]) -> None:
+def handoff_checks(report: VerifyReport, manifest: compacted.Manifest, last_offsets: dict[int, int]) -> None:
     for p, last in sorted(last_offsets.items()):
         got = manifest.handoff.get(str(p))
         if got != last + 1:
             report.fail("handoff", f"partition {p}: manifest hand-off offset {got}, source's next offset {last + 1}")
-
-
-# --- the same audit on Spark, for archives too large for one process -------------------------
-
-_SRC_SCHEMA = "partition int, offset long, ts long, fp long"
-_DST_SCHEMA = "kind int, partition int, offset long, slice_start long, fp long, check string, message string"
-
-
-def _source_task(source: SourceArchive, chunks: list):
-    def run(batches):
-        for rows in batches:
-            for i in rows.column("idx").to_pylist():
-                b = source.read(chunks[i])
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        b.column("partition"),
-                        b.column("offset"),
-                        b.column("timestamp").cast(pa.int64()),
-                        pa.array(envelope.record_fingerprints(b).view(np.int64)),
-                    ],
-                    names=["partition", "offset", "ts", "fp"],
-                )
-
-    return run
-
-
-def _archive_task(checker: FileChecker, files: list):
-    def run(batches):
-        for rows in batches:
-            for i in rows.column("idx").to_pylist():
-                meta, gf = files[i]
-                b, problems = checker(meta, gf)
-                n = b.num_rows
-                yield pa.RecordBatch.from_pydict(
-                    {
-                        "kind": pa.array(np.zeros(n, np.int32)),
-                        "partition": b.column("partition"),
-                        "offset": b.column("offset"),
-                        "slice_start": pa.array(np.full(n, meta.start_ms, np.int64)),
-                        "fp": pa.array(envelope.record_fingerprints(b).view(np.int64)),
-                        "check": pa.nulls(n, pa.string()),
-                        "message": pa.nulls(n, pa.string()),
-                    }
-                )
-                if problems:
-                    k = len(problems)
-                    yield pa.RecordBatch.from_pydict(
-                        {
-                            "kind": pa.array(np.ones(k, np.int32)),
-                            "partition": pa.nulls(k, pa.int32()),
-                            "offset": pa.nulls(k, pa.int64()),
-                            "slice_start": pa.nulls(k, pa.int64()),
-                            "fp": pa.nulls(k, pa.int64()),
-                            "check": [c for c, _ in problems],
-                            "message": [m for _, m in problems],
-                        }
-                    )
-
-    return run
-
-
-def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
-    """`verify` with the record-level checks done by Spark: files are checked in tasks, and
-    source and archive are joined on (partition, offset), so no process holds the archive."""
-    from pyspark import StorageLevel
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    report, plan = _plan(source, dest)
-    if plan is None:
-        return report
-    manifest, chunks, metas, files = plan
-    sc = spark.sparkContext
-
-    def indices(n: int):
-        return spark.createDataFrame(
-            sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))), "idx int"
-        )
-
-    sc.setJobDescription("keyfill verify")
-    src = indices(len(chunks)).mapInArrow(_source_task(source, chunks), _SRC_SCHEMA)
-    dst = indices(len(files)).mapInArrow(_archive_task(FileChecker(dest), files), _DST_SCHEMA)
-    dst = dst.persist(StorageLevel.MEMORY_AND_DISK)
-    joined = None
-    try:
-        for r in dst.filter("kind = 1").select("check", "message").toArrow().to_pylist():
-            report.fail(r["check"], r["message"])
-        records = dst.filter("kind = 0").select("partition", "offset", "slice_start", F.col("fp").alias("afp"))
-        joined = src.join(records, on=["partition", "offset"], how="full_outer").persist(StorageLevel.MEMORY_AND_DISK)
-        report.records = records.count()
-
-        def each(check: str, frame, message) -> None:
-            count = frame.count()
-            for r in frame.limit(_MAX_REPORTED).toArrow().to_pylist():
-                report.fail(check, message(r))
-            report.counts[check] += max(0, count - min(count, _MAX_REPORTED))
-
-        each(
-            "exactly_once",
-            joined.filter("slice_start IS NULL"),
-            lambda r: f"partition {r['partition']} offset {r['offset']}: in the source, not in the archive",
-        )
-        each(
-            "exactly_once",
-            joined.filter("ts IS NULL"),
-            lambda r: f"partition {r['partition']} offset {r['offset']}: in the archive, not in the source",
-        )
-        each(
-            "exactly_once",
-            records.groupBy("partition", "offset").count().filter("count > 1"),
-            lambda r: f"partition {r['partition']} offset {r['offset']}: {r['count']} times in the archive",
-        )
-        each(
-            "exactly_once",
-            joined.filter("fp != afp"),
-            lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source",
-        )
-        d = manifest.slice_duration_ms
-        w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
-        runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
-        each(
-            "slice_bounds",
-            runmax.filter(F.floor(F.col("runmax") / d) * d != F.col("slice_start")),
-            lambda r: (
-                f"partition {r['partition']}: offset {r['offset']} is in the slice starting at "
-                f"{r['slice_start']}, its running maximum timestamp says otherwise"
-            ),
-        )
-        last = src.groupBy("partition").agg(F.max("offset").alias("last")).toArrow().to_pylist()
-    finally:
-        dst.unpersist()
-        if joined is not None:
-            joined.unpersist()
-    _metadata_checks(report, manifest, metas)
-    _handoff_checks(report, manifest, {r["partition"]: r["last"] for r in last})
-    return report

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from compactor.sources import open_source
-    from compactor.verify import verify_spark
+    from compactor.verify_spark import verify_spark
     from keygroups.storage import open_storage
 
     spark = SparkSession.builder.appName("keyfill verify").getOrCreate()

@@ -242,4 +242,6 @@ def replay(url: str, *, threads: int = 16, resume: dict | None = None, **options
     """Replay the compacted archive at `url` with `threads` readers, resuming from a
     `checkpoint()` if given. Options: see `reader.options.ReplayOptions` (batch_size,
     watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms, pacing)."""
+    if "options" in options:  # a ReplayOptions value: it carries the thread count itself
+        return Replay(url, resume=resume, **options)
     return Replay(url, threads=threads, resume=resume, **options)

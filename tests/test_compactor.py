@@ -14,7 +14,8 @@ from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
-from compactor.verify import verify, verify_spark
+from compactor.verify import verify
+from compactor.verify_spark import verify_spark
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.assignment import load_assignment

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     dest = open_storage(args.dest, threads=args.threads)
     if args.spark:
         from compactor.spark_session import local_spark
-        from compactor.verify import verify_spark
+        from compactor.verify_spark import verify_spark
 
         spark = local_spark(args.master, app="keyfill verify")
         spark.sparkContext.setLogLevel("WARN")

@@ -1,0 +1,145 @@
+"""`keyfill verify --spark` and `spark-submit jobs/verify.py`: the audit of `compactor.verify`
+with the record-level checks done by Spark, for archives too large for one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from compactor.sources import SourceArchive
+from compactor.verify import MAX_REPORTED, FileChecker, VerifyReport, handoff_checks, metadata_checks, plan_audit
+from keygroups import envelope
+from keygroups.storage import Storage
+
+_SRC_SCHEMA = "partition int, offset long, ts long, fp long"
+_DST_SCHEMA = "kind int, partition int, offset long, slice_start long, fp long, check string, message string"
+
+
+def _source_task(source: SourceArchive, chunks: list):
+    def run(batches):
+        for rows in batches:
+            for i in rows.column("idx").to_pylist():
+                b = source.read(chunks[i])
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        b.column("partition"),
+                        b.column("offset"),
+                        b.column("timestamp").cast(pa.int64()),
+                        pa.array(envelope.record_fingerprints(b).view(np.int64)),
+                    ],
+                    names=["partition", "offset", "ts", "fp"],
+                )
+
+    return run
+
+
+def _archive_task(checker: FileChecker, files: list):
+    def run(batches):
+        for rows in batches:
+            for i in rows.column("idx").to_pylist():
+                meta, gf = files[i]
+                b, problems = checker(meta, gf)
+                n = b.num_rows
+                yield pa.RecordBatch.from_pydict(
+                    {
+                        "kind": pa.array(np.zeros(n, np.int32)),
+                        "partition": b.column("partition"),
+                        "offset": b.column("offset"),
+                        "slice_start": pa.array(np.full(n, meta.start_ms, np.int64)),
+                        "fp": pa.array(envelope.record_fingerprints(b).view(np.int64)),
+                        "check": pa.nulls(n, pa.string()),
+                        "message": pa.nulls(n, pa.string()),
+                    }
+                )
+                if problems:
+                    k = len(problems)
+                    yield pa.RecordBatch.from_pydict(
+                        {
+                            "kind": pa.array(np.ones(k, np.int32)),
+                            "partition": pa.nulls(k, pa.int32()),
+                            "offset": pa.nulls(k, pa.int64()),
+                            "slice_start": pa.nulls(k, pa.int64()),
+                            "fp": pa.nulls(k, pa.int64()),
+                            "check": [c for c, _ in problems],
+                            "message": [m for _, m in problems],
+                        }
+                    )
+
+    return run
+
+
+def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
+    """`verify` with the record-level checks done by Spark: files are checked in tasks, and
+    source and archive are joined on (partition, offset), so no process holds the archive."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    report, plan = plan_audit(source, dest)
+    if plan is None:
+        return report
+    manifest, chunks, metas, files = plan
+    sc = spark.sparkContext
+
+    def indices(n: int):
+        return spark.createDataFrame(
+            sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))), "idx int"
+        )
+
+    sc.setJobDescription("keyfill verify")
+    src = indices(len(chunks)).mapInArrow(_source_task(source, chunks), _SRC_SCHEMA)
+    dst = indices(len(files)).mapInArrow(_archive_task(FileChecker(dest), files), _DST_SCHEMA)
+    dst = dst.persist(StorageLevel.MEMORY_AND_DISK)
+    joined = None
+    try:
+        for r in dst.filter("kind = 1").select("check", "message").toArrow().to_pylist():
+            report.fail(r["check"], r["message"])
+        records = dst.filter("kind = 0").select("partition", "offset", "slice_start", F.col("fp").alias("afp"))
+        joined = src.join(records, on=["partition", "offset"], how="full_outer").persist(StorageLevel.MEMORY_AND_DISK)
+        report.records = records.count()
+
+        def each(check: str, frame, message) -> None:
+            count = frame.count()
+            for r in frame.limit(MAX_REPORTED).toArrow().to_pylist():
+                report.fail(check, message(r))
+            report.counts[check] += max(0, count - min(count, MAX_REPORTED))
+
+        each(
+            "exactly_once",
+            joined.filter("slice_start IS NULL"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: in the source, not in the archive",
+        )
+        each(
+            "exactly_once",
+            joined.filter("ts IS NULL"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: in the archive, not in the source",
+        )
+        each(
+            "exactly_once",
+            records.groupBy("partition", "offset").count().filter("count > 1"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: {r['count']} times in the archive",
+        )
+        each(
+            "exactly_once",
+            joined.filter("fp != afp"),
+            lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source",
+        )
+        d = manifest.slice_duration_ms
+        w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
+        runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
+        each(
+            "slice_bounds",
+            runmax.filter(F.floor(F.col("runmax") / d) * d != F.col("slice_start")),
+            lambda r: (
+                f"partition {r['partition']}: offset {r['offset']} is in the slice starting at "
+                f"{r['slice_start']}, its running maximum timestamp says otherwise"
+            ),
+        )
+        last = src.groupBy("partition").agg(F.max("offset").alias("last")).toArrow().to_pylist()
+    finally:
+        dst.unpersist()
+        if joined is not None:
+            joined.unpersist()
+    metadata_checks(report, manifest, metas)
+    handoff_checks(report, manifest, {r["partition"]: r["last"] for r in last})
+    return report
