@@ -20,6 +20,7 @@ from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.assignment import load_assignment
 from keygroups.storage import StorageError, open_storage
+from tests.records import envelope_records
 
 
 def files(url: str) -> dict[str, bytes]:
@@ -151,20 +152,7 @@ def test_existing_archive_needs_overwrite(spark, skewed, tmp_path):
         compact(CompactConfig(source=skewed, dest=str(foreign), groups=2), spark)
 
 
-def records(partition, offsets, ts, keys):
-    return envelope.batch_from_records(
-        [
-            {
-                "partition": partition,
-                "offset": int(o),
-                "timestamp": int(t),
-                "key": k,
-                "value": b"v%d" % o,
-                "headers": [],
-            }
-            for o, t, k in zip(offsets, ts, keys)
-        ]
-    )
+records = envelope_records
 
 
 def test_empty_slices_are_recorded(spark, tmp_path):

@@ -32,8 +32,9 @@ from compactor.sources.envelope import write_chunk
 from compactor.verify import CHECKS, verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
-from keygroups import compacted, envelope
+from keygroups import compacted
 from keygroups.storage import StorageError, open_storage
+from tests.records import envelope_records
 
 try:
     from tests.s3server import S3Server, start_seaweedfs
@@ -48,22 +49,6 @@ SHORT_LIMITS = {"KEYFILL_S3_CONNECT_TIMEOUT": "1", "KEYFILL_S3_READ_TIMEOUT": "2
 def snapshot(url: str) -> dict[str, bytes]:
     store = open_storage(url)
     return {o.key: store.read(o.key) for o in store.list()}
-
-
-def envelope_records(partition, offsets, ts, keys):
-    return envelope.batch_from_records(
-        [
-            {
-                "partition": partition,
-                "offset": int(o),
-                "timestamp": int(t),
-                "key": k,
-                "value": b"v%d" % o,
-                "headers": [],
-            }
-            for o, t, k in zip(offsets, ts, keys)
-        ]
-    )
 
 
 @pytest.fixture(scope="module")
@@ -352,11 +337,11 @@ except KeyboardInterrupt:
 """
 
 
-def start_replay_then_freeze(server: S3Server, url: str, env: dict) -> subprocess.Popen:
+def start_replay_then_freeze(server: S3Server, url: str, env: dict, **limits: str) -> subprocess.Popen:
     """A replay whose manifest is read; its threads then meet a frozen endpoint."""
     proc = subprocess.Popen(
         [sys.executable, "-c", REPLAY_SCRIPT, url],
-        env=fault_env(env),
+        env=fault_env(env, **limits),
         text=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -387,18 +372,7 @@ def test_ctrl_c_stops_a_stalled_replay_at_once(frozen_s3):
     server, url, env = frozen_s3
     try:
         # Long limits here: only Ctrl-C may end this replay.
-        proc = subprocess.Popen(
-            [sys.executable, "-c", REPLAY_SCRIPT, url],
-            env=fault_env(env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300"),
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        assert proc.stdout.readline().strip() == "opened"
-        os.kill(server.process.pid, signal.SIGSTOP)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+        proc = start_replay_then_freeze(server, url, env, KEYFILL_S3_READ_TIMEOUT="60", KEYFILL_S3_DEADLINE="300")
         time.sleep(1.5)  # every thread is now waiting on the frozen endpoint
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
