@@ -348,6 +348,31 @@ def test_s3_retries_throttling_and_5xx(s3_url: str, status: int, code: str) -> N
     assert failures["left"] == 0
 
 
+def test_large_objects_go_up_as_multipart_parts(s3_url: str) -> None:
+    s = open_storage(s3_url)
+    assert isinstance(s, S3Storage)
+    s.multipart_bytes = 5 << 20  # S3's smallest part
+    big = os.urandom(12 << 20)
+    s.write("big", big)
+    s.write("small", big[: 1 << 20])
+    head = s.client.head_object(Bucket=s.bucket, Key=s._key("big"))
+    assert head["ETag"].strip('"').endswith("-3")  # three parts: 5 + 5 + 2 MiB
+    assert "-" not in s.client.head_object(Bucket=s.bucket, Key=s._key("small"))["ETag"]
+    assert s.read("big") == big and s.size("big") == len(big)
+    assert s.read_range("big", (5 << 20) - 3, 6) == big[(5 << 20) - 3 : (5 << 20) + 3]
+    s.write("big", big[::-1])  # replaced whole
+    assert s.read("big") == big[::-1]
+
+
+def test_a_failed_multipart_upload_names_the_object(s3_server) -> None:
+    s = open_storage(f"s3://no-such-bucket-{os.getpid()}/p")
+    assert isinstance(s, S3Storage)
+    s.multipart_bytes = 5 << 20
+    with pytest.raises(StorageError) as info:
+        s.write("big", bytes(6 << 20))
+    assert "no-such-bucket" in str(info.value)
+
+
 # --------------------------------------------------------------------------- pickling
 
 

@@ -55,6 +55,9 @@ class S3Limits:
 
 
 DEFAULT_MAX_ATTEMPTS = 5
+# Objects from this size up are uploaded as concurrent multipart parts of this size (boto3's
+# managed transfer): no 5 GB single-PUT ceiling, a failed part is retried alone.
+MULTIPART_BYTES = 16 << 20
 
 
 def _deadline_hooks(events: Any, limits: S3Limits) -> None:
@@ -151,6 +154,8 @@ class _S3Client:
 
 
 class S3Storage(Storage):
+    multipart_bytes = MULTIPART_BYTES
+
     """Objects under ``s3://bucket/prefix``. PUT is atomic on S3, so no temp objects."""
 
     def __init__(self, bucket: str, prefix: str = "", *, threads: int = 16, client: _S3Client | None = None) -> None:
@@ -192,12 +197,18 @@ class S3Storage(Storage):
 
     @contextmanager
     def _errors(self, key: str) -> Iterator[None]:
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             yield
         except (ClientError, BotoCoreError) as e:
             raise self._translate(e, key) from e
+        except S3UploadFailedError as e:  # a multipart upload: the managed transfer wraps the cause
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, (ClientError, BotoCoreError)):
+                raise self._translate(cause, key) from e
+            raise StorageError(f"upload of {self.url_for(key)} failed: {e}") from e
 
     def _missing(self, key: str) -> ObjectNotFound:
         """HEAD answers a bare 404 for a missing bucket too; ask the bucket to tell them apart."""
@@ -249,7 +260,21 @@ class S3Storage(Storage):
     def write(self, key: str, data: bytes) -> None:
         full = self._key(key)
         with self._errors(key):
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
+            if len(data) < self.multipart_bytes:
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
+                return
+            import io
+
+            from boto3.s3.transfer import TransferConfig
+
+            config = TransferConfig(
+                multipart_threshold=self.multipart_bytes,
+                multipart_chunksize=self.multipart_bytes,
+                max_concurrency=max(2, min(8, self._client.threads)),
+            )
+            # The object appears whole at CompleteMultipartUpload, or not at all (s3transfer
+            # aborts the upload on failure): the same atomicity as one PUT.
+            self.client.upload_fileobj(io.BytesIO(data), self.bucket, full, Config=config)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         check_prefix(prefix)
