@@ -1,0 +1,201 @@
+"""The piece index of format v2 (DESIGN.md "Format v2"; issue: compacted format v2).
+
+In v2 a group's records of one slice (a *piece*) are a run of whole Avro blocks inside a
+segment file that holds many consecutive slices of that group. Readers find pieces here:
+
+    <root>/index/<first slice:010d>.slices.parquet   one row per slice: bounds, records, bytes,
+                                                     per-partition offset ranges
+    <root>/index/<first slice:010d>.pieces.parquet   one row per piece: file, byte range,
+                                                     records, timestamps, CRC-32C
+
+Each pair covers `SLICES_PER_FILE` consecutive slices, so a file's name follows from a slice
+number and the manifest only needs the slice count: it stays a few KB however long the
+archive. Inside a file, row groups hold `SLICES_PER_ROW_GROUP` slices, so planning a
+micro-batch or resuming reads the row groups of the slices it needs, not the archive's
+whole index (at 10^6 slices x 1,024 groups the index has up to 10^9 piece rows).
+
+Parquet because pyarrow writes and reads it fast, column-compressed (file names repeat, so
+dictionary encoding makes them nearly free), and any engine can query it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from keygroups.errors import FormatError
+from keygroups.storage import ObjectNotFound, Storage
+
+SLICES_PER_FILE = 4096
+SLICES_PER_ROW_GROUP = 64
+INDEX = "index"
+
+PARTITION_RANGE = pa.struct(
+    [
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+        ("records", pa.int64()),
+        ("min_timestamp", pa.int64()),
+        ("max_timestamp", pa.int64()),
+    ]
+)
+SLICE_SCHEMA = pa.schema(
+    [
+        pa.field("slice", pa.int64(), nullable=False),
+        pa.field("start_ms", pa.int64(), nullable=False),  # inclusive
+        pa.field("end_ms", pa.int64(), nullable=False),  # exclusive
+        pa.field("records", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),  # of its pieces
+        pa.field("partitions", pa.list_(PARTITION_RANGE), nullable=False),
+    ]
+)
+PIECE_SCHEMA = pa.schema(
+    [
+        pa.field("slice", pa.int64(), nullable=False),
+        pa.field("group", pa.int32(), nullable=False),
+        pa.field("file", pa.string(), nullable=False),  # key of the segment file, relative to the root
+        pa.field("offset", pa.int64(), nullable=False),  # first byte of the piece's blocks in the file
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("records", pa.int64(), nullable=False),
+        pa.field("min_timestamp", pa.int64(), nullable=False),
+        pa.field("max_timestamp", pa.int64(), nullable=False),
+        pa.field("crc32c", pa.uint32(), nullable=False),  # of bytes [offset, offset + length)
+    ]
+)
+
+
+def index_key(kind: str, first_slice: int) -> str:
+    """The index file ("slices" or "pieces") covering the slice range starting at `first_slice`."""
+    return f"{INDEX}/{first_slice:010d}.{kind}.parquet"
+
+
+def file_start(s: int) -> int:
+    """The first slice of the index file that covers slice s."""
+    return s - s % SLICES_PER_FILE
+
+
+def _sorted(table: pa.Table, keys: list[str]) -> pa.Table:
+    return table.sort_by([(k, "ascending") for k in keys])
+
+
+def _write(store: Storage, key: str, table: pa.Table) -> None:
+    """One Parquet file whose row groups each hold SLICES_PER_ROW_GROUP slices."""
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, table.schema, compression="zstd", write_statistics=["slice"]) as writer:
+        bucket = table.column("slice").to_numpy() // SLICES_PER_ROW_GROUP
+        bounds = (np.flatnonzero(np.diff(bucket)) + 1).tolist() + [table.num_rows] if table.num_rows else []
+        start = 0
+        for end in bounds:
+            writer.write_table(table.slice(start, end - start), row_group_size=end - start)
+            start = end
+        if not table.num_rows:
+            writer.write_table(table)
+    store.write(key, sink.getvalue().to_pybytes())
+
+
+def write_index(store: Storage, slices: pa.Table, pieces: pa.Table) -> list[str]:
+    """Write the index files for these slices and pieces (slice numbers must cover whole
+    index files except the last); returns the keys written."""
+    slices = _sorted(slices.cast(SLICE_SCHEMA), ["slice"])
+    pieces = _sorted(pieces.cast(PIECE_SCHEMA), ["slice", "group"])
+    if not slices.num_rows:
+        return []
+    written = []
+    first = file_start(int(pc.min(slices.column("slice")).as_py()))
+    last = int(pc.max(slices.column("slice")).as_py())
+    for start in range(first, last + 1, SLICES_PER_FILE):
+        end = start + SLICES_PER_FILE
+        for kind, table in (("slices", slices), ("pieces", pieces)):
+            s = table.column("slice")
+            part = table.filter(pc.and_(pc.greater_equal(s, start), pc.less(s, end)))
+            _write(store, index_key(kind, start), part)
+            written.append(index_key(kind, start))
+    return written
+
+
+class _RangedObject(io.RawIOBase):
+    """An object read through ranged GETs as pyarrow asks for bytes: the Parquet footer,
+    then only the row groups wanted. Written by hand because it must go through keyfill's
+    storage layer (its S3 limits, errors and credentials); pyarrow's own S3 filesystem and
+    fsspec would each bring a second configuration of the same bucket."""
+
+    def __init__(self, store: Storage, key: str) -> None:
+        self.store, self.key = store, key
+        self.length = store.size(key)
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = base + offset
+        return self.pos
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer, as io.RawIOBase passes it
+        n = max(0, min(len(buffer), self.length - self.pos))
+        data = self.store.read_range(self.key, self.pos, n) if n else b""
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+@dataclass
+class PieceIndex:
+    """Reads the index of an archive of `slices` slices, a row group at a time, keeping the
+    files it opened (the index of a committed version never changes)."""
+
+    store: Storage
+    slices: int
+
+    def __post_init__(self) -> None:
+        self._files: dict[str, pq.ParquetFile] = {}
+
+    def _file(self, kind: str, start: int) -> pq.ParquetFile:
+        key = index_key(kind, start)
+        if key not in self._files:
+            try:
+                source = _RangedObject(self.store, key)
+            except ObjectNotFound:
+                raise FormatError(f"{self.store.url_for(key)}: index file missing") from None
+            try:
+                self._files[key] = pq.ParquetFile(source)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise FormatError(f"{self.store.url_for(key)}: unreadable index file ({exc})") from None
+        return self._files[key]
+
+    def _rows(self, kind: str, first: int, end: int) -> Iterator[pa.Table]:
+        if not 0 <= first <= end <= self.slices:
+            raise FormatError(f"{self.store.url}: slices {first}..{end} outside 0..{self.slices}")
+        if first == end:
+            return
+        for start in range(file_start(first), end, SLICES_PER_FILE):
+            f = self._file(kind, start)
+            for rg in range(f.metadata.num_row_groups):
+                stats = f.metadata.row_group(rg).column(0).statistics
+                if stats is not None and stats.has_min_max and (stats.max < first or stats.min >= end):
+                    continue  # the row group holds none of the slices asked for
+                table = f.read_row_group(rg)
+                s = table.column("slice")
+                yield table.filter(pc.and_(pc.greater_equal(s, first), pc.less(s, end)))
+
+    def slice_rows(self, first: int, end: int) -> pa.Table:
+        """Slices [first, end) as SLICE_SCHEMA rows, in slice order."""
+        return pa.concat_tables([*self._rows("slices", first, end), SLICE_SCHEMA.empty_table()])
+
+    def piece_rows(self, first: int, end: int) -> pa.Table:
+        """Pieces of slices [first, end) as PIECE_SCHEMA rows, by (slice, group)."""
+        return pa.concat_tables([*self._rows("pieces", first, end), PIECE_SCHEMA.empty_table()])
