@@ -187,3 +187,30 @@ def test_foreign_schema_is_refused():
     fastavro.writer(buf, {"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]}, [{"a": 1}])
     with pytest.raises(envelope.CorruptFile, match="not the keyfill envelope schema"):
         envelope.decode_avro(buf.getvalue(), name="x.avro")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pieces=st.lists(st.lists(record, max_size=25), min_size=1, max_size=6),
+    codec=st.sampled_from(envelope.CODECS),
+    block_bytes=st.integers(1, 2048),
+    data=st.data(),
+)
+def test_a_run_of_pieces_decodes_from_the_header_and_its_byte_range(pieces, codec, block_bytes, data):
+    """Format v2: a segment file is a header and pieces of whole blocks. Any run of
+    consecutive pieces, fetched as one byte range and put after the header, decodes to
+    exactly those pieces' records; the whole file decodes to all of them."""
+    sync = bytes(range(16))
+    header = envelope.avro_header(codec=codec, metadata={"keyfill.format": "test"}, sync_marker=sync)
+    batches = [envelope.batch_from_records(p) for p in pieces]
+    blobs = [envelope.encode_blocks(b, codec=codec, sync_marker=sync, block_bytes=block_bytes) for b in batches]
+    whole = header + b"".join(blobs)
+    assert envelope.decode_avro(whole)[1].equals(envelope.batch_from_records([r for p in pieces for r in p]))
+    assert envelope.read_avro_batch(whole)[1].num_rows == sum(map(len, pieces))  # any Avro reader agrees
+    first = data.draw(st.integers(0, len(pieces) - 1))
+    end = data.draw(st.integers(first + 1, len(pieces)))
+    start = len(header) + sum(map(len, blobs[:first]))
+    stop = start + sum(map(len, blobs[first:end]))
+    _, got = envelope.decode_avro(header + whole[start:stop])
+    want = [r for p in pieces[first:end] for r in p]
+    assert got.equals(envelope.batch_from_records(want))

@@ -9,7 +9,7 @@ container files. Modules: `schema` (Avro and Arrow schemas, conform, record weig
 """
 
 from keygroups.envelope.decoder import decode_avro
-from keygroups.envelope.encoder import encode_avro
+from keygroups.envelope.encoder import avro_header, encode_avro, encode_blocks
 from keygroups.envelope.fingerprints import record_fingerprints
 from keygroups.envelope.framing import (
     ERR_EOF,
@@ -52,6 +52,8 @@ __all__ = [
     "decode_avro",
     "empty_batch",
     "encode_avro",
+    "encode_blocks",
+    "avro_header",
     "read_avro_batch",
     "read_avro_metadata",
     "read_avro_records",

@@ -114,23 +114,52 @@ def encode_avro(
     `sync_marker` makes the output byte-for-byte reproducible (invariant 6); without one a
     marker is derived from the content.
     """
+    _check_codec(codec)
+    batch = conform(batch)
+    cols = EnvelopeBuffers.from_batch(batch)
+    sizes = _sizes(cols)
+    if sync_marker is None:
+        sync_marker = _content_marker(sizes, cols.ts)
+    return avro_header(codec=codec, metadata=metadata, sync_marker=sync_marker) + _blocks(
+        cols, sizes, codec, sync_marker, block_bytes
+    )
+
+
+def avro_header(*, codec: str, metadata: dict[str, str] | None, sync_marker: bytes) -> bytes:
+    """The container header alone: magic, metadata (schema, codec, `metadata`), sync marker.
+    A segment file (format v2) is this followed by its pieces' blocks."""
+    _check_codec(codec)
+    head = io.BytesIO()
+    fastavro.writer(head, PARSED_SCHEMA, [], codec=codec, metadata=metadata, sync_marker=sync_marker)
+    return head.getvalue()
+
+
+def encode_blocks(
+    batch: pa.RecordBatch, *, codec: str, sync_marker: bytes, block_bytes: int = DEFAULT_BLOCK_BYTES
+) -> bytes:
+    """`batch` as whole data blocks (no header), each ending in `sync_marker`: appended to a
+    header with the same codec and marker, or to other such runs, they form a valid file,
+    and a run decodes on its own from the header plus its bytes (a format v2 piece)."""
+    _check_codec(codec)
+    cols = EnvelopeBuffers.from_batch(conform(batch))
+    return _blocks(cols, _sizes(cols), codec, sync_marker, block_bytes)
+
+
+def _check_codec(codec: str) -> None:
     if codec not in CODECS:
         raise OptionError(f"unknown Avro codec {codec!r}; choose one of {', '.join(CODECS)}")
-    batch = conform(batch)
-    n = batch.num_rows
-    cols = EnvelopeBuffers.from_batch(batch)
-    c = cols
-    sizes = _record_sizes(
+
+
+def _sizes(c: EnvelopeBuffers) -> np.ndarray:
+    return _record_sizes(
         c.part, c.off, c.ts, c.k_off, c.k_valid, c.v_off, c.v_valid, c.h_off, c.hk_off, c.hv_off, c.hv_valid
     )
 
-    if sync_marker is None:
-        sync_marker = _content_marker(sizes, cols.ts)
-    head = io.BytesIO()
-    fastavro.writer(head, PARSED_SCHEMA, [], codec=codec, metadata=metadata, sync_marker=sync_marker)
-    parts = [head.getvalue()]
 
-    # Cut blocks at record boundaries once they reach block_bytes.
+def _blocks(cols: EnvelopeBuffers, sizes: np.ndarray, codec: str, sync_marker: bytes, block_bytes: int) -> bytes:
+    """Blocks cut at record boundaries once they reach block_bytes."""
+    n = len(sizes)
+    parts = []
     ends = np.cumsum(sizes)
     lo = 0
     scratch = np.empty(max(int(sizes.max()) if n else 0, block_bytes) * 2, dtype=np.uint8)
