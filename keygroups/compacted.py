@@ -33,13 +33,13 @@ SLICES = "slices"
 
 # Every object this layout writes, and nothing else: what --overwrite may delete.
 _ARCHIVE_KEY = re.compile(
-    rf"^(?:{re.escape(MANIFEST)}|{re.escape(ASSIGNMENT)}|{SLICES}/\d{{6,}}/(?:_slice\.json|group-\d{{5,}}\.avro))$"
+    rf"^(?:{re.escape(MANIFEST)}|{re.escape(ASSIGNMENT)}|{SLICES}/[0-9]{{6,}}/(?:_slice\.json|group-[0-9]{{5,}}\.avro))"
 )
 
 
 def is_archive_key(key: str) -> bool:
     """Whether `key` (relative to the archive root) is one of the archive's own objects."""
-    return _ARCHIVE_KEY.match(key) is not None
+    return _ARCHIVE_KEY.fullmatch(key) is not None
 
 
 def slice_prefix(s: int) -> str:
@@ -193,7 +193,15 @@ class Manifest:
             )
         d = dict(d)
         d["slices"] = [SliceSummary(**s) for s in d["slices"]]
-        return cls(**d)
+        m = cls(**d)
+        numbers = [*m.group_records, *m.group_payload_bytes, *m.handoff.values(), m.groups, m.slice_duration_ms]
+        numbers += [v for s in m.slices for v in (s.slice, s.start_ms, s.end_ms, s.records, s.file_bytes, s.files)]
+        if not all(type(v) is int for v in numbers) or len(m.group_payload_bytes) != m.groups:
+            raise FormatError(
+                f"{name}: a count, offset or time that is not a whole number, or group lists that do "
+                "not match the group count"
+            )
+        return m
 
 
 def write_json(store: Storage, key: str, obj: Any) -> None:
@@ -218,7 +226,7 @@ def load_manifest(store: Storage) -> Manifest:
         ) from None
     try:
         return Manifest.from_json(json.loads(data), name=store.url_for(MANIFEST))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         if isinstance(exc, FormatError):
             raise
         raise FormatError(f"{store.url_for(MANIFEST)}: unreadable manifest ({exc})") from None

@@ -58,7 +58,7 @@ class Checkpoint:
                 groups={int(g): int(n) for g, n in state.get("groups", {}).items()},
                 watermark=None if state.get("watermark") is None else int(state["watermark"]),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise CheckpointError(f"malformed checkpoint ({type(exc).__name__}: {exc})") from None
         if not 0 <= cp.slice <= cp.slices or any(n < 0 for n in cp.groups.values()):
             raise CheckpointError(f"malformed checkpoint: slice {cp.slice} of {cp.slices}")
@@ -72,3 +72,5 @@ class Checkpoint:
                 f"checkpoint is for archive {self.archive} ({self.url}), but {url} is archive {here} "
                 "(recompacted since?): start the replay anew, or point it at the archive it started on"
             )
+        if self.slices != len(manifest.slices) or any(not 0 <= g < manifest.groups for g in self.groups):
+            raise CheckpointError(f"malformed checkpoint: slices or groups outside archive {here} ({url})")

@@ -9,6 +9,7 @@ import numpy as np
 
 import keygroups
 from keygroups import compacted
+from keygroups.errors import FormatError
 from keygroups.storage import Storage
 
 
@@ -37,5 +38,12 @@ class ReplayPlan:
             return meta
         with self._lock:
             if self._metas[s] is None:
-                self._metas[s] = compacted.slice_meta(self.store, self.manifest.slices[s])
+                meta = compacted.slice_meta(self.store, self.manifest.slices[s])
+                stray = [gf.group for gf in meta.groups if not 0 <= gf.group < len(self.thread_of_group)]
+                if stray:  # no thread would read it: its records would be skipped without a word
+                    raise FormatError(
+                        f"{self.store.url_for(compacted.slice_meta_key(s))}: group {stray[0]} is not one of the "
+                        f"manifest's {len(self.thread_of_group)} groups"
+                    )
+                self._metas[s] = meta
             return self._metas[s]

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted, envelope
-from keygroups.errors import KeyfillError
+from keygroups.errors import KeyfillError, OptionError
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
 from reader.fetch import Fetcher, ReadAhead
@@ -178,6 +178,11 @@ class Replay:
             raise ReplayError(str(exc)) from exc
         except BaseException as exc:
             raise ReplayError(f"group {gf.group}, slice {s}: {name}: {exc}") from exc
+        if skip > batch.num_rows:
+            raise ReplayError(
+                f"{name} (slice {s}, group {gf.group}): the checkpoint says {skip} records were emitted, the file "
+                f"has {batch.num_rows}"
+            )
         batch = batch.slice(skip)
         return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, gf.group, np.int32)))
 
@@ -243,5 +248,7 @@ def replay(url: str, *, threads: int = 16, resume: dict | None = None, **options
     `checkpoint()` if given. Options: see `reader.options.ReplayOptions` (batch_size,
     watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms, pacing)."""
     if "options" in options:  # a ReplayOptions value: it carries the thread count itself
+        if len(options) > 1 or threads != 16:
+            raise OptionError("pass either options=ReplayOptions(...) or keyword options, not both")
         return Replay(url, resume=resume, **options)
     return Replay(url, threads=threads, resume=resume, **options)

@@ -263,7 +263,7 @@ class _Planner:
                 if i + 1 < len(partition.files):
                     pending.append(io.submit(store.read, partition.files[i + 1].key))
                 data = pending.pop(0).result()
-                # size, SHA-256 and record count checked before anything of the file is yielded
+                # size, CRC-32C and record count checked before anything of the file is yielded
                 batch = compacted.decode_group_file(data, f.file, f.slice, store.url_for(f.key))
                 yield from to_spark_batches(batch, f.group, f.slice, self.opts.batch_rows)
 

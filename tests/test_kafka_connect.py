@@ -574,3 +574,15 @@ def test_base64_is_what_connect_json_would_write():
     from compactor.sources.kafka_connect import encode_json
 
     assert encode_json({"b": b"\x00\x01\xfe"}) == '{"b":"' + base64.b64encode(b"\x00\x01\xfe").decode() + '"}'
+
+
+@pytest.mark.parametrize("codec", ["null", "deflate", "snappy", "bzip2", "xz"])
+def test_keys_files_of_every_codec_decode_in_the_compiled_path(codec):
+    """The connector may compress with any codec of the Avro spec (avro.codec)."""
+    from compactor.sources.kafka_connect_fast import fast_keys
+
+    keys = ["a", None, "bé", ""] * 40
+    out = io.BytesIO()
+    fastavro.writer(out, fastavro.parse_schema(["null", "string"]), keys, codec=codec, sync_interval=64)
+    got = fast_keys(out.getvalue(), f"k.{codec}.avro", 0, 0)
+    assert got.to_pylist() == [None if k is None else k.encode() for k in keys]

@@ -440,3 +440,27 @@ def test_random_archives_replay_exactly_once_in_order_across_restarts(spark, tmp
         with reader.replay(dest, threads=data.draw(st.integers(1, 16)), watermark_bound_ms=bound, resume=state) as ev:
             events += run(ev)[0]
     check_invariants(events, table, before, bound)
+
+
+def test_a_group_outside_the_manifest_fails_instead_of_being_skipped(archives, tmp_path):
+    """A slice naming a group the manifest does not have would belong to no thread."""
+    import shutil
+
+    dest = str(tmp_path / "copy")
+    shutil.copytree(archives["skewed"][0], dest)
+    store = open_storage(dest)
+    manifest = json.loads(store.read(compacted.MANIFEST))
+    manifest["group_payload_bytes"] = manifest["group_payload_bytes"][:-1]
+    manifest["group_records"] = manifest["group_records"][:-1]
+    manifest["groups"] -= 1
+    store.write(compacted.MANIFEST, compacted.dumps(manifest))
+    with pytest.raises(reader.ReplayError, match="is not one of the manifest.s"):
+        with reader.replay(dest, threads=3) as events:
+            run(events)
+
+
+def test_replay_options_come_one_way(archives):
+    with pytest.raises(ValueError, match="not both"):
+        reader.replay(archives["hot"][0], options=reader.ReplayOptions(threads=2), batch_size=10)
+    with reader.replay(archives["hot"][0], options=reader.ReplayOptions(threads=3, batch_size=100)) as events:
+        assert events.options.threads == 3 and run(events)[0]

@@ -234,6 +234,26 @@ def test_unknown_scheme(url: str) -> None:
     assert url in str(info.value)
 
 
+def test_file_url_with_one_slash_is_the_local_path(tmp_path) -> None:
+    assert open_storage(f"file:{tmp_path}").url == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"KEYFILL_S3_READ_TIMEOUT": "60"}, "must exceed"),
+        ({"KEYFILL_S3_DEADLINE": "inf"}, "less than a day"),
+        ({"KEYFILL_S3_CONNECT_TIMEOUT": "soon"}, "number of seconds"),
+    ],
+)
+def test_s3_limits_that_would_disable_retries_or_never_end_are_refused(monkeypatch, env, message) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(StorageError, match=message) as info:
+        open_storage("s3://bucket/x")
+    assert list(env)[0] in str(info.value)
+
+
 @pytest.mark.parametrize("url", ["s3a://bucket/x/y", "S3N://bucket/x/y/", "s3://bucket/x/y"])
 def test_spark_spellings_of_s3_are_the_same_store(url: str) -> None:
     store = open_storage(url)

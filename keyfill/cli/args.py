@@ -7,7 +7,11 @@ from datetime import datetime, timezone
 
 
 def iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    """Epoch milliseconds as ISO 8601 UTC; out of datetime's range, the number itself."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    except (ValueError, OverflowError, OSError):
+        return f"{ms} ms"
 
 
 def mb(n: int) -> str:

@@ -54,12 +54,19 @@ def run(args: argparse.Namespace) -> int:
                 f"({exc}); delete it to start from the beginning"
             ) from None
 
+    folder = os.path.dirname(os.path.abspath(args.checkpoint_file)) if args.checkpoint_file else None
+    if folder and not os.path.isdir(folder):
+        raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: folder {folder} does not exist")
+
     def save(state: dict) -> None:
         if args.checkpoint_file:
             tmp = args.checkpoint_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(state, f)
-            os.replace(tmp, args.checkpoint_file)  # a crash never leaves half a checkpoint
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(state, f)
+                os.replace(tmp, args.checkpoint_file)  # a crash never leaves half a checkpoint
+            except OSError as exc:
+                raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: cannot save ({exc})") from None
 
     records = 0
     watermark = None

@@ -51,9 +51,13 @@ class GeneratorConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.partitions >= 1, "--partitions must be at least 1"),
-            (self.keys >= 1, "--keys must be at least 1"),
-            (self.records >= 0, "--records must not be negative"),
+            (1 <= self.partitions <= 100_000, "--partitions must be in 1..100000"),
+            (1 <= self.keys <= 2**31 - 1, "--keys must be in 1..2147483647"),
+            (0 <= self.records <= 10**12, "--records must be in 0..10**12"),
+            (0 <= self.seed < 2**63, "--seed must be in 0..2**63-1"),
+            (self.chunk_records <= 2**31 - 1, "--chunk-records must be at most 2147483647"),
+            (self.jitter_ms <= 10**12, "--jitter-ms must be at most 10**12"),
+            (self.rate <= 10**9, "--rate must be at most 10**9 records/s"),
             (self.chunk_records >= 1, "--chunk-records must be at least 1"),
             (self.skew >= 0, "--skew must not be negative"),
             (self.jitter_ms >= 0, "--jitter-ms must not be negative"),

@@ -9,11 +9,15 @@ block walk and the record loops run compiled, GIL released.
 
 from __future__ import annotations
 
+import bz2
+import io
 import json
+import lzma
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import fastavro
 import numpy as np
 
 from keygroups._numba import njit
@@ -307,9 +311,38 @@ def read_blocks(data: bytes, name: str) -> Blocks:
         what = {ERR_SYNC: "sync marker mismatch", ERR_NEGATIVE: "bad block header"}.get(err, "file ends inside a block")
         raise CorruptFile(f"{name}: not a readable Avro file: {what} at byte {at}")
     codec = meta.get("avro.codec", b"null").decode(errors="replace")
+    if codec in ("zstandard", "lz4"):
+        return _fastavro_blocks(data, meta, name)
     if codec != "null":
         buf, starts, ends = decompress(codec, view, starts, ends, name)
     return Blocks(meta, buf, starts, ends, counts)
+
+
+# Codecs whose blocks decompress in one call (the Avro spec's deflate is raw, no zlib header).
+# Files written elsewhere (a Kafka Connect sink) may use any codec of the spec; keyfill's own
+# files use null, deflate or snappy.
+_WHOLE_BLOCK = {
+    "deflate": lambda b: zlib.decompress(b, -15),
+    "bzip2": bz2.decompress,
+    "xz": lzma.decompress,
+}
+
+
+def _fastavro_blocks(data: bytes, meta: dict[str, bytes], name: str) -> Blocks:
+    """Blocks decompressed by fastavro, for the codecs it has optional libraries for
+    (zstandard, lz4): slower, but every codec fastavro reads stays readable."""
+    raw: list[bytes] = []
+    counts: list[int] = []
+    try:
+        for block in fastavro.block_reader(io.BytesIO(data)):
+            raw.append(block.bytes_.getvalue())
+            counts.append(block.num_records)
+    except Exception as exc:  # fastavro raises several types on corrupt input or a missing library
+        raise CorruptFile(f"{name}: not a readable Avro file: {type(exc).__name__}: {exc}") from None
+    lengths = np.array([len(r) for r in raw], np.int64)
+    ends = np.cumsum(lengths)
+    buf = np.frombuffer(b"".join(raw), np.uint8) if raw else np.zeros(0, np.uint8)
+    return Blocks(meta, buf, ends - lengths, ends, np.array(counts, np.int64))
 
 
 def decompress(codec: str, view: memoryview, starts: np.ndarray, ends: np.ndarray, name: str):
@@ -333,8 +366,9 @@ def decompress(codec: str, view: memoryview, starts: np.ndarray, ends: np.ndarra
                     raise ValueError("snappy block shorter than it says")
                 if zlib.crc32(piece) != int.from_bytes(view[e - 4 : e], "big"):
                     raise ValueError("snappy block checksum mismatch")
-        elif codec == "deflate":
-            pieces = [zlib.decompress(view[s:e], -15) for s, e in zip(starts.tolist(), ends.tolist())]
+        elif codec in _WHOLE_BLOCK:
+            unpack = _WHOLE_BLOCK[codec]
+            pieces = [unpack(view[s:e]) for s, e in zip(starts.tolist(), ends.tolist())]
             sizes[:] = [len(p) for p in pieces]
             out_ends = np.cumsum(sizes)
             out = np.frombuffer(b"".join(pieces), np.uint8)

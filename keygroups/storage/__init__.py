@@ -73,6 +73,8 @@ def open_storage(url: str, *, threads: int = 16) -> Storage:
         raise StorageError(f"invalid storage URL {url!r}")
     match = _SCHEME.match(url)
     if not match:
+        if url[:6].lower() == "file:/":  # file:/path, as Spark and Hadoop print local paths
+            return LocalStorage(unquote(url[5:]))
         return LocalStorage(url)
     opener = SCHEMES.get(match.group(1).lower())
     if opener is None:

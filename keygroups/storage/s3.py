@@ -30,7 +30,7 @@ class S3Limits:
 
     connect_s: float = 5.0
     read_s: float = 20.0
-    deadline_s: float = 60.0  # no retry starts that could not finish within this
+    deadline_s: float = 60.0  # no retry starts that could not finish within this (+1 s per MiB sent)
 
     ENV = {
         "connect_s": "KEYFILL_S3_CONNECT_TIMEOUT",
@@ -49,9 +49,15 @@ class S3Limits:
                 values[name] = float(raw)
             except ValueError:
                 raise StorageError(f"{var}={raw!r}: expected a number of seconds") from None
-            if not values[name] > 0:
-                raise StorageError(f"{var}={raw!r}: must be more than 0 seconds")
-        return cls(**values)
+            if not 0 < values[name] < 86_400:
+                raise StorageError(f"{var}={raw!r}: must be more than 0 seconds and less than a day")
+        limits = cls(**values)
+        if limits.deadline_s <= limits.read_s:
+            raise StorageError(
+                f"{cls.ENV['deadline_s']}={limits.deadline_s:g} must exceed {cls.ENV['read_s']}={limits.read_s:g}: "
+                "otherwise no request could ever be retried"
+            )
+        return limits
 
 
 DEFAULT_MAX_ATTEMPTS = 5
@@ -77,7 +83,10 @@ def _deadline_hooks(events: Any, limits: S3Limits) -> None:
         now = time.monotonic()
         started = ctx.setdefault("keyfill_started", now)
         attempt = ctx.get("retries", {}).get("attempt", 1)
-        if attempt > 1 and now - started + limits.read_s > limits.deadline_s:
+        # A request with a body (a PUT, a multipart part) may spend its time sending: allow
+        # one more second per MiB, so a slow upload keeps its retries.
+        sent = int(request.headers.get("Content-Length") or 0)
+        if attempt > 1 and now - started + limits.read_s > limits.deadline_s + sent / (1 << 20):
             endpoint = urlparse(request.url)
             raise DeadlineExceeded(
                 elapsed=now - started,
@@ -154,9 +163,9 @@ class _S3Client:
 
 
 class S3Storage(Storage):
-    multipart_bytes = MULTIPART_BYTES
-
     """Objects under ``s3://bucket/prefix``. PUT is atomic on S3, so no temp objects."""
+
+    multipart_bytes = MULTIPART_BYTES
 
     def __init__(self, bucket: str, prefix: str = "", *, threads: int = 16, client: _S3Client | None = None) -> None:
         self.bucket = bucket
@@ -229,16 +238,17 @@ class S3Storage(Storage):
 
         full = self._key(key)
         attempts = 3
-        deadline = time.monotonic() + self._client.limits.deadline_s
         with self._errors(key):
             while True:
                 body = self.client.get_object(Bucket=self.bucket, Key=full, **kw)["Body"]
                 try:
                     return body.read()
                 except (IncompleteReadError, ResponseStreamingError):
-                    # botocore retries requests, not a body cut off mid-stream.
+                    # botocore retries requests, not a body cut off mid-stream. Each wait is
+                    # bounded by the read timeout and each re-request by the deadline, so a
+                    # long transfer cut near its end is fetched again, not abandoned.
                     attempts -= 1
-                    if not attempts or time.monotonic() > deadline:
+                    if not attempts:
                         raise
 
     def read(self, key: str) -> bytes:
@@ -271,6 +281,9 @@ class S3Storage(Storage):
                 multipart_threshold=self.multipart_bytes,
                 multipart_chunksize=self.multipart_bytes,
                 max_concurrency=max(2, min(8, self._client.threads)),
+                # not the CRT transfer client (when awscrt is installed): it would bypass
+                # this client's configuration, its timeouts and deadline hooks
+                preferred_transfer_client="classic",
             )
             # The object appears whole at CompleteMultipartUpload, or not at all (s3transfer
             # aborts the upload on failure): the same atomicity as one PUT.
