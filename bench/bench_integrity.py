@@ -19,38 +19,24 @@ import time
 from pathlib import Path
 
 import reader
+from bench.archives import cached_compacted
 from keygroups import compacted, envelope
 
 
 def ensure_archive(args: argparse.Namespace) -> str:
-    from compactor.job import CompactConfig, compact
     from compactor.spark_session import local_spark
-    from keyfill.synth.generate import GeneratorConfig, generate
 
-    src = os.path.join(args.dir, f"source-{args.records}")
-    dest = os.path.join(args.dir, f"compacted-{args.records}-G{args.groups}")
-    if not os.path.exists(os.path.join(dest, compacted.MANIFEST)):
-        if not os.path.exists(src):
-            generate(
-                GeneratorConfig(
-                    out=src,
-                    records=args.records,
-                    keys=100_000,
-                    partitions=4,
-                    chunk_records=100_000,
-                    headers=True,
-                    rate=2_000.0,
-                ),
-                progress=True,
-            )
-        spark = local_spark("local[2]", app="bench-integrity", progress=False)
-        try:
-            compact(
-                CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration="10m", overwrite=True), spark
-            )
-        finally:
-            spark.stop()
-    return dest
+    sessions = []
+
+    def spark():
+        sessions.append(local_spark("local[2]", app="bench-integrity", progress=False))
+        return sessions[-1]
+
+    try:
+        return cached_compacted(args.dir, args.records, args.groups, "10m", spark, chunk_records=100_000)
+    finally:
+        for session in sessions:
+            session.stop()
 
 
 def _variant(check):

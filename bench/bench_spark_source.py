@@ -21,11 +21,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 
 import reader.spark as rs
+from bench.archives import cached_compacted
 
 TARGET = 0.6
 _TEMPLATE: dict[str, pa.RecordBatch] = {}
@@ -74,30 +74,7 @@ class SyntheticDataSource(rs.KeyfillDataSource):
 
 
 def ensure_archive(args: argparse.Namespace, spark) -> str:
-    from compactor.job import CompactConfig, compact
-    from keyfill.synth.generate import GeneratorConfig, generate
-
-    tag = f"{args.records}-{args.groups}-{args.slice_duration}"
-    src, dest = os.path.join(args.dir, f"source-{tag}"), os.path.join(args.dir, f"compacted-{tag}")
-    if not os.path.exists(os.path.join(dest, "_done")):
-        shutil.rmtree(args.dir, ignore_errors=True)
-        print(f"generating {args.records:,} records ...", flush=True)
-        generate(
-            GeneratorConfig(
-                out=src,
-                records=args.records,
-                keys=100_000,
-                partitions=4,
-                chunk_records=250_000,
-                headers=True,
-                rate=2_000.0,
-            ),
-            progress=False,
-        )
-        print("compacting ...", flush=True)
-        compact(CompactConfig(source=src, dest=dest, groups=args.groups, slice_duration=args.slice_duration), spark)
-        Path(dest, "_done").touch()
-    return dest
+    return cached_compacted(args.dir, args.records, args.groups, args.slice_duration, lambda: spark)
 
 
 def write_template(url: str, path: str) -> None:

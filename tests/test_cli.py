@@ -97,30 +97,17 @@ def test_generate_refuses_to_overwrite_without_flag(tmp_path, capsys):
     assert main([*args, "--overwrite"]) == 0
 
 
-def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
-    assert (
-        main(
-            [
-                "generate",
-                "--out",
-                str(tmp_path),
-                "--records",
-                "3000",
-                "--keys",
-                "5",
-                "--partitions",
-                "1",
-                "--chunk-records",
-                "1000",
-                "--codec",
-                "null",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
-    victim = sorted((tmp_path / "payments" / "partition=0").iterdir())[1]
+def truncated_chunk_archive(root):
+    """A small null-codec archive whose second chunk is cut short; returns that chunk."""
+    args = "--records 3000 --keys 5 --partitions 1 --chunk-records 1000 --codec null --no-progress".split()
+    assert main(["generate", "--out", str(root), *args]) == 0
+    victim = sorted((root / "payments" / "partition=0").iterdir())[1]
     victim.write_bytes(victim.read_bytes()[:-3000])
+    return victim
+
+
+def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
+    victim = truncated_chunk_archive(tmp_path)
     capsys.readouterr()
     assert main(["inspect", str(tmp_path), "--no-progress"]) == 2
     assert victim.name in capsys.readouterr().err
@@ -178,29 +165,7 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
 
 def test_compact_names_a_corrupt_chunk(tmp_path):
     src = tmp_path / "src"
-    assert (
-        main(
-            [
-                "generate",
-                "--out",
-                str(src),
-                "--records",
-                "3000",
-                "--keys",
-                "5",
-                "--partitions",
-                "1",
-                "--chunk-records",
-                "1000",
-                "--codec",
-                "null",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
-    victim = sorted((src / "payments" / "partition=0").iterdir())[1]
-    victim.write_bytes(victim.read_bytes()[:-3000])
+    victim = truncated_chunk_archive(src)
     out = run("compact", str(src), str(tmp_path / "c"), "--groups", "2", "--master", "local[2]")
     assert out.returncode == 2
     assert victim.name in out.stderr and "Traceback" not in out.stderr.split("error:")[-1]

@@ -1,0 +1,37 @@
+"""Synthetic archives for the benchmarks, generated and compacted once and cached."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def cached_compacted(
+    root: str, records: int, groups: int, slice_duration: str, spark_factory, *, chunk_records: int = 250_000
+) -> str:
+    """A compacted payments archive of `records` records under `root` (reused when it is
+    complete); `spark_factory()` is called only when it must be compacted."""
+    from compactor.job import CompactConfig, compact
+    from keyfill.synth.generate import GeneratorConfig, generate
+
+    tag = f"{records}-{groups}-{slice_duration}"
+    src, dest = os.path.join(root, f"source-{tag}"), os.path.join(root, f"compacted-{tag}")
+    if not os.path.exists(os.path.join(dest, "_done")):
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"generating {records:,} records ...", flush=True)
+        config = GeneratorConfig(
+            out=src,
+            records=records,
+            keys=100_000,
+            partitions=4,
+            chunk_records=chunk_records,
+            headers=True,
+            rate=2_000.0,
+        )
+        generate(config, progress=False)
+        print("compacting ...", flush=True)
+        spark = spark_factory()
+        compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration=slice_duration), spark)
+        Path(dest, "_done").touch()
+    return dest
