@@ -7,6 +7,7 @@ import logging
 
 from compactor.sources import SourceArchive
 from keygroups import compacted
+from keygroups.assignment import load_assignment
 from keygroups.storage import Storage, StorageError, overlapping
 
 log = logging.getLogger("keyfill.compact")
@@ -29,11 +30,22 @@ def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> 
             raise StorageError(f"{dest.url}: a compacted archive exists here; pass --overwrite to replace it")
         return
     foreign = [o.key for o in existing if not compacted.is_archive_key(o.key)]
+    if not foreign and any(o.key == compacted.ASSIGNMENT for o in existing) and not _is_assignment(dest):
+        foreign = [compacted.ASSIGNMENT]  # a file of that name, but not one keyfill wrote
     if foreign:
         raise StorageError(
             f"{dest.url}: destination holds files that are not a keyfill archive "
             f"(e.g. {dest.url_for(foreign[0])}); choose an empty location"
         )
+
+
+def _is_assignment(dest: Storage) -> bool:
+    """Whether assignment.parquet is a key assignment keyfill wrote (a failed run's)."""
+    try:
+        load_assignment(dest)
+    except Exception:  # not Parquet, other columns, unreadable: in any case not ours
+        return False
+    return True
 
 
 def clear_destination(dest: Storage) -> None:

@@ -467,3 +467,12 @@ def test_negative_bounds_are_refused(archive, capsys):
         reader.replay(archive, watermark_bound_ms=-1)
     with pytest.raises(SystemExit):
         main(["replay", archive, "--max-drift-ms", "-1"])
+
+
+def test_a_foreign_file_named_like_an_archive_file_is_not_cleared(spark, source, tmp_path):
+    dest = tmp_path / "c"
+    dest.mkdir()
+    (dest / "assignment.parquet").write_bytes(b"the team's own table")
+    with pytest.raises(StorageError, match="assignment.parquet"):
+        compact(CompactConfig(source=source, dest=str(dest), groups=2), spark)
+    assert (dest / "assignment.parquet").read_bytes() == b"the team's own table"

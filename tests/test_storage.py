@@ -531,3 +531,17 @@ def test_local_file_and_folder_clash(local_url: str) -> None:
     with pytest.raises(StorageError) as info:
         s.write("a/b", b"2")
     assert s.url_for("a/b") in str(info.value)
+
+
+def test_local_delete_never_reaches_through_a_symlinked_folder(tmp_path) -> None:
+    outside = tmp_path / "other"
+    outside.mkdir()
+    (outside / "precious.avro").write_bytes(b"keep")
+    store = open_storage(str(tmp_path / "store"))
+    store.write("a/x", b"1")
+    os.symlink(outside, tmp_path / "store" / "slices")
+    assert [o.key for o in store.list()] == ["a/x", "slices/precious.avro"]
+    with pytest.raises(StorageError, match="outside"):
+        store.delete_many([o.key for o in store.list()])
+    assert (outside / "precious.avro").read_bytes() == b"keep"
+    assert store.read("a/x") == b"1"  # nothing deleted when any key is refused

@@ -119,8 +119,18 @@ class LocalStorage(Storage):
                 raise FileNotFoundError(2, "is a folder, not an object")
             return os.stat(path).st_size
 
-    def delete(self, key: str) -> None:
+    def _inside(self, key: str) -> str:
+        """The key's path, refused if a symlinked folder takes it outside the root: deleting
+        it would reach other data (an archive's slices/ linked elsewhere)."""
         path = self._path(key)
+        real_root = os.path.realpath(self.root)
+        folder = os.path.realpath(os.path.dirname(path))
+        if folder != real_root and not folder.startswith(real_root + os.sep):
+            raise StorageError(f"refusing to delete {self.url_for(key)}: it lies outside {self.url} through a link")
+        return path
+
+    def delete(self, key: str) -> None:
+        path = self._inside(key)
         with self._errors(key, "delete"):
             try:
                 os.unlink(path)
@@ -129,6 +139,8 @@ class LocalStorage(Storage):
 
     def delete_many(self, keys: list[str]) -> int:
         folders: set[str] = set()
+        for key in keys:  # all checked before any is deleted
+            self._inside(key)
         for key in keys:
             self.delete(key)
             folders.add(os.path.dirname(self._path(key)))
