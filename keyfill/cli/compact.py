@@ -67,6 +67,10 @@ def print_compact_result(r, as_json: bool) -> None:
     rate = r.records / r.seconds if r.seconds else 0.0
     print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}")
     print(f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.files} files, {mb(r.file_bytes)}")
+    if r.files:
+        # A replay GETs every file at least once: many small files cost requests, not bytes.
+        per_gb = r.files / max(r.file_bytes / 1e9, 1e-9)
+        print(f"  average file {mb(r.file_bytes // r.files)}; a replay makes about {per_gb:,.0f} GETs per GB")
     print(
         f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
         f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
