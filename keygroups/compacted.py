@@ -100,8 +100,29 @@ def encode_group_file(batch: pa.RecordBatch, s: int, g: int, codec: str, block_b
     return key, envelope.encode_avro(batch, codec=codec, metadata=meta, sync_marker=marker, block_bytes=block_bytes)
 
 
+def crc32c_value(data: bytes) -> int:
+    return google_crc32c.value(data)
+
+
 def crc32c(data: bytes) -> str:
-    return f"{google_crc32c.value(data):08x}"
+    """The CRC-32C as the metadata spells it: 8 lowercase hex digits."""
+    return f"{crc32c_value(data):08x}"
+
+
+def checked_records(
+    data: bytes, *, header: bytes = b"", length: int, crc: str, records: int, where: str, recorded_in: str, name: str
+) -> pa.RecordBatch:
+    """Records of `data` (whole blocks; after `header` when it is not a whole file), once
+    its length and CRC-32C match what `recorded_in` says; the record count after decoding.
+    Raises IntegrityError naming `where`."""
+    if len(data) != length:
+        raise IntegrityError(f"{where}: {len(data)} bytes, {recorded_in} records {length}")
+    if crc32c(data) != crc:
+        raise IntegrityError(f"{where}: CRC-32C differs from {recorded_in} (file corrupted or replaced)")
+    _, batch = envelope.decode_avro(header + data if header else data, name=name)
+    if batch.num_rows != records:
+        raise IntegrityError(f"{where}: {batch.num_rows} records, {recorded_in} records {records}")
+    return batch
 
 
 def decode_group_file(data: bytes, gf: GroupFile, s: int, name: str) -> pa.RecordBatch:
@@ -113,15 +134,15 @@ def decode_group_file(data: bytes, gf: GroupFile, s: int, name: str) -> pa.Recor
     4 threads on 2 cores (bench/bench_integrity.py), CRC-32C runs at 14+ GB/s in hardware. With
     size and record count also checked, it catches corruption and misplaced files; it does
     not defend against deliberate tampering (that is what verify's SHA-256 is for)."""
-    where = f"{name} (slice {s}, group {gf.group})"
-    if len(data) != gf.file_bytes:
-        raise IntegrityError(f"{where}: {len(data)} bytes, the slice metadata records {gf.file_bytes}")
-    if crc32c(data) != gf.crc32c:
-        raise IntegrityError(f"{where}: CRC-32C differs from the slice metadata (file corrupted or replaced)")
-    _, batch = envelope.decode_avro(data, name=name)
-    if batch.num_rows != gf.records:
-        raise IntegrityError(f"{where}: {batch.num_rows} records, the slice metadata records {gf.records}")
-    return batch
+    return checked_records(
+        data,
+        length=gf.file_bytes,
+        crc=gf.crc32c,
+        records=gf.records,
+        where=f"{name} (slice {s}, group {gf.group})",
+        recorded_in="the slice metadata",
+        name=name,
+    )
 
 
 @dataclass

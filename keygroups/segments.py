@@ -16,13 +16,13 @@ left with several small ones.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from keygroups import envelope
-from keygroups.errors import IntegrityError, OptionError
+from keygroups import compacted, envelope
+from keygroups.errors import OptionError
 from keygroups.storage import Storage
 
 SEGMENT_FORMAT = "keyfill.segment/1"
@@ -50,15 +50,6 @@ class Piece:
     min_timestamp: int
     max_timestamp: int
     crc32c: int
-
-    def row(self) -> dict:
-        return asdict(self)
-
-
-def crc32c(data: bytes) -> int:
-    import google_crc32c
-
-    return google_crc32c.value(data)
 
 
 class SegmentWriter:
@@ -117,7 +108,7 @@ class SegmentWriter:
             records=batch.num_rows,
             min_timestamp=int(np.min(ts)),
             max_timestamp=int(np.max(ts)),
-            crc32c=crc32c(blob),
+            crc32c=compacted.crc32c_value(blob),
         )
         self._parts.append(blob)
         self._size += len(blob)
@@ -143,12 +134,13 @@ class SegmentWriter:
 def read_piece(header: bytes, data: bytes, piece: Piece, name: str) -> pa.RecordBatch:
     """A piece's records from its file's header and its byte range, checked against its
     index row (length, CRC-32C, records) before any of it is used."""
-    where = f"{name} bytes {piece.offset}..{piece.offset + piece.length} (slice {piece.slice}, group {piece.group})"
-    if len(data) != piece.length:
-        raise IntegrityError(f"{where}: got {len(data)} bytes, the index records {piece.length}")
-    if crc32c(data) != piece.crc32c:
-        raise IntegrityError(f"{where}: CRC-32C differs from the index (file corrupted or replaced)")
-    _, batch = envelope.decode_avro(header + data, name=name)
-    if batch.num_rows != piece.records:
-        raise IntegrityError(f"{where}: {batch.num_rows} records, the index records {piece.records}")
-    return batch
+    return compacted.checked_records(
+        data,
+        header=header,
+        length=piece.length,
+        crc=f"{piece.crc32c:08x}",
+        records=piece.records,
+        where=f"{name} bytes {piece.offset}..{piece.offset + piece.length} (slice {piece.slice}, group {piece.group})",
+        recorded_in="the index",
+        name=name,
+    )
