@@ -1,4 +1,4 @@
-"""The last phase of the compaction: slice metadata, then the manifest that makes the
+"""The last phase of the compaction: the piece index, then the manifest that makes the
 archive visible. Checks that the rewrite wrote exactly what the statistics counted."""
 
 from __future__ import annotations
@@ -9,40 +9,30 @@ import pyarrow.compute as pc
 
 from compactor.config import CompactConfig, CompactionError
 from compactor.slicing import SlicePlan
-from keygroups import compacted
-from keygroups.compacted import GroupFile, Manifest, SliceMeta, SliceSummary
+from keygroups import compacted, piece_index
+from keygroups.compacted import Manifest, SliceMeta
 from keygroups.storage import Storage
 
 
-def write_slices(dest: Storage, plan: SlicePlan, files: dict[int, list[GroupFile]]) -> list[SliceSummary]:
-    summaries = []
-    for s in range(plan.slices):
-        start, end = plan.bounds(s)
-        meta = SliceMeta(
-            slice=s,
-            start_ms=start,
-            end_ms=end,
-            partitions=plan.ranges.get(s, []),
-            groups=sorted(files.get(s, []), key=lambda g: g.group),
-        )
-        expected = sum(p.records for p in meta.partitions)
-        if meta.records != expected:
+def slice_metas(plan: SlicePlan, pieces: pa.Table) -> list[SliceMeta]:
+    """Every slice's bounds, partition ranges, records and bytes (empty slices too)."""
+    s = pieces.column("slice").to_numpy()
+    records = np.bincount(s, weights=pieces.column("records").to_numpy(), minlength=plan.slices).astype(np.int64)
+    nbytes = np.bincount(s, weights=pieces.column("length").to_numpy(), minlength=plan.slices).astype(np.int64)
+    if len(records) > plan.slices:
+        raise CompactionError(f"the rewrite wrote slice {len(records) - 1}; the plan has {plan.slices} slices")
+    metas = []
+    for i in range(plan.slices):
+        start, end = plan.bounds(i)
+        ranges = plan.ranges.get(i, [])
+        expected = sum(r.records for r in ranges)
+        if int(records[i]) != expected:
             raise CompactionError(
-                f"slice {s}: wrote {meta.records} records, statistics counted {expected} (the source changed during "
-                "the compaction?)"
+                f"slice {i}: wrote {int(records[i])} records, statistics counted {expected} (the source changed "
+                "during the compaction?)"
             )
-        compacted.write_json(dest, compacted.slice_meta_key(s), meta.to_json())
-        summaries.append(
-            SliceSummary(
-                slice=s,
-                start_ms=start,
-                end_ms=end,
-                records=meta.records,
-                file_bytes=sum(g.file_bytes for g in meta.groups),
-                files=len(meta.groups),
-            )
-        )
-    return summaries
+        metas.append(SliceMeta(i, start, end, int(records[i]), int(nbytes[i]), partitions=ranges))
+    return metas
 
 
 def group_sums(assignment: pa.Table, column: str, groups: int) -> np.ndarray:
@@ -54,15 +44,24 @@ def group_sums(assignment: pa.Table, column: str, groups: int) -> np.ndarray:
 def write_manifest(
     dest: Storage,
     cfg: CompactConfig,
+    groups: int,
     source_url: str,
     topic: str,
     plan: SlicePlan,
     assignment: pa.Table,
-    summaries: list[SliceSummary],
+    pieces: pa.Table,
 ) -> Manifest:
-    """Written last: the archive is visible from here on."""
-    group_records = group_sums(assignment, "records", cfg.groups)
-    group_bytes = group_sums(assignment, "bytes", cfg.groups)
+    """The index first, the manifest last: the archive is visible from then on."""
+    metas = slice_metas(plan, pieces)
+    piece_index.write_index(dest, piece_index.slice_table(metas), pieces)
+    group_records = group_sums(assignment, "records", groups)
+    group_bytes = group_sums(assignment, "bytes", groups)
+    group_file_bytes = np.bincount(
+        pieces.column("group").to_numpy(), weights=pieces.column("length").to_numpy(), minlength=groups
+    ).astype(np.int64)
+    files = pc.unique(pieces.column("file"))
+    file_sizes = pc.max(pieces.column("file_bytes")).as_py() if pieces.num_rows else 0
+    filled = [m for m in metas if m.records]
     manifest = Manifest(
         source={
             "url": source_url,
@@ -71,31 +70,46 @@ def write_manifest(
             "timestamp_field": cfg.timestamp_field,
         },
         config={
-            "groups": cfg.groups,
+            "groups": groups,
             "slice_duration": cfg.slice_duration,
             "slice_duration_ms": cfg.slice_duration_ms,
             "codec": cfg.codec,
             "block_bytes": cfg.block_bytes,
+            "target_file_bytes": cfg.target_file_bytes,
             "null_keys": cfg.null_keys,
             "allow_gaps": cfg.allow_gaps,
         },
         topic=topic,
-        groups=cfg.groups,
+        groups=groups,
         slice_duration_ms=cfg.slice_duration_ms,
-        slices=summaries,
+        base=plan.base,
+        slices=plan.slices,
         group_records=group_records.tolist(),
         group_payload_bytes=group_bytes.tolist(),
+        group_file_bytes=group_file_bytes.tolist(),
         totals={
             "records": int(group_records.sum()),
             "payload_bytes": int(group_bytes.sum()),
-            "file_bytes": sum(s.file_bytes for s in summaries),
-            "files": sum(s.files for s in summaries),
+            "file_bytes": _file_bytes(pieces),
+            "files": len(files),
+            "largest_file_bytes": int(file_sizes or 0),
+            "pieces": pieces.num_rows,
             "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
             "partitions": len(plan.handoff),
             "slices": plan.slices,
+            "empty_slices": plan.slices - len(filled),
+            "end_ms": filled[-1].end_ms if filled else None,
         },
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         gaps=plan.gaps,
     )
     compacted.write_json(dest, compacted.MANIFEST, manifest.to_json())
     return manifest
+
+
+def _file_bytes(pieces: pa.Table) -> int:
+    """Bytes of all segment files (headers included): each file's size once."""
+    if not pieces.num_rows:
+        return 0
+    per_file = pieces.group_by("file").aggregate([("file_bytes", "max")])
+    return int(pc.sum(per_file.column("file_bytes_max")).as_py())

@@ -8,8 +8,10 @@ from compactor.slicing import parse_duration
 from compactor.sources import FORMATS, SourceArchive, open_source
 from keygroups import envelope
 from keygroups.errors import KeyfillError, OptionError
+from keygroups.segments import DEFAULT_TARGET_BYTES
 
 DEFAULT_BLOCK_BYTES = 1 << 20
+DEFAULT_SLICE_DURATION = "1m"
 NULL_KEY_POLICIES = ("partition",)
 
 
@@ -21,14 +23,15 @@ class CompactionError(KeyfillError, RuntimeError):
 class CompactConfig:
     source: str
     dest: str
-    groups: int
-    slice_duration: str = "10m"
+    groups: int | None = None  # None: derived from the statistics (compactor.defaults)
+    slice_duration: str = DEFAULT_SLICE_DURATION
     source_format: str = "envelope"
     key_field: str | None = None
     timestamp_field: str | None = None
     topic: str | None = None
     codec: str = "snappy"
     block_bytes: int = DEFAULT_BLOCK_BYTES
+    target_file_bytes: int = DEFAULT_TARGET_BYTES
     allow_gaps: bool = False
     overwrite: bool = False
     threads: int = 16
@@ -36,8 +39,10 @@ class CompactConfig:
     fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
 
     def __post_init__(self) -> None:
-        if self.groups < 1:
+        if self.groups is not None and self.groups < 1:
             raise OptionError("--groups must be at least 1")
+        if self.target_file_bytes < 1 << 20:
+            raise OptionError("--target-file-bytes must be at least 1 MiB (1048576)")
         if self.codec not in envelope.CODECS:
             raise OptionError(f"--codec must be one of {', '.join(envelope.CODECS)}")
         if self.source_format not in FORMATS:
@@ -69,6 +74,7 @@ class CompactResult:
     payload_bytes: int
     file_bytes: int
     files: int
+    pieces: int
     groups: int
     slices: int
     empty_slices: int
@@ -76,4 +82,6 @@ class CompactResult:
     max_group_bytes: int
     mean_group_bytes: float
     seconds: float
+    replay_gets: int = 0  # GETs a replay makes with its default GET size (compacted.replay_gets)
+    get_bytes: int = 0
     phases: dict[str, float] = field(default_factory=dict)

@@ -5,7 +5,7 @@ byte of I/O happens in Python tasks through keyfill's storage layer (pip pyspark
 neither spark-avro nor s3a), so a cluster needs only Python packages. The driver sees
 per-key totals and per-chunk summaries, never records.
 
-Commit protocol (`compactor.commit`): data files and slice metadata are written first,
+Commit protocol (`compactor.commit`): segment files and the piece index are written first,
 `_manifest.json` last. Without a manifest there is no archive, so a run that dies part-way
 leaves nothing visible and a re-run starts by clearing what it left. An archive being
 replaced (--overwrite) is removed only after the new input has been listed and its
@@ -20,15 +20,16 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from compactor.commit import group_sums, write_manifest, write_slices
+from compactor.commit import group_sums, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
 from compactor.destination import check_destination, clear_destination
 from compactor.rewrite import run_rewrite
 from compactor.slicing import plan_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.statistics import run_statistics
-from keygroups import envelope
+from keygroups import compacted, envelope
 from keygroups.assignment import ASSIGNMENT_SCHEMA, write_assignment
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
@@ -48,6 +49,21 @@ def list_topic_chunks(source: SourceArchive, topic: str | None) -> tuple[str, li
     if topic is None or topic not in topics:
         raise OptionError(f"{source.url}: holds topics {topics}; choose one with --topic")
     return topic, [c for c in chunks if c.topic == topic]
+
+
+MIN_GROUPS, MAX_GROUPS = 16, 1024
+
+
+def default_groups(totals: pa.Table, target_file_bytes: int) -> int:
+    """`--groups` when not given: one group per 4 target files of payload (so a group's
+    segments are full-size files after compression), as a power of two, at least 16 (the
+    replay's default thread count: every thread gets a group) and at most 1,024 (past
+    that, the index grows by a row per group per slice and a replay's read-ahead is split
+    too thin), never more than there are keys."""
+    payload = int(pc.sum(totals.column("bytes")).as_py() or 0)
+    wanted = max(1, -(-payload // (4 * target_file_bytes)))
+    groups = min(MAX_GROUPS, max(MIN_GROUPS, 1 << (wanted - 1).bit_length()))
+    return max(1, min(groups, totals.num_rows))
 
 
 def packed_assignment(totals: pa.Table, groups: int) -> pa.Table:
@@ -93,31 +109,35 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
 
     # Only once the input has proved readable and consistent is the archive being replaced removed.
     plan = plan_slices(stats.chunks, cfg.slice_duration_ms, allow_gaps=cfg.allow_gaps, name=source.store.url_for)
-    assignment = packed_assignment(stats.totals, cfg.groups)
+    groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
+    assignment = packed_assignment(stats.totals, groups)
     clear_destination(dest)
     write_assignment(dest, assignment)
     t = phase("packing", t)
 
-    files = run_rewrite(spark, cfg, source, chunks, dest, plan)
+    pieces = run_rewrite(spark, cfg, groups, source, chunks, dest, plan)
     t = phase("rewrite", t)
 
-    summaries = write_slices(dest, plan, files)
-    manifest = write_manifest(dest, cfg, source.url, topic, plan, assignment, summaries)
+    manifest = write_manifest(dest, cfg, groups, source.url, topic, plan, assignment, pieces)
     phase("commit", t)
 
-    group_bytes = group_sums(assignment, "bytes", cfg.groups)
+    group_bytes = group_sums(assignment, "bytes", groups)
+    file_sizes = pieces.group_by("file").aggregate([("file_bytes", "max")]).column("file_bytes_max").to_pylist()
     return CompactResult(
         dest=dest.url,
         records=manifest.totals["records"],
         payload_bytes=manifest.totals["payload_bytes"],
         file_bytes=manifest.totals["file_bytes"],
         files=manifest.totals["files"],
-        groups=cfg.groups,
+        pieces=manifest.totals["pieces"],
+        groups=groups,
         slices=plan.slices,
-        empty_slices=sum(1 for s in summaries if s.records == 0),
+        empty_slices=manifest.totals["empty_slices"],
         keys=manifest.totals["keys"],
         max_group_bytes=int(group_bytes.max()),
         mean_group_bytes=float(group_bytes.mean()),
         seconds=time.perf_counter() - started,
+        replay_gets=compacted.replay_gets(file_sizes),
+        get_bytes=compacted.GET_BYTES,
         phases=phases,
     )

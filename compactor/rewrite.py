@@ -1,10 +1,9 @@
 """Phase 2 of the compaction: every record tagged with its slice and group, shuffled by
-(slice, group), sorted, and written as one group file per (slice, group), in Spark tasks.
-Returns what was written, for the slice metadata."""
+group, sorted, and written as segment files of consecutive slices, in Spark tasks. Returns
+the pieces written, for the index."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,18 +13,14 @@ from compactor.chunks import chunk_frame, read_checked
 from compactor.config import CompactConfig, CompactionError
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
-from keygroups import compacted, envelope
+from keygroups import envelope, piece_index
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
-from keygroups.compacted import GroupFile
+from keygroups.segments import SegmentWriter
 from keygroups.storage import Storage
 
 RECORD_SCHEMA = (
     "slice int, grp int, order_ts long, partition int, offset long, timestamp long, key binary, "
     "value binary, headers array<struct<key:string,value:binary>>"
-)
-WRITE_SCHEMA = (
-    "slice int, grp int, key string, records long, file_bytes long, payload_bytes long, sha256 string, crc32c string, "
-    "min_ts long, max_ts long"
 )
 _assignment_cache: dict[str, KeyAssignment] = {}
 
@@ -73,44 +68,39 @@ def _decode_task(source: SourceArchive, chunks: list[SourceChunk], dest: Storage
     return run
 
 
-def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | None):
-    def flush(pieces: list[pa.RecordBatch], s: int, g: int) -> pa.RecordBatch:
-        table = pa.Table.from_batches(pieces).combine_chunks()
-        batch = table.to_batches()[0]
-        env = envelope.conform(
-            pa.RecordBatch.from_arrays(
-                [
-                    batch.column(c) if c != "timestamp" else batch.column(c).cast(pa.timestamp("ms", tz="UTC"))
-                    for c in envelope.ARROW_SCHEMA.names
-                ],
-                names=envelope.ARROW_SCHEMA.names,
-            )
-        )
-        key, data = compacted.encode_group_file(env, s, g, codec, block_bytes)
-        dest.write(key, data)
-        ts = batch.column("timestamp").to_numpy()
-        return pa.RecordBatch.from_pylist(
+def _envelope(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Rewrite-pass rows as envelope records."""
+    return envelope.conform(
+        pa.RecordBatch.from_arrays(
             [
-                {
-                    "slice": s,
-                    "grp": g,
-                    "key": key,
-                    "records": env.num_rows,
-                    "file_bytes": len(data),
-                    "payload_bytes": int(envelope.record_bytes(env).sum()),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "crc32c": compacted.crc32c(data),
-                    "min_ts": int(ts.min()),
-                    "max_ts": int(ts.max()),
-                }
+                batch.column(c) if c != "timestamp" else batch.column(c).cast(pa.timestamp("ms", tz="UTC"))
+                for c in envelope.ARROW_SCHEMA.names
             ],
-            schema=_WRITE_ARROW,
+            names=envelope.ARROW_SCHEMA.names,
         )
+    )
+
+
+def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, fail_after: int | None):
+    """Each task holds whole groups (sorted by group, slice, then the piece order): one
+    SegmentWriter per group, fed one slice's records at a time; yields the index rows of the
+    pieces written."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writer: SegmentWriter | None = None
         current: tuple[int, int] | None = None
-        pieces: list[pa.RecordBatch] = []
-        written = 0
+        rows: list[pa.RecordBatch] = []
+        done = 0  # pieces of `writer` already yielded
+
+        def add() -> Iterator[pa.RecordBatch]:
+            nonlocal done
+            writer.add(current[1], _envelope(pa.Table.from_batches(rows).combine_chunks().to_batches()[0]))
+            if len(writer.pieces) > done:
+                yield from _rest(writer, done)
+                done = len(writer.pieces)
+                if fail_after is not None and len(writer.files) >= fail_after:
+                    raise RuntimeError(f"injected failure after {len(writer.files)} segment files (test hook)")
+
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -118,66 +108,71 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, fail_after: int | N
             gr = batch.column("grp").to_numpy()
             change = np.flatnonzero((np.diff(sl) != 0) | (np.diff(gr) != 0)) + 1
             for a, b in zip(np.r_[0, change].tolist(), np.r_[change, batch.num_rows].tolist()):
-                here = (int(sl[a]), int(gr[a]))
+                here = (int(gr[a]), int(sl[a]))
                 if here != current:
-                    if pieces:
-                        yield flush(pieces, *current)
-                        written += 1
-                        if fail_after is not None and written >= fail_after:
-                            raise RuntimeError(f"injected failure after {written} group files (test hook)")
-                    current, pieces = here, []
-                pieces.append(batch.slice(a, b - a))
-        if pieces:
-            yield flush(pieces, *current)
+                    if rows:
+                        yield from add()
+                    if current is None or here[0] != current[0]:
+                        if writer is not None:
+                            writer.close()
+                            yield from _rest(writer, done)
+                        writer, done = (
+                            SegmentWriter(
+                                dest, here[0], codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
+                            ),
+                            0,
+                        )
+                    current, rows = here, []
+                rows.append(batch.slice(a, b - a))
+        if rows:
+            yield from add()
+        if writer is not None:
+            writer.close()
+            yield from _rest(writer, done)
 
     return run
 
 
-_WRITE_ARROW = pa.schema(
-    [
-        ("slice", pa.int32()),
-        ("grp", pa.int32()),
-        ("key", pa.string()),
-        ("records", pa.int64()),
-        ("file_bytes", pa.int64()),
-        ("payload_bytes", pa.int64()),
-        ("sha256", pa.string()),
-        ("crc32c", pa.string()),
-        ("min_ts", pa.int64()),
-        ("max_ts", pa.int64()),
-    ]
+# The index rows as Spark carries them: Spark has no unsigned integers.
+_SPARK_PIECES = pa.schema([f.with_type(pa.int64()) if f.type == pa.uint32() else f for f in piece_index.PIECE_SCHEMA])
+_SPARK_DDL = ", ".join(
+    f"`{f.name}` {ddl}"
+    for f in _SPARK_PIECES
+    for ddl in [{pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}[f.type]]
 )
 
 
+def _rest(writer: SegmentWriter, done: int) -> Iterator[pa.RecordBatch]:
+    """The index rows of the pieces written since the first `done`."""
+    if len(writer.pieces) > done:
+        yield piece_index.piece_table(writer.pieces[done:]).cast(_SPARK_PIECES).to_batches()[0]
+
+
 def run_rewrite(
-    spark, cfg: CompactConfig, source: SourceArchive, chunks: list[SourceChunk], dest: Storage, plan: SlicePlan
-) -> dict[int, list[GroupFile]]:
-    """The group files written, by slice."""
+    spark,
+    cfg: CompactConfig,
+    groups: int,
+    source: SourceArchive,
+    chunks: list[SourceChunk],
+    dest: Storage,
+    plan: SlicePlan,
+) -> pa.Table:
+    """The pieces written (PIECE_SCHEMA rows).
+
+    Records are shuffled by group, so one task sees a group's records of every slice in
+    order and cuts its segment files at slice boundaries near the target size (files of
+    exactly the sizes the layout promises, no small tails from split groups). A task holds
+    one piece and one file in memory at most; Spark spills the sort."""
     spark.sparkContext.setJobDescription("keyfill compact: rewrite")
     frame = chunk_frame(spark, chunks, plan.prefix_max)
     records = frame.mapInArrow(_decode_task(source, chunks, dest, cfg.slice_duration_ms, plan.base), RECORD_SCHEMA)
-    pairs = plan.slices * cfg.groups
-    by_size = int(sum(c.size for c in chunks) / (64 << 20))
-    shuffle = max(1, min(pairs, max(spark.sparkContext.defaultParallelism * 2, by_size)))
     written = (
-        records.repartition(shuffle, "slice", "grp")
-        .sortWithinPartitions("slice", "grp", "order_ts", "partition", "offset")
-        .mapInArrow(_write_task(dest, cfg.codec, cfg.block_bytes, cfg.fail_after_files), WRITE_SCHEMA)
+        records.repartition(groups, "grp")
+        .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
+        .mapInArrow(
+            _write_task(dest, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files),
+            _SPARK_DDL,
+        )
         .toArrow()
     )
-    files: dict[int, list[GroupFile]] = {}
-    for r in written.to_pylist():
-        files.setdefault(r["slice"], []).append(
-            GroupFile(
-                group=r["grp"],
-                key=r["key"],
-                records=r["records"],
-                file_bytes=r["file_bytes"],
-                payload_bytes=r["payload_bytes"],
-                sha256=r["sha256"],
-                crc32c=r["crc32c"],
-                min_timestamp=r["min_ts"],
-                max_timestamp=r["max_ts"],
-            )
-        )
-    return files
+    return written.cast(piece_index.PIECE_SCHEMA)

@@ -2,12 +2,13 @@
 reordered nothing.
 
 Checks, each reported by name:
-- manifest: present, of this format version, totals consistent with the slice metadata;
-- checksums: every group file's SHA-256 and CRC-32C, record count and size match its `_slice.json`;
+- manifest: present, of this format version, totals consistent with the index;
+- checksums: every segment file's size, and every piece's byte range, CRC-32C and record
+  count, match the piece index; the pieces of a file tile it after its header;
 - exactly once: per partition, the compacted records equal the source records as a
   multiset (count and the sum of 64-bit record fingerprints) and their offsets equal the
   source's offsets (no gap, no overlap, no duplicate);
-- key order: in every group file each key's records (null keys: per partition) are in
+- key order: in every segment file each key's records (null keys: per partition) are in
   offset order, and every key lives in exactly the group the assignment gives it;
 - slice bounds: every record of slice s lies inside the slice's offset range for its
   partition, ranges of successive slices follow each other, and running-maximum
@@ -19,7 +20,6 @@ The same audit runs on Spark for archives too large for one process: `compactor.
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -30,6 +30,9 @@ import pyarrow.compute as pc
 from compactor.sources import SourceArchive
 from keygroups import compacted, envelope
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
+from keygroups.compacted import Piece, SliceMeta
+from keygroups.errors import KeyfillError
+from keygroups.piece_index import PieceIndex
 from keygroups.storage import Storage
 
 CHECKS = ("manifest", "checksums", "exactly_once", "key_order", "slice_bounds", "handoff")
@@ -87,9 +90,9 @@ class _PartitionDigest:
         return o[order], t[order]
 
 
-def _digest(batches: list[pa.RecordBatch], tags: list[int] | None = None) -> dict[int, _PartitionDigest]:
+def _digest(batches: list[pa.RecordBatch], tags: list[np.ndarray] | None = None) -> dict[int, _PartitionDigest]:
     """Per partition: offsets, fingerprints and a tag per record (the record's timestamp,
-    or the start of the slice it was found in when `tags` gives one per batch)."""
+    or the start of the slice it was found in when `tags` gives them)."""
     out: dict[int, _PartitionDigest] = {}
     for i, b in enumerate(batches):
         parts = b.column("partition").to_numpy()
@@ -97,7 +100,7 @@ def _digest(batches: list[pa.RecordBatch], tags: list[int] | None = None) -> dic
         if tags is None:
             tag = b.column("timestamp").cast(pa.int64()).to_numpy()
         else:
-            tag = np.full(b.num_rows, tags[i], np.int64)
+            tag = tags[i]
         fps = envelope.record_fingerprints(b)
         for p in np.unique(parts).tolist():
             m = parts == p
@@ -126,35 +129,56 @@ def _key_order_violations(batch: pa.RecordBatch) -> list[str]:
 
 
 class FileChecker:
-    """Checks one group file on its own: checksum, size, count, key order, group membership,
-    slice offset ranges. Picklable, so Spark tasks can run it."""
+    """Checks one segment file on its own: size, the pieces' tiling, byte ranges, CRC-32C and
+    record counts, key order, group membership, slice offset ranges. Picklable, so Spark
+    tasks can run it."""
 
-    def __init__(self, dest: Storage):
+    def __init__(self, dest: Storage, manifest: compacted.Manifest):
         self.dest = dest
+        self.manifest = manifest
         self.assignment = KeyAssignment.from_table(load_assignment(dest))
 
     def __call__(
-        self, meta: compacted.SliceMeta, gf: compacted.GroupFile
-    ) -> tuple[pa.RecordBatch, list[tuple[str, str]]]:
+        self, key: str, pieces: list[Piece], ranges: dict[int, list[compacted.PartitionRange]]
+    ) -> tuple[pa.RecordBatch, np.ndarray, list[tuple[str, str]]]:
+        """(records, the start of each record's slice, problems)."""
         dest = self.dest
         problems: list[tuple[str, str]] = []
-        name = dest.url_for(gf.key)
-        data = dest.read(gf.key)
-        if hashlib.sha256(data).hexdigest() != gf.sha256:
-            problems.append(("checksums", f"{name}: SHA-256 differs from {compacted.slice_meta_key(meta.slice)}"))
-        elif compacted.crc32c(data) != gf.crc32c:  # the readers' check: must agree with the SHA-256
-            problems.append(("checksums", f"{name}: CRC-32C differs from {compacted.slice_meta_key(meta.slice)}"))
-        if len(data) != gf.file_bytes:
-            problems.append(("checksums", f"{name}: {len(data)} bytes, metadata says {gf.file_bytes}"))
+        name = dest.url_for(key)
         try:
-            _, batch = envelope.decode_avro(data, name=name)
-        except envelope.CorruptFile as exc:
-            problems.append(("checksums", str(exc)))
-            return envelope.empty_batch(), problems
-        if batch.num_rows != gf.records:
-            problems.append(("checksums", f"{name}: {batch.num_rows} records, metadata says {gf.records}"))
+            data = dest.read(key)
+        except KeyfillError as exc:
+            problems.append(("checksums", f"{name}: {exc}"))
+            return envelope.empty_batch(), np.zeros(0, np.int64), problems
+        size = pieces[0].file_bytes
+        if len(data) != size:
+            problems.append(("checksums", f"{name}: {len(data)} bytes, the index says {size}"))
+        at = pieces[0].file_header
+        batches, tags = [], []
+        group = pieces[0].group
+        for p in pieces:
+            if p.offset != at or p.group != group or p.file_bytes != size or p.file_header != pieces[0].file_header:
+                problems.append(("checksums", f"{p.where(name)}: does not follow the previous piece (at byte {at})"))
+            at = p.end
+            try:
+                batch = compacted.read_piece(data[: p.file_header], data[p.offset : p.end], p, name)
+            except compacted.FormatError as exc:
+                problems.append(("checksums", str(exc)))
+                continue
+            batches.append(batch)
+            tags.append(np.full(batch.num_rows, self.manifest.bounds(p.slice)[0], np.int64))
+            problems += self._slice_bounds(p, batch, ranges.get(p.slice, []), name)
+        if at != size:
+            problems.append(("checksums", f"{name}: the pieces end at byte {at}, the file at {size}"))
+        if not batches:
+            return envelope.empty_batch(), np.zeros(0, np.int64), problems
+        batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
         problems += [("key_order", f"{name}: {v}") for v in _key_order_violations(batch)]
-        # group membership
+        problems += self._membership(batch, group, name)
+        return batch, np.concatenate(tags), problems
+
+    def _membership(self, batch: pa.RecordBatch, group: int, name: str) -> list[tuple[str, str]]:
+        problems = []
         keys = batch.column("key")
         null = keys.is_null().to_numpy(zero_copy_only=False)
         parts = batch.column("partition").to_numpy()
@@ -162,10 +186,10 @@ class FileChecker:
         missing = ~null & (grp == MISSING)
         if missing.any():
             problems.append(("key_order", f"{name}: {int(missing.sum())} records with keys not in the assignment"))
-        elif (grp[~null] != gf.group).any():
+        elif (grp[~null] != group).any():
             problems.append(("key_order", f"{name}: holds keys the assignment puts in other groups"))
         for p in np.unique(parts[null]).tolist():
-            if self.assignment.null_groups.get(p) != gf.group:
+            if self.assignment.null_groups.get(p) != group:
                 problems.append(
                     (
                         "key_order",
@@ -173,38 +197,59 @@ class FileChecker:
                         f"{self.assignment.null_groups.get(p)}",
                     )
                 )
-        # slice bounds
-        ranges = {r.partition: r for r in meta.partitions}
+        return problems
+
+    @staticmethod
+    def _slice_bounds(
+        piece: Piece, batch: pa.RecordBatch, ranges: list[compacted.PartitionRange], name: str
+    ) -> list[tuple[str, str]]:
+        problems = []
+        by_partition = {r.partition: r for r in ranges}
+        parts = batch.column("partition").to_numpy()
         offsets = batch.column("offset").to_numpy()
         for p in np.unique(parts).tolist():
-            r = ranges.get(p)
+            r = by_partition.get(p)
             o = offsets[parts == p]
             if r is None or o.min() < r.first_offset or o.max() > r.last_offset:
                 span = "none" if r is None else f"{r.first_offset}..{r.last_offset}"
                 problems.append(
                     (
                         "slice_bounds",
-                        f"{name}: partition {p} offsets {o.min()}..{o.max()} outside the slice's range {span}",
+                        f"{piece.where(name)}: partition {p} offsets {o.min()}..{o.max()} outside the slice's "
+                        f"range {span}",
                     )
                 )
-        return batch, problems
+        return problems
 
 
-def plan_audit(source: SourceArchive, dest: Storage):
-    """A fresh report and what to audit: manifest, source chunks, slice metadata, group
-    files; no plan when the manifest is missing or unreadable (reported)."""
+@dataclass
+class AuditPlan:
+    manifest: compacted.Manifest
+    chunks: list
+    metas: list[SliceMeta]
+    files: list[tuple[str, list[Piece]]]  # segment file -> its pieces, in order
+    ranges: dict[int, list[compacted.PartitionRange]]
+
+
+def plan_audit(source: SourceArchive, dest: Storage) -> tuple[VerifyReport, AuditPlan | None]:
+    """A fresh report and what to audit: manifest, source chunks, the index, segment files;
+    no plan when the manifest or the index is missing or unreadable (reported)."""
     report = VerifyReport(source=source.url, dest=dest.url)
     try:
         manifest = compacted.load_manifest(dest)
+        metas = PieceIndex(dest, manifest.slices).metas(0, manifest.slices)
     except compacted.FormatError as exc:
         report.fail("manifest", str(exc))
         report.not_run = [c for c in CHECKS if c != "manifest"]  # nothing to check them against
         return report, None
     chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
-    metas = [compacted.load_slice(dest, s.slice) for s in manifest.slices]
-    files = [(m, g) for m in metas for g in m.groups]
+    by_file: dict[str, list[Piece]] = {}
+    for m in metas:
+        for p in m.pieces:
+            by_file.setdefault(p.file, []).append(p)
+    files = sorted((k, sorted(v, key=lambda p: p.offset)) for k, v in by_file.items())
     report.files = len(files)
-    return report, (manifest, chunks, metas, files)
+    return report, AuditPlan(manifest, chunks, metas, files, {m.slice: m.partitions for m in metas})
 
 
 def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
@@ -213,7 +258,7 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     report, plan = plan_audit(source, dest)
     if plan is None:
         return report
-    manifest, chunks, metas, files = plan
+    manifest, chunks, metas, files = plan.manifest, plan.chunks, plan.metas, plan.files
 
     # Source side: the reference multiset, partition by partition.
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -230,20 +275,20 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     del src_batches
 
     # Compacted side.
-    checker = FileChecker(dest)
+    checker = FileChecker(dest, manifest)
 
     out_batches, out_slices = [], []
     with ThreadPoolExecutor(max_workers=threads) as pool:
         checked = tqdm(
-            pool.map(lambda item: checker(*item), files),
+            pool.map(lambda item: checker(*item, plan.ranges), files),
             total=len(files),
             desc="verify: compacted",
             unit="file",
             disable=not progress,
         )
-        for (meta, _), (batch, problems) in zip(files, checked):
+        for batch, starts, problems in checked:
             out_batches.append(batch)
-            out_slices.append(meta.start_ms)
+            out_slices.append(starts)
             for name, message in problems:
                 report.fail(name, message)
     dst = _digest(out_batches, out_slices)
@@ -277,13 +322,18 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     return report
 
 
-def metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: list[compacted.SliceMeta]) -> None:
-    """Slices one duration long whose partition ranges follow each other; manifest totals."""
+def metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: list[SliceMeta]) -> None:
+    """Slices one duration long, where the manifest puts them, whose partition ranges follow
+    each other; per-slice and manifest totals match the pieces."""
     last: dict[int, int] = {}
     for m in metas:
         lo, hi = m.start_ms, m.end_ms
-        if hi - lo != manifest.slice_duration_ms:
-            report.fail("slice_bounds", f"slice {m.slice}: bounds {lo}..{hi} are not one slice duration apart")
+        if (lo, hi) != manifest.bounds(m.slice):
+            report.fail(
+                "slice_bounds", f"slice {m.slice}: bounds {lo}..{hi}, the manifest says {manifest.bounds(m.slice)}"
+            )
+        if m.records != sum(p.records for p in m.pieces) or m.records != sum(r.records for r in m.partitions):
+            report.fail("manifest", f"slice {m.slice}: {m.records} records in the slice index, not its pieces' sum")
         for r in m.partitions:
             if r.first_offset <= last.get(r.partition, -1):
                 report.fail(

@@ -33,19 +33,19 @@ def _source_task(source: SourceArchive, chunks: list):
     return run
 
 
-def _archive_task(checker: FileChecker, files: list):
+def _archive_task(checker: FileChecker, files: list, ranges: dict):
     def run(batches):
         for rows in batches:
             for i in rows.column("idx").to_pylist():
-                meta, gf = files[i]
-                b, problems = checker(meta, gf)
+                key, pieces = files[i]
+                b, starts, problems = checker(key, pieces, ranges)
                 n = b.num_rows
                 yield pa.RecordBatch.from_pydict(
                     {
                         "kind": pa.array(np.zeros(n, np.int32)),
                         "partition": b.column("partition"),
                         "offset": b.column("offset"),
-                        "slice_start": pa.array(np.full(n, meta.start_ms, np.int64)),
+                        "slice_start": pa.array(starts),
                         "fp": pa.array(envelope.record_fingerprints(b).view(np.int64)),
                         "check": pa.nulls(n, pa.string()),
                         "message": pa.nulls(n, pa.string()),
@@ -78,7 +78,7 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
     report, plan = plan_audit(source, dest)
     if plan is None:
         return report
-    manifest, chunks, metas, files = plan
+    manifest, chunks, metas, files = plan.manifest, plan.chunks, plan.metas, plan.files
     sc = spark.sparkContext
 
     def indices(n: int):
@@ -88,7 +88,7 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
 
     sc.setJobDescription("keyfill verify")
     src = indices(len(chunks)).mapInArrow(_source_task(source, chunks), _SRC_SCHEMA)
-    dst = indices(len(files)).mapInArrow(_archive_task(FileChecker(dest), files), _DST_SCHEMA)
+    dst = indices(len(files)).mapInArrow(_archive_task(FileChecker(dest, manifest), files, plan.ranges), _DST_SCHEMA)
     dst = dst.persist(StorageLevel.MEMORY_AND_DISK)
     joined = None
     try:

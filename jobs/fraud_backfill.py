@@ -128,7 +128,7 @@ def run(spark, args: argparse.Namespace) -> dict:
         "starting_offsets": handoff.spark_starting_offsets(manifest),
         "handoff_csv": csv_path,
         "topic": manifest.topic,
-        "slices": len(manifest.slices),
+        "slices": manifest.slices,
         "windows_dir": windows_dir,
     }
 

@@ -1,12 +1,18 @@
-"""The compacted archive format: where files live and what the metadata says.
+"""The compacted archive format, version 2: where files live and what the metadata says.
 
 Written by the compactor, read by the reader, so it lives here, in the package both
 depend on. The on-disk layout is documented in docs/compacted-archive.md:
 
-    <root>/_manifest.json                         written last: makes the archive visible
-    <root>/assignment.parquet                     key -> group (keygroups.assignment)
-    <root>/slices/<slice:06d>/_slice.json         per-slice metadata
-    <root>/slices/<slice:06d>/group-<g:05d>.avro  one group's records of one slice
+    <root>/_manifest.json                                written last: makes the archive visible
+    <root>/assignment.parquet                            key -> group (keygroups.assignment)
+    <root>/index/<first slice:010d>.slices.parquet       per slice: bounds, partition ranges
+    <root>/index/<first slice:010d>.pieces.parquet       per piece: file, byte range, checksum
+    <root>/groups/<group:05d>/<first slice:010d>.avro    a segment: one group, consecutive slices
+
+The storage unit (a segment file, tens of MiB) is decoupled from the sync unit (a slice):
+a group's records of one slice, a *piece*, are a run of whole Avro blocks inside a segment,
+decodable from its byte range plus the file's header (`keygroups.segments` writes them,
+`keygroups.piece_index` finds them).
 """
 
 from __future__ import annotations
@@ -25,33 +31,41 @@ from keygroups.errors import FormatError, IntegrityError
 from keygroups.storage import ObjectNotFound, Storage
 
 FORMAT = "keyfill.compacted"
-GROUP_FILE_FORMAT = "keyfill.group-file/1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "_manifest.json"
 ASSIGNMENT = "assignment.parquet"
-SLICES = "slices"
+INDEX = "index"
+GROUPS = "groups"
+# The largest ranged GET readers make by default: AWS's guidance for S3 throughput is 8-16 MB
+# per request; shuffle through object storage pays off from 8 MiB (BlobShuffle).
+GET_BYTES = 8 << 20
+
+
+def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
+    """GETs a replay makes to read files of these sizes once, each as consecutive ranges of
+    at most `get_bytes` (its read-ahead budget permitting)."""
+    return sum(-(-size // get_bytes) for size in file_sizes)
+
 
 # Every object this layout writes, and nothing else: what --overwrite may delete.
 _ARCHIVE_KEY = re.compile(
-    rf"^(?:{re.escape(MANIFEST)}|{re.escape(ASSIGNMENT)}|{SLICES}/[0-9]{{6,}}/(?:_slice\.json|group-[0-9]{{5,}}\.avro))"
+    rf"{re.escape(MANIFEST)}|{re.escape(ASSIGNMENT)}|{INDEX}/[0-9]{{10}}\.(?:slices|pieces)\.parquet"
+    rf"|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}\.avro"
 )
+# What a version-1 archive (one file per slice and group) left: refused by name.
+_V1_KEY = re.compile(r"slices/[0-9]{6,}/(?:_slice\.json|group-[0-9]{5,}\.avro)")
 
 
 def is_archive_key(key: str) -> bool:
-    """Whether `key` (relative to the archive root) is one of the archive's own objects."""
-    return _ARCHIVE_KEY.fullmatch(key) is not None
+    """Whether `key` (relative to the archive root) is one of the archive's own objects
+    (of this version or of version 1, which an --overwrite replaces)."""
+    return _ARCHIVE_KEY.fullmatch(key) is not None or _V1_KEY.fullmatch(key) is not None
 
 
-def slice_prefix(s: int) -> str:
-    return f"{SLICES}/{s:06d}"
-
-
-def slice_meta_key(s: int) -> str:
-    return f"{slice_prefix(s)}/_slice.json"
-
-
-def group_file_key(s: int, g: int) -> str:
-    return f"{slice_prefix(s)}/group-{g:05d}.avro"
+def segment_key(group: int, first_slice: int) -> str:
+    """A segment file, named by its group and first slice: unique, and the same for the
+    same input (invariant 6); listings sort by group, then slice."""
+    return f"{GROUPS}/{group:05d}/{first_slice:010d}.avro"
 
 
 def dumps(obj: Any) -> bytes:
@@ -73,31 +87,42 @@ class PartitionRange:
 
 
 @dataclass(frozen=True)
-class GroupFile:
+class Piece:
+    """One group's records of one slice: bytes [offset, offset + length) of a segment file,
+    whole Avro blocks. A row of the piece index."""
+
+    slice: int
     group: int
-    key: str
+    file: str  # the segment's key, relative to the archive root
+    offset: int
+    length: int
     records: int
-    file_bytes: int
-    payload_bytes: int
-    sha256: str  # checked by `keyfill verify`
-    crc32c: str  # 8 hex digits (CRC-32C, Castagnoli): checked by every reader before it emits
     min_timestamp: int
     max_timestamp: int
+    crc32c: int  # CRC-32C of the piece's bytes: checked by every reader before it emits
+    file_header: int  # bytes of the segment's Avro header (the offset of its first piece)
+    file_bytes: int  # size of the whole segment file
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def where(self, url: str) -> str:
+        """How errors name a piece: its file, byte range, slice and group."""
+        return f"{url} bytes {self.offset}..{self.end} (slice {self.slice}, group {self.group})"
 
 
-def encode_group_file(batch: pa.RecordBatch, s: int, g: int, codec: str, block_bytes: int) -> tuple[str, bytes]:
-    """(key, bytes) of group g's file for slice s: an envelope Avro file whose header names
-    its slice and group, with a sync marker derived from its key, so equal input gives
-    byte-identical files (invariant 6)."""
-    key = group_file_key(s, g)
-    meta = {
-        "keyfill.format": GROUP_FILE_FORMAT,
-        "keyfill.slice": str(s),
-        "keyfill.group": str(g),
-        "keyfill.records": str(batch.num_rows),
-    }
-    marker = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    return key, envelope.encode_avro(batch, codec=codec, metadata=meta, sync_marker=marker, block_bytes=block_bytes)
+@dataclass
+class SliceMeta:
+    """One slice as readers need it: bounds, partition ranges, and its pieces by group."""
+
+    slice: int
+    start_ms: int  # inclusive; records' running-max timestamps fall in [start_ms, end_ms)
+    end_ms: int
+    records: int = 0
+    bytes: int = 0  # of its pieces
+    partitions: list[PartitionRange] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)  # non-empty groups only, by group id
 
 
 def crc32c_value(data: bytes) -> int:
@@ -105,7 +130,7 @@ def crc32c_value(data: bytes) -> int:
 
 
 def crc32c(data: bytes) -> str:
-    """The CRC-32C as the metadata spells it: 8 lowercase hex digits."""
+    """The CRC-32C as messages spell it: 8 lowercase hex digits."""
     return f"{crc32c_value(data):08x}"
 
 
@@ -119,87 +144,58 @@ def checked_records(
         raise IntegrityError(f"{where}: {len(data)} bytes, {recorded_in} records {length}")
     if crc32c(data) != crc:
         raise IntegrityError(f"{where}: CRC-32C differs from {recorded_in} (file corrupted or replaced)")
-    _, batch = envelope.decode_avro(header + data if header else data, name=name)
+    try:
+        _, batch = envelope.decode_avro(header + data if header else data, name=name)
+    except envelope.CorruptFile as exc:
+        raise IntegrityError(f"{where}: {exc}") from None
     if batch.num_rows != records:
         raise IntegrityError(f"{where}: {batch.num_rows} records, {recorded_in} records {records}")
     return batch
 
 
-def decode_group_file(data: bytes, gf: GroupFile, s: int, name: str) -> pa.RecordBatch:
-    """A group file's records, after proving its bytes are the ones the compactor wrote:
-    size and CRC-32C before decoding, the record count after. Readers call this before
-    emitting anything of the file, so damage is named instead of delivered.
+def read_piece(header: bytes, data: bytes, piece: Piece, url: str) -> pa.RecordBatch:
+    """A piece's records from its file's header and its bytes, checked against its index row
+    (length, CRC-32C, record count) before any of it is used: damage is named, not delivered.
 
-    CRC-32C, not the SHA-256 that verify checks: SHA-256 took 7-17% of replay throughput at
-    4 threads on 2 cores (bench/bench_integrity.py), CRC-32C runs at 14+ GB/s in hardware. With
-    size and record count also checked, it catches corruption and misplaced files; it does
-    not defend against deliberate tampering (that is what verify's SHA-256 is for)."""
+    CRC-32C, not SHA-256: SHA-256 took 7-17% of replay throughput at 4 threads on 2 cores
+    (bench/bench_integrity.py), CRC-32C runs at 14+ GB/s in hardware. With length and record
+    count also checked it catches corruption and misplaced bytes; it is not a defence
+    against deliberate tampering."""
     return checked_records(
         data,
-        length=gf.file_bytes,
-        crc=gf.crc32c,
-        records=gf.records,
-        where=f"{name} (slice {s}, group {gf.group})",
-        recorded_in="the slice metadata",
-        name=name,
+        header=header,
+        length=piece.length,
+        crc=f"{piece.crc32c:08x}",
+        records=piece.records,
+        where=piece.where(url),
+        recorded_in="the index",
+        name=url,
     )
 
 
 @dataclass
-class SliceMeta:
-    """`_slice.json`: everything about one slice."""
-
-    slice: int
-    start_ms: int  # inclusive; records' running-max timestamps fall in [start_ms, end_ms)
-    end_ms: int
-    partitions: list[PartitionRange] = field(default_factory=list)
-    groups: list[GroupFile] = field(default_factory=list)  # non-empty groups only, by group id
-
-    @property
-    def records(self) -> int:
-        return sum(g.records for g in self.groups)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> SliceMeta:
-        return cls(
-            slice=d["slice"],
-            start_ms=d["start_ms"],
-            end_ms=d["end_ms"],
-            partitions=[PartitionRange(**p) for p in d["partitions"]],
-            groups=[GroupFile(**g) for g in d["groups"]],
-        )
-
-
-@dataclass(frozen=True)
-class SliceSummary:
-    """A slice as the manifest lists it; details in its `_slice.json`."""
-
-    slice: int
-    start_ms: int
-    end_ms: int
-    records: int
-    file_bytes: int
-    files: int
-
-
-@dataclass
 class Manifest:
+    """`_manifest.json`: a few KB whatever the archive's length (slices are in the index)."""
+
     source: dict  # url, format, options
-    config: dict  # groups, slice_duration_ms, codec, block_bytes, null_keys, allow_gaps
+    config: dict  # groups, slice_duration_ms, codec, block_bytes, target_file_bytes, null_keys, allow_gaps
     topic: str
     groups: int
     slice_duration_ms: int
-    slices: list[SliceSummary]
+    base: int  # absolute slice number of slice 0: slice s covers [(base+s)*d, (base+s+1)*d)
+    slices: int
     group_records: list[int]
     group_payload_bytes: list[int]
-    totals: dict  # records, payload_bytes, file_bytes, files, keys, partitions
+    group_file_bytes: list[int]  # bytes of each group's pieces
+    totals: dict  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
     handoff: dict[str, int]  # partition (as a JSON string key) -> next offset after the archive
     gaps: list[str] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+
+    def bounds(self, s: int) -> tuple[int, int]:
+        d = self.slice_duration_ms
+        return (self.base + s) * d, (self.base + s + 1) * d
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -210,14 +206,14 @@ class Manifest:
             raise FormatError(f"{name}: not a keyfill compacted archive manifest")
         if d.get("format_version") != FORMAT_VERSION:
             raise FormatError(
-                f"{name}: format version {d.get('format_version')}; this keyfill reads version {FORMAT_VERSION}"
+                f"{name}: format version {d.get('format_version')}; this keyfill reads version {FORMAT_VERSION} "
+                "(compact the source again)"
             )
-        d = dict(d)
-        d["slices"] = [SliceSummary(**s) for s in d["slices"]]
         m = cls(**d)
-        numbers = [*m.group_records, *m.group_payload_bytes, *m.handoff.values(), m.groups, m.slice_duration_ms]
-        numbers += [v for s in m.slices for v in (s.slice, s.start_ms, s.end_ms, s.records, s.file_bytes, s.files)]
-        if not all(type(v) is int for v in numbers) or len(m.group_payload_bytes) != m.groups:
+        numbers = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
+        numbers += [m.groups, m.slice_duration_ms, m.base, m.slices]
+        lists = (m.group_records, m.group_payload_bytes, m.group_file_bytes)
+        if not all(type(v) is int for v in numbers) or any(len(x) != m.groups for x in lists) or m.slices < 0:
             raise FormatError(
                 f"{name}: a count, offset or time that is not a whole number, or group lists that do "
                 "not match the group count"
@@ -251,24 +247,3 @@ def load_manifest(store: Storage) -> Manifest:
         if isinstance(exc, FormatError):
             raise
         raise FormatError(f"{store.url_for(MANIFEST)}: unreadable manifest ({exc})") from None
-
-
-def load_slice(store: Storage, s: int) -> SliceMeta:
-    key = slice_meta_key(s)
-    try:
-        return SliceMeta.from_json(json.loads(store.read(key)))
-    except ObjectNotFound:
-        raise FormatError(f"{store.url_for(key)}: slice metadata missing") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise FormatError(
-            f"{store.url_for(key)}: unreadable slice metadata ({exc}); an archive written by "
-            "another keyfill version must be compacted again"
-        ) from None
-
-
-def slice_meta(store: Storage, summary: SliceSummary) -> SliceMeta:
-    """A slice's metadata as readers need it: an empty slice has no groups and no
-    partition ranges worth a GET, so it is built from its manifest entry."""
-    if not summary.records:
-        return SliceMeta(slice=summary.slice, start_ms=summary.start_ms, end_ms=summary.end_ms)
-    return load_slice(store, summary.slice)

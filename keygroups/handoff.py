@@ -39,14 +39,13 @@ def consumer_groups_csv(manifest: Manifest) -> str:
 
 def summary(manifest: Manifest, archive: str) -> dict:
     """Everything about the hand-off, for scripts: offsets and the event time the archive ends at."""
-    filled = [s for s in manifest.slices if s.records]
     return {
         "archive": archive,
         "topic": manifest.topic,
         "offsets": {str(p): o for p, o in offsets(manifest).items()},
         "records": manifest.totals["records"],
-        "slices": len(manifest.slices),
-        "end_ms": filled[-1].end_ms if filled else None,
+        "slices": manifest.slices,
+        "end_ms": manifest.totals["end_ms"],
         "spark_starting_offsets": spark_starting_offsets(manifest),
     }
 

@@ -1,7 +1,7 @@
-"""The piece index of format v2 (DESIGN.md "Format v2"; issue: compacted format v2).
+"""The piece index of format v2 (DESIGN.md "Format v2").
 
-In v2 a group's records of one slice (a *piece*) are a run of whole Avro blocks inside a
-segment file that holds many consecutive slices of that group. Readers find pieces here:
+A group's records of one slice (a *piece*) are a run of whole Avro blocks inside a segment
+file that holds many consecutive slices of that group. Readers find pieces here:
 
     <root>/index/<first slice:010d>.slices.parquet   one row per slice: bounds, records, bytes,
                                                      per-partition offset ranges
@@ -29,12 +29,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from keygroups.compacted import INDEX, PartitionRange, Piece, SliceMeta
 from keygroups.errors import FormatError
 from keygroups.storage import ObjectNotFound, Storage
 
 SLICES_PER_FILE = 4096
 SLICES_PER_ROW_GROUP = 64
-INDEX = "index"
 
 PARTITION_RANGE = pa.struct(
     [
@@ -67,8 +67,51 @@ PIECE_SCHEMA = pa.schema(
         pa.field("min_timestamp", pa.int64(), nullable=False),
         pa.field("max_timestamp", pa.int64(), nullable=False),
         pa.field("crc32c", pa.uint32(), nullable=False),  # of bytes [offset, offset + length)
+        pa.field("file_header", pa.int32(), nullable=False),  # bytes of the file's Avro header
+        pa.field("file_bytes", pa.int64(), nullable=False),  # size of the whole file
     ]
 )
+
+
+def piece_table(pieces: list[Piece]) -> pa.Table:
+    return pa.Table.from_pylist([p.__dict__ for p in pieces], schema=PIECE_SCHEMA)
+
+
+def slice_table(metas: list[SliceMeta]) -> pa.Table:
+    rows = [
+        {
+            "slice": m.slice,
+            "start_ms": m.start_ms,
+            "end_ms": m.end_ms,
+            "records": m.records,
+            "bytes": m.bytes,
+            "partitions": [r.__dict__ for r in m.partitions],
+        }
+        for m in metas
+    ]
+    return pa.Table.from_pylist(rows, schema=SLICE_SCHEMA)
+
+
+def slice_metas(slices: pa.Table, pieces: pa.Table) -> list[SliceMeta]:
+    """Index rows as readers use them: one SliceMeta per slice row, with its pieces."""
+    metas = [
+        SliceMeta(
+            slice=r["slice"],
+            start_ms=r["start_ms"],
+            end_ms=r["end_ms"],
+            records=r["records"],
+            bytes=r["bytes"],
+            partitions=[PartitionRange(**p) for p in r["partitions"]],
+        )
+        for r in slices.to_pylist()
+    ]
+    at = {m.slice: m for m in metas}
+    for row in pieces.to_pylist():
+        meta = at.get(row["slice"])
+        if meta is None:
+            raise FormatError(f"index: a piece of slice {row['slice']}, which the slice index does not list")
+        meta.pieces.append(Piece(**row))
+    return metas
 
 
 def index_key(kind: str, first_slice: int) -> str:
@@ -199,3 +242,13 @@ class PieceIndex:
     def piece_rows(self, first: int, end: int) -> pa.Table:
         """Pieces of slices [first, end) as PIECE_SCHEMA rows, by (slice, group)."""
         return pa.concat_tables([*self._rows("pieces", first, end), PIECE_SCHEMA.empty_table()])
+
+    def metas(self, first: int, end: int) -> list[SliceMeta]:
+        """Slices [first, end) with their pieces; every slice must have its index row."""
+        metas = slice_metas(self.slice_rows(first, end), self.piece_rows(first, end))
+        if [m.slice for m in metas] != list(range(first, end)):
+            raise FormatError(
+                f"{self.store.url_for(index_key('slices', file_start(first)))}: slices {first}..{end - 1} "
+                "are not all in the slice index"
+            )
+        return metas

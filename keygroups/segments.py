@@ -1,10 +1,7 @@
 """Segment files of format v2 (DESIGN.md "Format v2"): one Avro container per run of
 consecutive slices of one group, each slice's records (a *piece*) a run of whole blocks.
 
-    <root>/groups/<group:05d>/<segment:08d>.avro
-
-Not yet used by the compactor or the readers (they write and read the v1 layout); the
-piece index that finds pieces is `keygroups.piece_index`.
+    <root>/groups/<group:05d>/<first slice:010d>.avro
 
 A group's segments share one sync marker, derived from the group id, so a piece's blocks
 do not depend on which file they land in and equal input gives equal bytes (invariant 6).
@@ -15,13 +12,14 @@ left with several small ones.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted, envelope
+from keygroups.compacted import Piece, segment_key
 from keygroups.errors import OptionError
 from keygroups.storage import Storage
 
@@ -29,27 +27,8 @@ SEGMENT_FORMAT = "keyfill.segment/1"
 DEFAULT_TARGET_BYTES = 64 << 20
 
 
-def segment_key(group: int, segment: int) -> str:
-    return f"groups/{group:05d}/{segment:08d}.avro"
-
-
 def sync_marker(group: int) -> bytes:
     return hashlib.blake2b(f"keyfill group {group}".encode(), digest_size=16).digest()
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Where one (slice, group)'s records are: a PIECE_SCHEMA row of the piece index."""
-
-    slice: int
-    group: int
-    file: str
-    offset: int
-    length: int
-    records: int
-    min_timestamp: int
-    max_timestamp: int
-    crc32c: int
 
 
 class SegmentWriter:
@@ -64,28 +43,28 @@ class SegmentWriter:
         codec: str = "snappy",
         block_bytes: int = envelope.DEFAULT_BLOCK_BYTES,
         target_bytes: int = DEFAULT_TARGET_BYTES,
-        first_segment: int = 0,
     ) -> None:
         if target_bytes < 1:
             raise OptionError(f"target_bytes={target_bytes}: must be at least 1")
         self.store, self.group = store, group
         self.codec, self.block_bytes, self.target_bytes = codec, block_bytes, target_bytes
         self.sync = sync_marker(group)
-        self.pieces: list[Piece] = []
+        self.pieces: list[Piece] = []  # of files already written
         self.files: list[str] = []
-        self._segment = first_segment
+        self._open: list[Piece] = []  # of the file being filled
         self._parts: list[bytes] = []
         self._size = 0
+        self._header = 0
         self._last_slice = -1
 
-    def add(self, s: int, batch: pa.RecordBatch) -> Piece | None:
+    def add(self, s: int, batch: pa.RecordBatch) -> None:
         """Append slice s's records of this group (slices strictly increasing); an empty
         batch writes nothing."""
         if s <= self._last_slice:
             raise OptionError(f"group {self.group}: slice {s} after slice {self._last_slice}; slices must increase")
         self._last_slice = s
         if batch.num_rows == 0:
-            return None
+            return
         if not self._parts:
             header = envelope.avro_header(
                 codec=self.codec,
@@ -96,51 +75,38 @@ class SegmentWriter:
                 },
                 sync_marker=self.sync,
             )
-            self._parts, self._size = [header], len(header)
+            self._parts, self._size, self._header = [header], len(header), len(header)
+            self._key = segment_key(self.group, s)
         blob = envelope.encode_blocks(batch, codec=self.codec, sync_marker=self.sync, block_bytes=self.block_bytes)
         ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
-        piece = Piece(
-            slice=s,
-            group=self.group,
-            file=segment_key(self.group, self._segment),
-            offset=self._size,
-            length=len(blob),
-            records=batch.num_rows,
-            min_timestamp=int(np.min(ts)),
-            max_timestamp=int(np.max(ts)),
-            crc32c=compacted.crc32c_value(blob),
+        self._open.append(
+            Piece(
+                slice=s,
+                group=self.group,
+                file=self._key,
+                offset=self._size,
+                length=len(blob),
+                records=batch.num_rows,
+                min_timestamp=int(np.min(ts)),
+                max_timestamp=int(np.max(ts)),
+                crc32c=compacted.crc32c_value(blob),
+                file_header=self._header,
+                file_bytes=0,  # known when the file is closed
+            )
         )
         self._parts.append(blob)
         self._size += len(blob)
-        self.pieces.append(piece)
         if self._size >= self.target_bytes:
             self._flush()
-        return piece
 
     def _flush(self) -> None:
         if self._parts:
-            key = segment_key(self.group, self._segment)
-            self.store.write(key, b"".join(self._parts))
-            self.files.append(key)
-            self._segment += 1
-            self._parts, self._size = [], 0
+            self.store.write(self._key, b"".join(self._parts))
+            self.files.append(self._key)
+            self.pieces += [dataclasses.replace(p, file_bytes=self._size) for p in self._open]
+            self._open, self._parts, self._size = [], [], 0
 
     def close(self) -> list[Piece]:
         """Write the last file; the pieces written, in slice order."""
         self._flush()
         return self.pieces
-
-
-def read_piece(header: bytes, data: bytes, piece: Piece, name: str) -> pa.RecordBatch:
-    """A piece's records from its file's header and its byte range, checked against its
-    index row (length, CRC-32C, records) before any of it is used."""
-    return compacted.checked_records(
-        data,
-        header=header,
-        length=piece.length,
-        crc=f"{piece.crc32c:08x}",
-        records=piece.records,
-        where=f"{name} bytes {piece.offset}..{piece.offset + piece.length} (slice {piece.slice}, group {piece.group})",
-        recorded_in="the index",
-        name=name,
-    )

@@ -72,5 +72,5 @@ class Checkpoint:
                 f"checkpoint is for archive {self.archive} ({self.url}), but {url} is archive {here} "
                 "(recompacted since?): start the replay anew, or point it at the archive it started on"
             )
-        if self.slices != len(manifest.slices) or any(not 0 <= g < manifest.groups for g in self.groups):
+        if self.slices != manifest.slices or any(not 0 <= g < manifest.groups for g in self.groups):
             raise CheckpointError(f"malformed checkpoint: slices or groups outside archive {here} ({url})")

@@ -1,5 +1,6 @@
-"""Fetching group files for the replay: read-ahead within a byte budget, large files as
-concurrent ranged GETs, on a pool of daemon threads that a stopped replay can abandon.
+"""Fetching pieces for the replay: each group's upcoming pieces as few large ranged GETs
+(consecutive pieces of a segment file coalesced into runs, `reader.coalesce`), within a
+read-ahead budget, on a pool of daemon threads that a stopped replay can abandon.
 
 The pool is written by hand because `concurrent.futures.ThreadPoolExecutor` joins its (non-daemon)
 threads when the interpreter exits: a GET stuck on a frozen endpoint would then hold a
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from keygroups import compacted
-from keygroups.storage import Storage, StorageError
+from keygroups.compacted import Piece
+from keygroups.errors import FormatError, IntegrityError
+from keygroups.storage import Storage
+from reader.coalesce import Run
 
 _STOP = object()
 
@@ -75,74 +80,148 @@ class FetchPool:
             self._tasks.put(_STOP)
 
 
-class Fetcher:
-    """A group file's bytes: whole, or as ranged GETs when larger than `range_bytes` (the
-    hot group's, typically), so one thread is not serialised behind one long transfer while
-    the others wait at the barrier."""
-
-    def __init__(self, store: Storage, range_bytes: int, workers: int) -> None:
-        self.store = store
-        self.range_bytes = range_bytes
-        self.pool = FetchPool(workers)
-
-    def ranges(self, gf: compacted.GroupFile) -> list[tuple[int, int]]:
-        """(start, length) of the ranged GETs for a file larger than `range_bytes`; none for a
-        file fetched whole. The last range asks for one byte more than the slice metadata
-        promises, so an object that is longer than recorded cannot be silently cut short."""
-        size = gf.file_bytes
-        if not self.range_bytes or size <= self.range_bytes:
-            return []
-        starts = list(range(0, size, self.range_bytes))
-        return [(a, min(self.range_bytes, size - a) + (a == starts[-1])) for a in starts]
-
-    def start(self, gf: compacted.GroupFile) -> list[Future]:
-        """Read-ahead: the file's GET, or its ranged GETs, in flight on the pool."""
-        ranges = self.ranges(gf)
-        if not ranges:
-            return [self.pool.submit(self.store.read, gf.key)]
-        return [self.pool.submit(self.store.read_range, gf.key, a, n) for a, n in ranges]
-
-    def fetch(self, gf: compacted.GroupFile, pending: list[Future] | None) -> bytes:
-        """The file's bytes: from its read-ahead futures, or fetched now (beyond the read-ahead
-        budget; then the calling thread GETs the first range itself while the pool GETs the
-        rest)."""
-        ranges = self.ranges(gf)
-        if pending is None:
-            if not ranges:
-                return self.store.read(gf.key)
-            pending = [self.pool.submit(self.store.read_range, gf.key, a, n) for a, n in ranges[1:]]
-            parts = [self.store.read_range(gf.key, *ranges[0])] + [f.result() for f in pending]
-        else:
-            parts = [f.result() for f in pending]
-        if not ranges:
-            return parts[0]
-        data = b"".join(parts)
-        if len(data) != gf.file_bytes:
-            found = "more" if len(data) > gf.file_bytes else len(data)
-            raise StorageError(
-                f"{self.store.url_for(gf.key)}: the slice metadata says {gf.file_bytes} bytes, the object has {found}"
-            )
-        return data
-
-    def close(self) -> None:
-        self.pool.shutdown()
+LOOKAHEAD_SLICES = 256  # how far a run may reach past the slice being read
 
 
-class ReadAhead:
-    """One thread's files of upcoming slices in flight, within its share of the budget."""
+def run_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
+    """The largest run a reader fetches: each group holds the run it reads and the next one
+    in flight, so 2 x groups runs share the budget, and no run exceeds `get_bytes` (unless
+    one piece does: a piece is never split between runs)."""
+    share = read_ahead_bytes // max(1, 2 * groups)
+    return max(1, min(get_bytes or share, share)) if read_ahead_bytes else 1
 
-    def __init__(self, fetcher: Fetcher, groups: set[int], budget: int) -> None:
-        self.fetcher = fetcher
-        self.groups = groups
-        self.budget = budget
-        self._ahead: dict[tuple[int, int], list[Future]] = {}
 
-    def prefetch(self, s: int, meta: compacted.SliceMeta) -> None:
-        budget = self.budget
-        for gf in meta.groups:
-            if gf.group in self.groups and (s, gf.group) not in self._ahead and budget >= 0:
-                budget -= gf.file_bytes
-                self._ahead[(s, gf.group)] = self.fetcher.start(gf)
+class _Fetched:
+    """A run in flight: its parts' futures, joined once into bytes."""
 
-    def fetch(self, s: int, gf: compacted.GroupFile) -> bytes:
-        return self.fetcher.fetch(gf, self._ahead.pop((s, gf.group), None))  # None: beyond the budget
+    def __init__(self, run: Run, pieces: list[Piece], futures: list[Future], extra: bool) -> None:
+        self.run, self.pieces, self.futures, self.extra = run, pieces, futures, extra
+        self.last_slice = pieces[-1].slice
+        self._data: bytes | None = None
+
+    def data(self, url: str) -> bytes:
+        if self._data is None:
+            data = b"".join(f.result() for f in self.futures)
+            want = self.run.end - self.run.start
+            if len(data) < want:  # name the first piece cut short
+                p = next(q for q in self.pieces if q.end - self.run.start > len(data))
+                raise IntegrityError(
+                    f"{p.where(url)}: the object ends at byte {self.run.start + len(data)}; the index says it "
+                    f"has {p.file_bytes} bytes"
+                )
+            if len(data) > want + self.extra or (self.extra and len(data) > want):
+                p = self.pieces[-1]
+                raise IntegrityError(
+                    f"{p.where(url)}: the object is longer than the {p.file_bytes} bytes the index says"
+                )
+            self._data = data[:want] if self.extra else data
+            self.futures = []
+        return self._data
+
+
+class PieceFetcher:
+    """One replay thread's view of its groups' pieces: keeps, per group, the run being read
+    and the next one in flight (two runs of at most `run_bytes`), GETs each run as parts of
+    at most `part_bytes`, and the Avro header of a file once."""
+
+    def __init__(
+        self,
+        store: Storage,
+        pool: FetchPool,
+        slice_meta: Callable[[int], compacted.SliceMeta],
+        slices: int,
+        groups: set[int],
+        *,
+        run_bytes: int,
+        part_bytes: int,
+        ahead: bool = True,
+    ) -> None:
+        self.store, self.pool, self.slice_meta, self.slices = store, pool, slice_meta, slices
+        self.run_bytes, self.part_bytes, self.ahead = run_bytes, part_bytes or (1 << 62), ahead
+        self._runs: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
+        self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for runs
+        self._headers: dict[str, Future] = {}
+        self.gets = 0
+
+    def _submit(self, key: str, start: int, length: int) -> Future:
+        self.gets += 1
+        return self.pool.submit(self.store.read_range, key, start, length)
+
+    def _schedule(self, g: int, limit: int) -> None:
+        """Start the GETs of group g's next run, scanning slices up to `limit`."""
+        s = self._frontier[g]
+        pieces: list[Piece] = []
+        while s < limit:
+            piece = next((p for p in self.slice_meta(s).pieces if p.group == g), None)
+            if piece is not None:
+                if pieces and (
+                    piece.file != pieces[-1].file
+                    or piece.offset != pieces[-1].end
+                    or piece.end - pieces[0].offset > self.run_bytes
+                ):
+                    break
+                _check_row(piece, self.store.url_for(piece.file))
+                pieces.append(piece)
+            s += 1
+        self._frontier[g] = s
+        if not pieces:
+            return
+        first, last = pieces[0], pieces[-1]
+        start = 0 if first.offset == first.file_header else first.offset  # the header rides along
+        extra = int(last.end == last.file_bytes)  # a byte past the end: an object longer than recorded shows
+        end = last.end + extra
+        step = self.part_bytes
+        futures = [self._submit(first.file, a, min(step, end - a)) for a in range(start, end, step)]
+        if start == 0 and step >= first.file_header:
+            self._headers.setdefault(first.file, futures[0])
+        self._runs[g].append(_Fetched(Run(first.file, start, last.end, ()), pieces, futures, extra))
+
+    def _fill(self, g: int, s: int) -> None:
+        """Group g's runs in flight: the one being read and, with read-ahead, the next."""
+        limit = min(self.slices, s + LOOKAHEAD_SLICES)
+        runs = self._runs[g]
+        while len(runs) < (2 if self.ahead else 1) and self._frontier[g] < limit:
+            self._schedule(g, limit)
+
+    def prefetch(self, s: int) -> None:
+        """Make sure every group of this thread has its runs from slice s on in flight."""
+        for g in self._runs:
+            self._frontier.setdefault(g, s)
+            self._fill(g, s)
+
+    def _header(self, p: Piece, url: str) -> bytes:
+        if p.file not in self._headers:
+            self._headers[p.file] = self._submit(p.file, 0, p.file_header)
+        head = self._headers[p.file].result()[: p.file_header]
+        if len(head) != p.file_header:
+            raise IntegrityError(f"{p.where(url)}: the object is shorter than its {p.file_header}-byte header")
+        return head
+
+    def read(self, p: Piece) -> tuple[bytes, bytes]:
+        """(header, bytes) of piece p; the runs before it are dropped."""
+        runs = self._runs[p.group]
+        url = self.store.url_for(p.file)
+        while runs and runs[0].last_slice < p.slice:
+            runs.popleft()
+        if not runs or runs[0].pieces[0].slice > p.slice:  # not in flight (no read-ahead budget)
+            runs.clear()
+            self._frontier[p.group] = p.slice
+            self._schedule(p.group, p.slice + 1)
+        fetched = runs[0]
+        if p not in fetched.pieces:
+            raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
+        data = fetched.data(url)
+        if p.slice == fetched.last_slice:
+            runs.popleft()
+        if self.ahead:
+            self._fill(p.group, p.slice + 1)
+        return self._header(p, url), fetched.run.slice_of(data, p)
+
+
+def _check_row(p: Piece, url: str) -> None:
+    """An index row that cannot be right is named before any GET is made."""
+    if not (0 < p.file_header <= p.offset and p.length > 0 and p.end <= p.file_bytes and p.records > 0):
+        raise FormatError(
+            f"{p.where(url)}: index row outside its file (header {p.file_header} bytes, file {p.file_bytes} "
+            f"bytes, {p.records} records)"
+        )

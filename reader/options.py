@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keygroups import compacted
 from keygroups.errors import OptionError
 
 PACINGS = ("drift", "proportional", "none")
@@ -14,8 +15,10 @@ class ReplayOptions:
     threads: int = 16
     batch_size: int = 65_536  # records per emitted batch, at most
     watermark_bound_ms: int = 0  # B: the watermark after slice s is its end - B
-    read_ahead_bytes: int = 256 << 20  # GETs of upcoming files in flight, all threads together
-    range_bytes: int = 8 << 20  # a larger file is fetched as concurrent ranged GETs of this size; 0: whole
+    # Bytes of pieces fetched and not yet emitted, all threads together: each group holds its
+    # current run and the next, so runs are read_ahead_bytes / (2 x groups), at most range_bytes.
+    read_ahead_bytes: int = 1 << 30
+    range_bytes: int = compacted.GET_BYTES  # the largest GET; 0: a run in one GET, however long
     queue_batches: int | None = None  # batches buffered for the consumer (default 2 x threads, at least 4)
     max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses
     pacing: str = "drift"  # or "proportional": the seed design's sleep heuristic, for comparison; "none"

@@ -1,49 +1,65 @@
-"""What a replay reads and who reads it: groups balanced over threads by bytes, and each
-slice's metadata fetched once for all threads (an empty slice needs no fetch)."""
+"""What a replay reads and who reads it: groups balanced over threads by bytes, and the
+slices' index rows loaded a row group at a time, once for all threads, keeping only the
+blocks in use (the index of a long archive does not fit in memory)."""
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
 import keygroups
 from keygroups import compacted
 from keygroups.errors import FormatError
+from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
 from keygroups.storage import Storage
+
+CACHED_BLOCKS = 16  # of SLICES_PER_ROW_GROUP slices: covers the fetchers' look-ahead
 
 
 class ReplayPlan:
     def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
         self.store = store
         self.manifest = manifest
-        self.group_bytes = np.asarray(manifest.group_payload_bytes, dtype=np.int64)
+        self.index = PieceIndex(store, manifest.slices)
+        self.group_bytes = np.asarray(manifest.group_file_bytes, dtype=np.int64)
         if len(self.group_bytes):
             self.thread_of_group = keygroups.assign_threads(self.group_bytes, threads)
         else:
             self.thread_of_group = np.zeros(0, np.int32)
-        self._metas: list[compacted.SliceMeta | None] = [None] * len(manifest.slices)
+        self._blocks: OrderedDict[int, list[compacted.SliceMeta]] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
     def slices(self) -> int:
-        return len(self.manifest.slices)
+        return self.manifest.slices
 
     def groups_of(self, t: int) -> set[int]:
         return {g for g in range(len(self.thread_of_group)) if self.thread_of_group[g] == t}
 
     def slice_meta(self, s: int) -> compacted.SliceMeta:
-        meta = self._metas[s]
-        if meta is not None:  # already loaded: no need to queue behind a fetch of another slice
-            return meta
+        b = s // SLICES_PER_ROW_GROUP
         with self._lock:
-            if self._metas[s] is None:
-                meta = compacted.slice_meta(self.store, self.manifest.slices[s])
-                stray = [gf.group for gf in meta.groups if not 0 <= gf.group < len(self.thread_of_group)]
-                if stray:  # no thread would read it: its records would be skipped without a word
+            block = self._blocks.get(b)
+            if block is None:
+                first = b * SLICES_PER_ROW_GROUP
+                block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
+                self._check(block)
+                self._blocks[b] = block
+                while len(self._blocks) > CACHED_BLOCKS:
+                    self._blocks.popitem(last=False)
+            else:
+                self._blocks.move_to_end(b)
+            return block[s - b * SLICES_PER_ROW_GROUP]
+
+    def _check(self, block: list[compacted.SliceMeta]) -> None:
+        for meta in block:
+            for p in meta.pieces:
+                if not 0 <= p.group < len(self.thread_of_group):  # no thread would read it: lost without a word
                     raise FormatError(
-                        f"{self.store.url_for(compacted.slice_meta_key(s))}: group {stray[0]} is not one of the "
+                        f"{self.store.url_for(p.file)} (slice {meta.slice}): group {p.group} is not one of the "
                         f"manifest's {len(self.thread_of_group)} groups"
                     )
-                self._metas[s] = meta
-            return self._metas[s]
+            if meta.start_ms != self.manifest.bounds(meta.slice)[0]:
+                raise FormatError(f"{self.store.url}: slice {meta.slice} of the index does not match the manifest")

@@ -1,8 +1,8 @@
 """Barrier-synchronised multithreaded replay of a compacted archive.
 
 T threads share the G key groups (balanced by bytes: `reader.plan`). For each slice every
-thread reads and decodes its groups' files (`reader.fetch`: the next slice's are already in
-flight) and puts record batches on one bounded queue, then marks the slice done and waits
+thread reads and decodes its groups' pieces (`reader.fetch`: runs of upcoming pieces are
+already in flight) and puts record batches on one bounded queue, then marks the slice done and waits
 at a barrier; the slice's watermark is emitted after the last thread's mark. The queue is
 FIFO and nobody starts slice s + 1 before everyone has finished slice s, so every record of
 slice s reaches the consumer before the watermark of s and before any record of s + 1
@@ -26,7 +26,7 @@ from keygroups import compacted, envelope
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
-from reader.fetch import Fetcher, ReadAhead
+from reader.fetch import FetchPool, PieceFetcher, run_bytes
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
@@ -38,7 +38,7 @@ RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
 
 @dataclass(frozen=True)
 class Records:
-    """Records of one key group in one slice, in the group file's order."""
+    """Records of one key group in one slice, in the piece's order."""
 
     batch: pa.RecordBatch
     slice: int
@@ -90,7 +90,9 @@ class Replay:
         self.pacer = Pacer(opts, self.plan.group_bytes, self._stop)
         self._queue = StoppableQueue(opts.queue_size, self._stop)
         self._barrier = threading.Barrier(opts.threads)
-        self._fetcher = Fetcher(self.store, opts.range_bytes, workers=max(2, opts.threads))
+        self._pool = FetchPool(max(2, opts.threads))
+        self._run_bytes = run_bytes(opts.read_ahead_bytes, self.manifest.groups, opts.range_bytes)
+        self._fetchers: list[PieceFetcher] = []
         self._workers: list[threading.Thread] = []
         self._started = False
 
@@ -102,7 +104,12 @@ class Replay:
             cp = Checkpoint.from_json(resume)
             cp.check(self.manifest, self.store.url)
             self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
-        self._skip = dict(self._emitted)  # records to drop at the start of each group's file
+        self._skip = dict(self._emitted)  # records to drop at the start of each group's piece
+
+    @property
+    def gets(self) -> int:
+        """GET requests made for pieces and headers so far."""
+        return sum(f.gets for f in self._fetchers)
 
     @property
     def max_spread_ms(self) -> int:
@@ -129,30 +136,28 @@ class Replay:
     def _worker(self, t: int, first: int) -> None:
         opts, plan = self.options, self.plan
         mine = plan.groups_of(t)
-        ahead = ReadAhead(self._fetcher, mine, opts.read_ahead_bytes // opts.threads)
+        fetcher = self._fetchers[t]
         try:
             for s in range(first, plan.slices):
                 meta = plan.slice_meta(s)
-                ahead.prefetch(s, meta)
-                if s + 1 < plan.slices:
-                    ahead.prefetch(s + 1, plan.slice_meta(s + 1))
-                own = [gf for gf in meta.groups if gf.group in mine]
-                if own:  # event time starts at the earliest record it will emit, known from metadata
-                    self.pacer.begin_slice(t, min(gf.min_timestamp for gf in own))
+                fetcher.prefetch(s)
+                own = [p for p in meta.pieces if p.group in mine]
+                if own:  # event time starts at the earliest record it will emit, known from the index
+                    self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
                 if self.pacer.max_drift_ms is not None:
                     # Everyone declares where its slice starts before anyone emits: a thread that
                     # began late would otherwise join below a bound the others already used.
                     self._barrier.wait()
                 runs = []  # per group: its batches with a non-decreasing event-time key
-                for gf in own:
+                for p in own:
                     if self._stop.is_set():
                         return
-                    batch = self._read(ahead, s, gf, skip=self._skip.get(gf.group, 0) if s == first else 0)
+                    batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
                     pieces = [
-                        (ts, gf.group, i, Records(batch.slice(a, b - a), s, gf.group))
+                        (ts, p.group, i, Records(batch.slice(a, b - a), s, p.group))
                         for i, (ts, a, b) in enumerate(self.pacer.cut(batch, opts.batch_size))
                     ]
-                    if self.pacer.max_drift_ms is None:  # stream file by file: decoding overlaps consuming
+                    if self.pacer.max_drift_ms is None:  # stream piece by piece: decoding overlaps consuming
                         self._emit(t, pieces)
                     else:
                         runs.append(pieces)
@@ -168,23 +173,23 @@ class Replay:
             self._queue.put(_Failed(exc), force=True)
             self._barrier.abort()
 
-    def _read(self, ahead: ReadAhead, s: int, gf: compacted.GroupFile, skip: int) -> pa.RecordBatch:
-        """The file's records after `skip`, tagged with their group; checked against the slice
-        metadata before any of them is emitted."""
-        name = self.store.url_for(gf.key)
+    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, skip: int) -> pa.RecordBatch:
+        """The piece's records after `skip`, tagged with their group; checked against the
+        index before any of them is emitted."""
+        name = self.store.url_for(p.file)
         try:
-            batch = compacted.decode_group_file(ahead.fetch(s, gf), gf, s, name)
-        except compacted.IntegrityError as exc:
+            header, data = fetcher.read(p)
+            batch = compacted.read_piece(header, data, p, name)
+        except compacted.FormatError as exc:
             raise ReplayError(str(exc)) from exc
         except BaseException as exc:
-            raise ReplayError(f"group {gf.group}, slice {s}: {name}: {exc}") from exc
+            raise ReplayError(f"{p.where(name)}: {exc}") from exc
         if skip > batch.num_rows:
             raise ReplayError(
-                f"{name} (slice {s}, group {gf.group}): the checkpoint says {skip} records were emitted, the file "
-                f"has {batch.num_rows}"
+                f"{p.where(name)}: the checkpoint says {skip} records were emitted, the piece has {batch.num_rows}"
             )
         batch = batch.slice(skip)
-        return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, gf.group, np.int32)))
+        return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, p.group, np.int32)))
 
     def _emit(self, t: int, pieces: Iterable[tuple[int, int, int, Records]]) -> None:
         for ts, _, _, records in pieces:
@@ -200,11 +205,24 @@ class Replay:
         self._started = True
         slices = self.manifest.slices
         for t in range(self.options.threads):
+            self._fetchers.append(
+                PieceFetcher(
+                    self.store,
+                    self._pool,
+                    self.plan.slice_meta,
+                    slices,
+                    self.plan.groups_of(t),
+                    run_bytes=self._run_bytes,
+                    part_bytes=self.options.range_bytes,
+                    ahead=self.options.read_ahead_bytes > 0,
+                )
+            )
+        for t in range(self.options.threads):
             w = threading.Thread(target=self._worker, args=(t, self._slice), name=f"keyfill-replay-{t}", daemon=True)
             w.start()
             self._workers.append(w)
         done = 0
-        while self._slice < len(slices):
+        while self._slice < slices:
             item = self._queue.get()
             if isinstance(item, Records):
                 self._emitted[item.group] = self._emitted.get(item.group, 0) + item.batch.num_rows
@@ -213,7 +231,7 @@ class Replay:
                 done += 1
                 if done == self.options.threads:
                     done = 0
-                    mark = slices[self._slice].end_ms - self.options.watermark_bound_ms
+                    mark = self.manifest.bounds(self._slice)[1] - self.options.watermark_bound_ms
                     self._slice += 1
                     self._emitted = {}
                     self._watermark = mark
@@ -231,7 +249,7 @@ class Replay:
         self._stop.set()
         self._barrier.abort()
         self._queue.drain()
-        self._fetcher.close()
+        self._pool.shutdown()
         deadline = time.monotonic() + 1.0
         for w in self._workers:
             w.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -13,19 +13,21 @@ once per batch, at a slice end, and a record is late in the replay only if it wa
 its own Kafka partition with the same delay (DESIGN.md invariant 3).
 
 A micro-batch's input partitions are key groups (or bundles of groups balanced by bytes,
-with the `numPartitions` option). Each reads its groups' files slice by slice, in file
-order, so a key's records stay in order within its Spark partition and across batches.
+with the `numPartitions` option). Each reads its groups' pieces of the batch's slices, a
+group at a time in slice order, as coalesced ranged GETs (`reader.coalesce`), so a key's
+records stay in order within its Spark partition and across batches. Spark's watermark
+moves between micro-batches only, so the order of groups inside a batch changes nothing.
 
 Planning (`latestOffset`, `partitions`) runs in one long-lived driver-side Python process
-and caches the manifest and slice metadata there; `read()` runs on a pickled copy in the
-executors and only fetches and decodes files. `__init__` runs several times and only
+and reads only the index rows of the slices it plans; `read()` runs on a pickled copy in
+the executors and only fetches and decodes pieces. `__init__` runs several times and only
 parses options.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,9 @@ from pyspark.sql.types import StructType
 import keygroups
 from keygroups import compacted
 from keygroups.errors import KeyfillError, OptionError
+from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
 from keygroups.storage import Storage, open_storage
+from reader.coalesce import runs
 
 NAME = "keyfill"
 SCHEMA_DDL = (
@@ -120,35 +124,28 @@ class Options:
 
 
 @dataclass(frozen=True)
-class FilePart:
-    """One group file of one slice, with the metadata its bytes are checked against."""
+class PieceRun:
+    """Consecutive pieces of one group in one segment file, read with ranged GETs."""
 
-    slice: int
-    file: compacted.GroupFile
-
-    @property
-    def group(self) -> int:
-        return self.file.group
-
-    @property
-    def key(self) -> str:
-        return self.file.key
-
-    @property
-    def file_bytes(self) -> int:
-        return self.file.file_bytes
-
-    @property
-    def records(self) -> int:
-        return self.file.records
+    file: str
+    start: int  # first byte fetched (0 when the file's header rides along)
+    end: int
+    pieces: tuple[compacted.Piece, ...]
 
 
 @dataclass(frozen=True)
 class GroupsPartition(InputPartition):
-    """One Spark input partition: some key groups' files over a range of slices, in the
-    order they are read (slice by slice)."""
+    """One Spark input partition: some key groups' pieces over a range of slices, as runs
+    in the order they are read (group by group, slice by slice)."""
 
-    files: tuple[FilePart, ...]
+    runs: tuple[PieceRun, ...]
+
+    @property
+    def pieces(self) -> list[compacted.Piece]:
+        return [p for r in self.runs for p in r.pieces]
+
+
+_headers: dict[tuple[str, str], bytes] = {}  # (archive URL, file) -> Avro header; per executor process
 
 
 def register(spark: Any) -> None:
@@ -174,18 +171,18 @@ class KeyfillDataSource(DataSource):
 
 
 class _Planner:
-    """Driver-side view of the archive: manifest and slice metadata, loaded once and kept
+    """Driver-side view of the archive: the manifest, and index rows as planning needs them
     (the archive is immutable once its manifest exists)."""
 
     def __init__(self, opts: Options):
         self.opts = opts
         self._store: Storage | None = None
         self._manifest: compacted.Manifest | None = None
-        self._metas: dict[int, compacted.SliceMeta] = {}
+        self._index: PieceIndex | None = None
         self._fingerprint: str | None = None
 
     def __getstate__(self) -> dict:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_metas": {}, "_fingerprint": None}
+        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_fingerprint": None}
 
     @property
     def store(self) -> Storage:
@@ -200,12 +197,18 @@ class _Planner:
     def manifest(self) -> compacted.Manifest:
         if self._manifest is None:
             self._manifest = compacted.load_manifest(self.store)
-            if self.opts.starting_slice > len(self._manifest.slices):
+            if self.opts.starting_slice > self._manifest.slices:
                 raise SourceOptionError(
                     f"option startingSlice={self.opts.starting_slice}: {self.store.url} has "
-                    f"{len(self._manifest.slices)} slices"
+                    f"{self._manifest.slices} slices"
                 )
         return self._manifest
+
+    @property
+    def index(self) -> PieceIndex:
+        if self._index is None:
+            self._index = PieceIndex(self.store, self.manifest.slices)
+        return self._index
 
     @property
     def fingerprint(self) -> str:
@@ -228,44 +231,88 @@ class _Planner:
             )
         return int(offset["slice"])
 
-    def slice_meta(self, s: int) -> compacted.SliceMeta:
-        if s not in self._metas:
-            self._metas[s] = compacted.slice_meta(self.store, self.manifest.slices[s])
-        return self._metas[s]
+    def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Records and bytes of slices [first, end), from the slice index alone."""
+        rows = self.index.slice_rows(first, end)
+        return rows.column("records").to_numpy(), rows.column("bytes").to_numpy()
 
     def plan(self, first: int, end: int) -> list[GroupsPartition]:
         """Input partitions for slices [first, end): one per non-empty group, or
         `numPartitions` bundles of groups balanced by bytes."""
-        by_group: dict[int, list[FilePart]] = {}
-        for s in range(first, end):
-            for gf in self.slice_meta(s).groups:
-                by_group.setdefault(gf.group, []).append(FilePart(s, gf))
+        by_group: dict[int, list[compacted.Piece]] = {}
+        table = self.index.piece_rows(first, end)
+        for row in table.to_pylist():
+            p = compacted.Piece(**row)
+            if not 0 <= p.group < self.manifest.groups:
+                raise compacted.FormatError(
+                    f"{self.store.url_for(p.file)} (slice {p.slice}): group {p.group} is not one of the manifest's "
+                    f"{self.manifest.groups} groups"
+                )
+            by_group.setdefault(p.group, []).append(p)
         groups = sorted(by_group)
         if not groups:
             return []
         bundles = min(self.opts.num_partitions or len(groups), len(groups))
-        weights = np.array([sum(f.file_bytes for f in by_group[g]) for g in groups], np.int64)
+        weights = np.array([sum(p.length for p in by_group[g]) for g in groups], np.int64)
         owner = keygroups.assign_threads(weights, bundles) if bundles < len(groups) else np.arange(len(groups))
         parts = []
         for b in range(bundles):
-            mine = [f for i, g in enumerate(groups) if owner[i] == b for f in by_group[g]]
-            mine.sort(key=lambda f: (f.slice, f.group))  # slice by slice: event time moves forward
-            if mine:
-                parts.append(GroupsPartition(tuple(mine)))
+            runs = [r for i, g in enumerate(groups) if owner[i] == b for r in piece_runs(by_group[g])]
+            if runs:
+                parts.append(GroupsPartition(tuple(runs)))
         return parts
+
+    def header(self, p: compacted.Piece) -> bytes:
+        key = (self.store.url, p.file)
+        if key not in _headers:
+            head = self.store.read_range(p.file, 0, p.file_header)
+            if len(head) != p.file_header:
+                raise compacted.IntegrityError(
+                    f"{p.where(self.store.url_for(p.file))}: the object is shorter than its header"
+                )
+            if len(_headers) > 4096:
+                _headers.clear()
+            _headers[key] = head
+        return _headers[key]
+
+    def fetch(self, io: ThreadPoolExecutor, run: PieceRun) -> list[Future]:
+        step = compacted.GET_BYTES
+        last = run.pieces[-1]
+        end = run.end + (last.end == last.file_bytes)  # one byte more: an object longer than recorded shows
+        return [io.submit(self.store.read_range, run.file, a, min(step, end - a)) for a in range(run.start, end, step)]
 
     def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
         store = self.store
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="keyfill-spark-read") as io:
-            # One file fetched ahead of the one being decoded: hides object-store latency.
-            pending = [io.submit(store.read, f.key) for f in partition.files[:1]]
-            for i, f in enumerate(partition.files):
-                if i + 1 < len(partition.files):
-                    pending.append(io.submit(store.read, partition.files[i + 1].key))
-                data = pending.pop(0).result()
-                # size, CRC-32C and record count checked before anything of the file is yielded
-                batch = compacted.decode_group_file(data, f.file, f.slice, store.url_for(f.key))
-                yield from to_spark_batches(batch, f.group, f.slice, self.opts.batch_rows)
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="keyfill-spark-read") as io:
+            # The next run is fetched while this one is decoded: hides object-store latency.
+            pending = [self.fetch(io, r) for r in partition.runs[:1]]
+            for i, run in enumerate(partition.runs):
+                if i + 1 < len(partition.runs):
+                    pending.append(self.fetch(io, partition.runs[i + 1]))
+                data = b"".join(f.result() for f in pending.pop(0))
+                url = store.url_for(run.file)
+                want = run.end - run.start
+                if len(data) != want:
+                    p = run.pieces[-1]
+                    if len(data) < want:
+                        p = next(q for q in run.pieces if q.end - run.start > len(data))
+                    problem = "ends early" if len(data) < want else "is longer than the index says"
+                    raise compacted.IntegrityError(f"{p.where(url)}: the object {problem}")
+                for p in run.pieces:
+                    # length, CRC-32C and record count checked before anything of the piece is yielded
+                    piece = data[p.offset - run.start : p.end - run.start]
+                    batch = compacted.read_piece(self.header(p), piece, p, url)
+                    yield from to_spark_batches(batch, p.group, p.slice, self.opts.batch_rows)
+
+
+def piece_runs(pieces: list[compacted.Piece]) -> list[PieceRun]:
+    """A group's pieces (in slice order) as runs of at most GET_BYTES (or one piece)."""
+    out = []
+    for r in runs(pieces, compacted.GET_BYTES):
+        mine = tuple(pieces[i] for i in r.pieces)
+        start = 0 if mine[0].offset == mine[0].file_header else r.start
+        out.append(PieceRun(r.file, start, r.end, mine))
+    return out
 
 
 def to_spark_batches(batch: pa.RecordBatch, group: int, s: int, rows: int) -> Iterator[pa.RecordBatch]:
@@ -293,7 +340,7 @@ class KeyfillBatchReader(DataSourceReader):
         self.planner = _Planner(opts)
 
     def partitions(self) -> list[InputPartition]:
-        return list(self.planner.plan(self.planner.opts.starting_slice, len(self.planner.manifest.slices)))
+        return list(self.planner.plan(self.planner.opts.starting_slice, self.planner.manifest.slices))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupsPartition)
@@ -338,23 +385,26 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_bytes = limit.max_bytes
         elif isinstance(limit, ReadMaxRows):
             max_rows = limit.max_rows
+        if max_slices is None and max_bytes is None and max_rows is None:
+            return self.planner.offset(slices)
         end, taken, nbytes, rows = first, 0, 0, 0
-        while end < len(slices):
-            summary = slices[end]
-            if summary.records:
-                over = (
-                    (max_slices is not None and taken + 1 > max_slices)
-                    or (max_bytes is not None and nbytes + summary.file_bytes > max_bytes)
-                    or (max_rows is not None and rows + summary.records > max_rows)
-                )
-                if over and taken:
-                    break
-                taken, nbytes, rows = taken + 1, nbytes + summary.file_bytes, rows + summary.records
-            end += 1
+        while end < slices:
+            block = min(slices, end - end % SLICES_PER_ROW_GROUP + SLICES_PER_ROW_GROUP)
+            for n, b in zip(*(x.tolist() for x in self.planner.slice_sizes(end, block))):
+                if n:
+                    over = (
+                        (max_slices is not None and taken + 1 > max_slices)
+                        or (max_bytes is not None and nbytes + b > max_bytes)
+                        or (max_rows is not None and rows + n > max_rows)
+                    )
+                    if over and taken:
+                        return self.planner.offset(end)
+                    taken, nbytes, rows = taken + 1, nbytes + b, rows + n
+                end += 1
         return self.planner.offset(end)
 
     def reportLatestOffset(self) -> dict:
-        return self.planner.offset(len(self.planner.manifest.slices))
+        return self.planner.offset(self.planner.manifest.slices)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return list(self.planner.plan(self.planner.position(start), self.planner.position(end)))

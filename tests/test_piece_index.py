@@ -70,6 +70,8 @@ def synthetic(slices: int, groups: list[int], empty: set[int]) -> tuple[pa.Table
                     "min_timestamp": s * 1000,
                     "max_timestamp": s * 1000 + 999,
                     "crc32c": (s * 7919 + g) % 2**32,
+                    "file_header": 1000,
+                    "file_bytes": 5000,
                 }
             )
     return pa.Table.from_pylist(srows, schema=ix.SLICE_SCHEMA), pa.Table.from_pylist(prows, schema=ix.PIECE_SCHEMA)
@@ -102,6 +104,11 @@ def test_any_range_reads_back_what_was_written(tmp_path_factory, monkeypatch, sl
     assert index.slice_rows(first, end).equals(in_range(sl, first, end))
     touched = {int(k.split("/")[1].split(".")[0]) for k in counting.reads}
     assert touched == {s - s % 8 for s in range(first, end)}  # only the files of the range
+    metas = index.metas(first, end)  # as readers see them: every slice, its pieces by group
+    assert [m.slice for m in metas] == list(range(first, end))
+    for m in metas:
+        assert [p.group for p in m.pieces] == ([] if m.slice in empty else sorted(groups))
+        assert m.records == sum(p.records for p in m.pieces) and m.start_ms == m.slice * 1000
 
 
 def test_a_range_outside_the_archive_and_a_missing_file_are_named(tmp_path):

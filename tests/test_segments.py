@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keygroups import envelope, segments
+from keygroups import compacted, envelope, segments
 from keygroups.errors import IntegrityError, OptionError
 from keygroups.storage import open_storage
 
@@ -55,9 +55,10 @@ def test_pieces_decode_from_their_range_and_files_stay_near_the_target(tmp_path_
         assert store.size(f) >= target
     by_slice = dict(slices)
     for p in written:
-        header_end = min(q.offset for q in written if q.file == p.file)
-        header = store.read_range(p.file, 0, header_end)
-        got = segments.read_piece(header, store.read_range(p.file, p.offset, p.length), p, p.file)
+        assert p.file_header == min(q.offset for q in written if q.file == p.file)
+        assert p.file_bytes == store.size(p.file)
+        header = store.read_range(p.file, 0, p.file_header)
+        got = compacted.read_piece(header, store.read_range(p.file, p.offset, p.length), p, p.file)
         assert got.equals(envelope.batch_from_records(by_slice[p.slice]))
     for f in files:  # and each file is one valid Avro container of its pieces in order
         meta, whole = envelope.decode_avro(store.read(f))
@@ -87,9 +88,9 @@ def test_damage_and_misuse_are_named(tmp_path):
     data = bytearray(store.read_range(p.file, p.offset, p.length))
     data[-20] ^= 1
     with pytest.raises(IntegrityError, match=r"slice 2, group 3.*CRC-32C"):
-        segments.read_piece(header, bytes(data), p, p.file)
+        compacted.read_piece(header, bytes(data), p, p.file)
     with pytest.raises(IntegrityError, match="bytes, the index records"):
-        segments.read_piece(header, bytes(data[:-1]), p, p.file)
+        compacted.read_piece(header, bytes(data[:-1]), p, p.file)
     w = segments.SegmentWriter(store, 1)
     w.add(4, envelope.empty_batch())
     with pytest.raises(OptionError, match="slices must increase"):

@@ -48,3 +48,17 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
     return value
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9}
+_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 67108864, 64MiB, 64MB, 1GiB (case-insensitive)."""
+    t = text.strip().lower()
+    digits = len(t) - len(t.lstrip("0123456789"))
+    unit = t[digits:].strip()
+    if not digits or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 67108864, 64MiB or 1GB")
+    return int(t[:digits]) * _UNITS[unit]

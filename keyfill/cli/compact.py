@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from keyfill.cli.args import mb, positive_int
+from keyfill.cli.args import byte_size, mb, positive_int
 
 
 def add_source_options(p: argparse.ArgumentParser) -> None:
@@ -24,12 +24,27 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `keyfill compact` and `spark-submit jobs/compact.py`."""
     p.add_argument("source", help="source archive: /path, file:///path or s3://bucket/prefix")
     p.add_argument("dest", help="where the compacted archive goes")
-    p.add_argument("--groups", type=positive_int, required=True, help="key groups (the replay's parallelism)")
-    p.add_argument("--slice-duration", default="10m", help="event-time length of a slice: 500ms, 90s, 10m, 1h, 1d")
+    p.add_argument(
+        "--groups",
+        type=positive_int,
+        help="key groups, the replay's parallelism (default: from the data, 16 to 1024: one per 4 target files "
+        "of payload, a power of two)",
+    )
+    p.add_argument(
+        "--slice-duration", default="1m", help="event-time length of a slice (the watermark step): 500ms, 90s, 10m, 1h"
+    )
+    p.add_argument(
+        "--target-file-bytes",
+        type=byte_size,
+        default="64MiB",
+        help="segment files are cut at the first slice boundary past this size: 64MiB, 256MB, 1GiB",
+    )
     add_source_options(p)
     p.add_argument("--topic", help="topic to compact when the source holds several")
-    p.add_argument("--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of group files")
-    p.add_argument("--block-bytes", type=int, default=1 << 20, help="Avro block size of group files")
+    p.add_argument(
+        "--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of segment files"
+    )
+    p.add_argument("--block-bytes", type=int, default=1 << 20, help="largest Avro block of segment files")
     p.add_argument(
         "--allow-gaps", action="store_true", help="accept offset gaps between chunks (compacted topics), reporting them"
     )
@@ -52,6 +67,7 @@ def compact_config(args: argparse.Namespace):
         topic=args.topic,
         codec=args.codec,
         block_bytes=args.block_bytes,
+        target_file_bytes=args.target_file_bytes,
         allow_gaps=args.allow_gaps,
         overwrite=args.overwrite,
         threads=args.threads,
@@ -66,11 +82,16 @@ def print_compact_result(r, as_json: bool) -> None:
         return
     rate = r.records / r.seconds if r.seconds else 0.0
     print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}")
-    print(f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.files} files, {mb(r.file_bytes)}")
+    print(
+        f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.pieces:,} pieces in {r.files} files, "
+        f"{mb(r.file_bytes)}"
+    )
     if r.files:
-        # A replay GETs every file at least once: many small files cost requests, not bytes.
-        per_gb = r.files / max(r.file_bytes / 1e9, 1e-9)
-        print(f"  average file {mb(r.file_bytes // r.files)}; a replay makes about {per_gb:,.0f} GETs per GB")
+        per_gb = r.replay_gets / max(r.file_bytes / 1e9, 1e-9)
+        print(
+            f"  average file {mb(r.file_bytes // r.files)}; a replay makes about {per_gb:,.0f} GETs per GB "
+            f"({r.replay_gets:,} GETs of at most {mb(r.get_bytes)})"
+        )
     print(
         f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
         f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
@@ -83,8 +104,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compact",
         help="compact a source archive into key groups (embedded local Spark)",
-        description="Rewrite a partition-ordered archive as one Avro file per (slice, key group), keys packed "
-        "into volume-balanced groups. Runs on an embedded Spark (--master, default local[*]); on a cluster use "
+        description="Rewrite a partition-ordered archive as key groups (keys packed into volume-balanced "
+        "groups), each group's records in segment files of consecutive event-time slices, with a piece index. "
+        "Runs on an embedded Spark (--master, default local[*]); on a cluster use "
         "`spark-submit jobs/compact.py` with the same options.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
