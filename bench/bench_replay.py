@@ -375,7 +375,8 @@ def describe(src_root: str, dest_root: str) -> tuple[int, int, int]:
         f"codec {manifest.config.get('codec')}"
     )
     print(
-        f"compacted: {manifest.groups} groups x {len(manifest.slices)} slices = {files} files, "
+        f"compacted: {manifest.groups} groups x {manifest.slices} slices, {manifest.totals['pieces']} pieces in "
+        f"{files} files, "
         f"{totals['file_bytes'] / GB:.2f} GB (avg {totals['file_bytes'] / max(1, files) / MB:.1f} MB), "
         f"{totals['keys']:,} keys, max/mean group bytes {max(gb) / (sum(gb) / len(gb)):.2f}"
     )

@@ -50,7 +50,7 @@ class SyntheticPlanner(rs._Planner):
 
     def read(self, partition: rs.GroupsPartition) -> Iterator[pa.RecordBatch]:
         t = template(self.template_path)
-        for f in partition.files:
+        for f in partition.pieces:
             left = f.records
             while left:
                 n = min(left, t.num_rows, self.opts.batch_rows)
@@ -78,15 +78,22 @@ def ensure_archive(args: argparse.Namespace, spark) -> str:
 
 
 def write_template(url: str, path: str) -> None:
-    """One decoded group file, in the source's Spark schema, as the synthetic rows."""
-    from keygroups import compacted, envelope
+    """The largest decoded piece, in the source's Spark schema, as the synthetic rows."""
+    from keygroups import compacted
+    from keygroups.piece_index import PieceIndex
     from keygroups.storage import open_storage
 
     store = open_storage(url)
-    meta = compacted.load_slice(store, max(compacted.load_manifest(store).slices, key=lambda s: s.records).slice)
-    biggest = max(meta.groups, key=lambda g: g.records)
-    _, batch = envelope.decode_avro(store.read(biggest.key))
-    out = pa.Table.from_batches(list(rs.to_spark_batches(batch, biggest.group, meta.slice, 1 << 30))).combine_chunks()
+    manifest = compacted.load_manifest(store)
+    biggest = max(
+        (p for m in PieceIndex(store, manifest.slices).metas(0, manifest.slices) for p in m.pieces),
+        key=lambda p: p.records,
+    )
+    header = store.read_range(biggest.file, 0, biggest.file_header)
+    batch = compacted.read_piece(header, store.read_range(biggest.file, biggest.offset, biggest.length), biggest, url)
+    out = pa.Table.from_batches(
+        list(rs.to_spark_batches(batch, biggest.group, biggest.slice, 1 << 30))
+    ).combine_chunks()
     with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, rs.ARROW_SCHEMA) as w:
         w.write_batch(out.to_batches()[0])
 

@@ -41,8 +41,8 @@ class CompactConfig:
     def __post_init__(self) -> None:
         if self.groups is not None and self.groups < 1:
             raise OptionError("--groups must be at least 1")
-        if self.target_file_bytes < 1 << 20:
-            raise OptionError("--target-file-bytes must be at least 1 MiB (1048576)")
+        if self.target_file_bytes < 4096:
+            raise OptionError("--target-file-bytes must be at least 4096")
         if self.codec not in envelope.CODECS:
             raise OptionError(f"--codec must be one of {', '.join(envelope.CODECS)}")
         if self.source_format not in FORMATS:

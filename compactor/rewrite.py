@@ -91,6 +91,7 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
         current: tuple[int, int] | None = None
         rows: list[pa.RecordBatch] = []
         done = 0  # pieces of `writer` already yielded
+        closed = 0  # files of the task's earlier writers
 
         def add() -> Iterator[pa.RecordBatch]:
             nonlocal done
@@ -98,8 +99,8 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
             if len(writer.pieces) > done:
                 yield from _rest(writer, done)
                 done = len(writer.pieces)
-                if fail_after is not None and len(writer.files) >= fail_after:
-                    raise RuntimeError(f"injected failure after {len(writer.files)} segment files (test hook)")
+                if fail_after is not None and len(writer.files) + closed >= fail_after:
+                    raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
 
         for batch in batches:
             if batch.num_rows == 0:
@@ -116,6 +117,9 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
                         if writer is not None:
                             writer.close()
                             yield from _rest(writer, done)
+                            closed += len(writer.files)
+                            if fail_after is not None and closed >= fail_after:
+                                raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
                         writer, done = (
                             SegmentWriter(
                                 dest, here[0], codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
@@ -129,6 +133,8 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
         if writer is not None:
             writer.close()
             yield from _rest(writer, done)
+            if fail_after is not None and closed + len(writer.files) >= fail_after:
+                raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
 
     return run
 

@@ -140,7 +140,7 @@ class PieceFetcher:
         self.run_bytes, self.part_bytes, self.ahead = run_bytes, part_bytes or (1 << 62), ahead
         self._runs: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for runs
-        self._headers: dict[str, Future] = {}
+        self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
         self.gets = 0
 
     def _submit(self, key: str, start: int, length: int) -> Future:
@@ -152,7 +152,7 @@ class PieceFetcher:
         s = self._frontier[g]
         pieces: list[Piece] = []
         while s < limit:
-            piece = next((p for p in self.slice_meta(s).pieces if p.group == g), None)
+            piece = self.slice_meta(s).piece_of(g)
             if piece is not None:
                 if pieces and (
                     piece.file != pieces[-1].file
@@ -172,8 +172,6 @@ class PieceFetcher:
         end = last.end + extra
         step = self.part_bytes
         futures = [self._submit(first.file, a, min(step, end - a)) for a in range(start, end, step)]
-        if start == 0 and step >= first.file_header:
-            self._headers.setdefault(first.file, futures[0])
         self._runs[g].append(_Fetched(Run(first.file, start, last.end, ()), pieces, futures, extra))
 
     def _fill(self, g: int, s: int) -> None:
@@ -190,9 +188,11 @@ class PieceFetcher:
             self._fill(g, s)
 
     def _header(self, p: Piece, url: str) -> bytes:
-        if p.file not in self._headers:
-            self._headers[p.file] = self._submit(p.file, 0, p.file_header)
-        head = self._headers[p.file].result()[: p.file_header]
+        head = self._headers.get(p.file)
+        if head is None:
+            head = self._headers[p.file] = self._submit(p.file, 0, p.file_header)
+        if isinstance(head, Future):
+            head = self._headers[p.file] = head.result()[: p.file_header]
         if len(head) != p.file_header:
             raise IntegrityError(f"{p.where(url)}: the object is shorter than its {p.file_header}-byte header")
         return head
@@ -211,6 +211,8 @@ class PieceFetcher:
         if p not in fetched.pieces:
             raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
         data = fetched.data(url)
+        if fetched.run.start == 0:  # the header came with the run: keep its bytes, not the run's
+            self._headers.setdefault(p.file, data[: p.file_header])
         if p.slice == fetched.last_slice:
             runs.popleft()
         if self.ahead:

@@ -289,8 +289,11 @@ class _Planner:
             for i, run in enumerate(partition.runs):
                 if i + 1 < len(partition.runs):
                     pending.append(self.fetch(io, partition.runs[i + 1]))
-                data = b"".join(f.result() for f in pending.pop(0))
                 url = store.url_for(run.file)
+                try:
+                    data = b"".join(f.result() for f in pending.pop(0))
+                except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
+                    raise compacted.IntegrityError(f"{run.pieces[0].where(url)}: {exc}") from None
                 want = run.end - run.start
                 if len(data) != want:
                     p = run.pieces[-1]

@@ -20,3 +20,49 @@ def envelope_records(partition, offsets, ts, keys):
             for o, t, k in zip(offsets, ts, keys)
         ]
     )
+
+
+def archive_metas(store):
+    """Every slice of a compacted archive, with its pieces (from the index)."""
+    from keygroups import compacted
+    from keygroups.piece_index import PieceIndex
+
+    manifest = compacted.load_manifest(store)
+    return PieceIndex(store, manifest.slices).metas(0, manifest.slices)
+
+
+def read_pieces(store):
+    """(slice, piece, records) of every piece, slice by slice and group by group: what a
+    one-thread reader sees."""
+    from keygroups import compacted
+
+    out = []
+    for meta in archive_metas(store):
+        for p in meta.pieces:
+            header = store.read_range(p.file, 0, p.file_header)
+            out.append((meta, p, compacted.read_piece(header, store.read_range(p.file, p.offset, p.length), p, p.file)))
+    return out
+
+
+def rewrite_group(store, group, change):
+    """Rewrite one group's segment files with `change(slice, batch) -> batch` applied to its
+    pieces, and its index rows to match (the slice rows stay): damage only an audit against
+    the source, or the slice totals, can notice."""
+    import pyarrow as pa
+
+    from keygroups import compacted, piece_index
+    from keygroups.segments import SegmentWriter
+
+    manifest = compacted.load_manifest(store)
+    metas = archive_metas(store)
+    mine = [(m.slice, p, b) for m, p, b in read_pieces(store) if p.group == group]
+    for f in {p.file for _, p, _ in mine}:
+        store.delete(f)
+    writer = SegmentWriter(store, group, codec=manifest.config["codec"], target_bytes=1 << 40)
+    for s, _, b in mine:
+        writer.add(s, change(s, b))
+    new = writer.close()
+    others = [p for m in metas for p in m.pieces if p.group != group]
+    pieces = pa.concat_tables([piece_index.piece_table(others), piece_index.piece_table(new)])
+    piece_index.write_index(store, piece_index.slice_table(metas), pieces)
+    return new

@@ -156,11 +156,16 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
         "resumed": True,
         "max_spread_ms": 0,
     }
-    # a damaged group file: verify exits 1 and names it
-    victim = sorted((tmp_path / "c" / "slices").rglob("group-*.avro"))[0]
+    # a damaged segment file: verify exits 1 and names it
+    victim = sorted((tmp_path / "c" / "groups").rglob("*.avro"))[0]
     victim.write_bytes(victim.read_bytes()[:-20])
     out = run("verify", src, dest, "--no-progress")
     assert out.returncode == 1 and victim.name in out.stdout and "FAIL checksums" in out.stdout
+    # a version-1 archive (one file per slice and group) is refused naming the version
+    manifest = json.loads((tmp_path / "c" / "_manifest.json").read_text())
+    (tmp_path / "c" / "_manifest.json").write_text(json.dumps(manifest | {"format_version": 1}))
+    out = run("replay", dest, "--no-progress")
+    assert out.returncode == 2 and "format version 1; this keyfill reads version 2" in out.stderr
 
 
 def test_compact_names_a_corrupt_chunk(tmp_path):
@@ -170,3 +175,18 @@ def test_compact_names_a_corrupt_chunk(tmp_path):
     assert out.returncode == 2
     assert victim.name in out.stderr and "Traceback" not in out.stderr.split("error:")[-1]
     assert not (tmp_path / "c" / "_manifest.json").exists()
+
+
+def test_inspect_describes_a_compacted_archive(tmp_path, capsys):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    assert main(["generate", "--out", src, "--records", "3000", "--keys", "20", "--no-progress"]) == 0
+    out = run("compact", src, dest, "--groups", "2", "--slice-duration", "30s", "--master", "local[2]", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    capsys.readouterr()
+    assert main(["inspect", dest, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["format_version"] == 2 and s["records"] == 3000 and s["groups"] == 2
+    assert (s["slices"], s["files"], s["pieces"]) == (result["slices"], result["files"], result["pieces"])
+    assert main(["inspect", dest]) == 0
+    assert "segment files" in capsys.readouterr().out

@@ -17,10 +17,10 @@ from compactor.sources.envelope import write_chunk
 from compactor.verify import verify
 from compactor.verify_spark import verify_spark
 from keyfill.synth.generate import GeneratorConfig, generate
-from keygroups import compacted, envelope
+from keygroups import compacted
 from keygroups.assignment import load_assignment
 from keygroups.storage import StorageError, open_storage
-from tests.records import envelope_records
+from tests.records import archive_metas, envelope_records, read_pieces, rewrite_group
 
 
 def files(url: str) -> dict[str, bytes]:
@@ -29,15 +29,12 @@ def files(url: str) -> dict[str, bytes]:
 
 
 def replay_in_order(url: str) -> list[dict]:
-    """Records slice by slice, group by group, file order: what a one-thread reader sees."""
-    store = open_storage(url)
+    """Records slice by slice, group by group, piece order: what a one-thread reader sees."""
     out = []
-    for s in compacted.load_manifest(store).slices:
-        for g in compacted.load_slice(store, s.slice).groups:
-            _, batch = envelope.decode_avro(store.read(g.key))
-            for r in batch.to_pylist():
-                r["slice"], r["group"] = s.slice, g.group
-                out.append(r)
+    for meta, p, batch in read_pieces(open_storage(url)):
+        for r in batch.to_pylist():
+            r["slice"], r["group"] = meta.slice, p.group
+            out.append(r)
     return out
 
 
@@ -75,12 +72,12 @@ def test_compact_then_verify_passes_on_both_backends(spark, skewed, storage_url)
     store = open_storage(storage_url)
     manifest = compacted.load_manifest(store)
     assert manifest.totals["records"] == 60_000
-    # one file per non-empty (slice, group), named in slice and group order
-    keys = [o.key for o in store.list("slices/") if o.key.endswith(".avro")]
-    assert keys == sorted(keys) and len(keys) == result.files
-    for s in manifest.slices:
-        meta = compacted.load_slice(store, s.slice)
-        assert [g.group for g in meta.groups] == sorted({g.group for g in meta.groups})
+    # one segment file per group here (all far below the target), pieces by group in each slice
+    keys = [o.key for o in store.list(compacted.GROUPS + "/")]
+    assert len(keys) == result.files == len({k.split("/")[1] for k in keys})
+    assert all(compacted.is_archive_key(o.key) for o in store.list())
+    for meta in archive_metas(store):
+        assert [p.group for p in meta.pieces] == sorted({p.group for p in meta.pieces})
     # hand-off: the next offset after the archive, for every partition
     src = open_source(skewed).list_chunks()
     for p in range(4):
@@ -119,7 +116,7 @@ def test_same_input_same_bytes(spark, skewed, tmp_path):
     compact(CompactConfig(source=skewed, dest=b, groups=5, slice_duration="1m"), spark)
     fa, fb = files(a), files(b)
     manifest_a, manifest_b = json.loads(fa.pop(compacted.MANIFEST)), json.loads(fb.pop(compacted.MANIFEST))
-    assert fa == fb  # invariant 6: assignment, slice metadata, every group file
+    assert fa == fb  # invariant 6: assignment, index, every segment file
     manifest_a["source"].pop("url"), manifest_b["source"].pop("url")
     assert manifest_a == manifest_b
 
@@ -128,7 +125,7 @@ def test_failure_midway_leaves_no_archive_and_rerun_succeeds(spark, skewed, tmp_
     dest = str(tmp_path / "c")
     cfg = dict(source=skewed, dest=dest, groups=6, slice_duration="1m")
     with pytest.raises(Exception, match="injected failure"):
-        compact(CompactConfig(**cfg, fail_after_files=2), spark)
+        compact(CompactConfig(**cfg, fail_after_files=1), spark)
     store = open_storage(dest)
     assert any(o.key.endswith(".avro") for o in store.list())  # it did write part of the data ...
     with pytest.raises(compacted.FormatError, match="no manifest"):
@@ -166,10 +163,11 @@ def test_empty_slices_are_recorded(spark, tmp_path):
     r = compact(CompactConfig(source=src.url, dest=dest, groups=2, slice_duration="1m"), spark)
     assert r.slices == 7 and r.empty_slices == 5
     store = open_storage(dest)
-    empty = compacted.load_slice(store, 3)
-    assert empty.groups == [] and empty.partitions == [] and empty.end_ms - empty.start_ms == minute
+    metas = archive_metas(store)
+    empty = metas[3]
+    assert empty.pieces == [] and empty.partitions == [] and empty.end_ms - empty.start_ms == minute
     assert verify(open_source(src.url), store).ok
-    last = compacted.load_slice(store, 6)
+    last = metas[6]
     assert [(p.partition, p.first_offset, p.last_offset) for p in last.partitions] == [(0, 5, 7)]
 
 
@@ -189,19 +187,15 @@ def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_pat
     dest = str(tmp_path / "c")
     compact(CompactConfig(source=skewed, dest=dest, groups=4, slice_duration="5m"), spark)
     store = open_storage(dest)
-    meta = compacted.load_slice(store, 0)
-    victim = max(meta.groups, key=lambda g: g.records)
-    _, batch = envelope.decode_avro(store.read(victim.key))
+    _, victim, batch = max((x for x in read_pieces(store) if x[0].slice == 0), key=lambda x: x[1].records)
 
-    # 1. drop a record, rewrite the file consistently with its metadata: only the
-    #    source comparison can notice
-    dropped = batch.slice(1)
-    _, data = compacted.encode_group_file(dropped, 0, victim.group, "snappy", 1 << 20)
-    store.write(victim.key, data)
+    # 1. drop a record, rewrite the group's file and index rows consistently: only the
+    #    source comparison (and the slice's record total) can notice
+    rewrite_group(store, victim.group, lambda s, b: b.slice(1) if s == 0 else b)
     report = verify(open_source(skewed), store)
-    assert not report.ok and report.counts["exactly_once"] >= 1 and report.counts["checksums"] >= 1
+    assert not report.ok and report.counts["exactly_once"] >= 1 and report.counts["manifest"] >= 1
     on_spark = verify_spark(open_source(skewed), store, spark)
-    assert on_spark.counts["exactly_once"] == 1 and on_spark.counts["checksums"] >= 1
+    assert on_spark.counts["exactly_once"] == 1 and on_spark.counts["manifest"] >= 1
     lost = batch.column("offset")[0].as_py()
     assert f"offset {lost}: in the source, not in the archive" in on_spark.violations["exactly_once"][0]
 
@@ -211,12 +205,55 @@ def test_verify_catches_a_lost_record_and_a_reordered_key(spark, skewed, tmp_pat
     i, j = [n for n, k in enumerate(keys) if k == first][:2]
     order = list(range(batch.num_rows))
     order[i], order[j] = j, i
-    _, data = compacted.encode_group_file(batch.take(pa.array(order)), 0, victim.group, "snappy", 1 << 20)
-    store.write(victim.key, data)
+    rewrite_group(store, victim.group, lambda s, b: batch.take(pa.array(order)) if s == 0 else b)
     report = verify(open_source(skewed), store)
     assert report.counts["key_order"] >= 1 and report.counts["exactly_once"] == 0
     on_spark = verify_spark(open_source(skewed), store, spark)
     assert on_spark.counts["key_order"] >= 1 and on_spark.counts["exactly_once"] == 0
+
+
+def test_segment_files_are_cut_near_the_target(spark, skewed, tmp_path):
+    dest = str(tmp_path / "c")
+    target = 96 << 10
+    r = compact(
+        CompactConfig(source=skewed, dest=dest, groups=3, slice_duration="10s", target_file_bytes=target), spark
+    )
+    store = open_storage(dest)
+    manifest = compacted.load_manifest(store)
+    sizes: dict[int, dict[str, int]] = {}
+    for meta in archive_metas(store):
+        for p in meta.pieces:
+            sizes.setdefault(p.group, {})[p.file] = p.file_bytes
+            assert p.file == compacted.segment_key(p.group, int(p.file.split("/")[2].split(".")[0]))
+    assert sum(len(f) for f in sizes.values()) == r.files == manifest.totals["files"]
+    for files in sizes.values():
+        ordered = [files[k] for k in sorted(files)]
+        assert len(ordered) <= -(-sum(ordered) // target)  # no group left with several small files
+        assert all(size >= target for size in ordered[:-1])
+        assert len(ordered) > 1  # the target did cut
+    assert r.pieces == manifest.totals["pieces"] > r.files
+    assert verify(open_source(skewed), store).ok
+
+
+def test_groups_default_from_the_data(spark, skewed, tmp_path):
+    from compactor.job import MIN_GROUPS
+
+    r = compact(CompactConfig(source=skewed, dest=str(tmp_path / "c")), spark)
+    assert r.groups == MIN_GROUPS  # a small archive: the floor
+    assert compacted.load_manifest(open_storage(str(tmp_path / "c"))).config["slice_duration"] == "1m"
+
+
+def test_default_groups_rule():
+    from compactor.job import default_groups
+
+    def totals(n_keys: int, total: int) -> pa.Table:
+        return pa.table({"bytes": np.full(n_keys, total // n_keys, np.int64)})
+
+    target = 64 << 20
+    assert default_groups(totals(10_000, 10 << 30), target) == 64  # 10 GiB / 256 MiB = 40 -> 64
+    assert default_groups(totals(10_000, 1 << 40), target) == 1024  # the ceiling
+    assert default_groups(totals(10_000, 1 << 20), target) == 16  # the floor
+    assert default_groups(totals(5, 1 << 40), target) == 5  # never more groups than keys
 
 
 @st.composite

@@ -5,8 +5,10 @@ in a clear error naming the object at fault, with nothing lost and nothing wrong
   and still verifies;
 - source and destination inside one another: refused before anything is touched;
 - overwrite next to files keyfill did not write: they stay;
-- a flipped byte in a null-codec group file, a group file swapped for another: the replay
-  and the Spark source fail naming file, slice and group, and emit nothing of the file;
+- a flipped byte in a piece of a null-codec segment file, a segment swapped for another
+  group's, a missing or truncated segment, an index row past the end of its file: the replay
+  and the Spark source fail fast naming file, byte range, slice and group, emit nothing of
+  the piece, and a replay resumed from its checkpoint after repair is exactly once;
 - a frozen S3 endpoint (SIGSTOP on a SeaweedFS of its own): replay, verify and compact fail
   in bounded time naming endpoint and object; Ctrl-C ends a stalled replay at once;
 - verify of an unreadable manifest, a corrupt checkpoint file, a negative watermark bound.
@@ -14,7 +16,9 @@ in a clear error naming the object at fault, with nothing lost and nothing wrong
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,7 +38,7 @@ from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import StorageError, open_storage
-from tests.records import envelope_records
+from tests.records import archive_metas, envelope_records
 
 try:
     from tests.s3server import S3Server, start_seaweedfs
@@ -153,15 +157,10 @@ def test_overwrite_replaces_only_the_archive_and_keeps_foreign_files(spark, sour
     assert (dest / "notes" / "important.csv").read_text() == "keep me\n"
     assert (dest / "README.txt").read_text() == "team archive\n"
     now = {k for k in snapshot(str(dest)) if compacted.is_archive_key(k)}
-    manifest = compacted.load_manifest(open_storage(str(dest)))
-    listed = {compacted.MANIFEST, compacted.ASSIGNMENT} | {
-        k
-        for s in manifest.slices
-        if s.records
-        for k in [compacted.slice_meta_key(s.slice)]
-        + [g.key for g in compacted.load_slice(open_storage(str(dest)), s.slice).groups]
-    }
-    assert now == listed | {compacted.slice_meta_key(s.slice) for s in manifest.slices}  # no stale old file
+    store = open_storage(str(dest))
+    listed = {compacted.MANIFEST, compacted.ASSIGNMENT} | {p.file for m in archive_metas(store) for p in m.pieces}
+    listed |= {o.key for o in store.list(compacted.INDEX + "/")}
+    assert now == listed  # no stale old file
     assert old - now  # the old archive had files the new one does not (4 groups, 20 s slices)
     assert verify(open_source(source), open_storage(str(dest))).ok
 
@@ -182,64 +181,94 @@ def test_overlap_is_judged_on_both_backends():
 # --- the replay and the Spark source check what they deliver -----------------------------
 
 
-def flip_a_digit(data: bytes) -> bytes:
-    """Change one digit of one amount: the file still decodes, to a different value."""
-    at = data.index(b'"amount":') + len(b'"amount":')
-    digit = data[at : at + 1]
-    return data[:at] + (b"9" if digit != b"9" else b"1") + data[at + 1 :]
+# how errors name a piece: file, byte range, slice and group
+WHERE = re.compile(r"(?P<file>\S+) bytes (?P<start>\d+)\.\.(?P<end>\d+) \(slice (?P<slice>\d+), group (?P<group>\d+)\)")
+DAMAGE = ["flipped byte", "swapped file", "missing file", "truncated file", "index row past the end"]
 
 
-def swap_with_another_slice(store, victim: compacted.GroupFile, s: int) -> None:
-    for other in range(s + 1, len(compacted.load_manifest(store).slices)):
-        donor = [g for g in compacted.load_slice(store, other).groups if g.group == victim.group]
-        if donor:
-            store.write(victim.key, store.read(donor[0].key))
-            return
-    raise AssertionError("no other slice holds this group")
+def damage_piece(store, kind: str):
+    """Damage the largest piece of slice 1 as `kind` says; the piece as the index had it."""
+    import pyarrow as pa
+
+    from keygroups import piece_index
+
+    metas = archive_metas(store)
+    victim = max(metas[1].pieces, key=lambda p: p.records)
+    if kind == "flipped byte":
+        data = store.read(victim.file)
+        at = data.index(b'"amount":', victim.offset) + len(b'"amount":')
+        digit = data[at : at + 1]
+        store.write(victim.file, data[:at] + (b"9" if digit != b"9" else b"1") + data[at + 1 :])
+    elif kind == "swapped file":  # another group's segment put in its place
+        other = next(p.file for m in metas for p in m.pieces if p.group != victim.group)
+        store.write(victim.file, store.read(other))
+    elif kind == "missing file":
+        store.delete(victim.file)
+    elif kind == "truncated file":
+        store.write(victim.file, store.read(victim.file)[: victim.offset + 10])
+    else:  # the index points past the end of the file
+        rows = [
+            p if p != victim else dataclasses.replace(p, offset=p.file_bytes + 100) for m in metas for p in m.pieces
+        ]
+        piece_index.write_index(
+            store, piece_index.slice_table(metas), pa.concat_tables([piece_index.piece_table(rows)])
+        )
+    return victim
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "swapped file"])
-def test_damaged_group_file_fails_the_replay_and_nothing_of_it_is_emitted(source, archive, tmp_path, damage):
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_piece_fails_the_replay_names_it_and_a_resume_is_exactly_once(source, archive, tmp_path, damage):
     dest = str(tmp_path / "c")
     shutil.copytree(archive, dest)
     store = open_storage(dest)
-    s = 1
-    victim = max(compacted.load_slice(store, s).groups, key=lambda g: g.records)
-    if damage == "flipped byte":
-        store.write(victim.key, flip_a_digit(store.read(victim.key)))
-    else:
-        swap_with_another_slice(store, victim, s)
+    pristine = {o.key: store.read(o.key) for o in store.list()}
+    victim = damage_piece(store, damage)
     truth = source_records(source)
     delivered = []
+    started = time.monotonic()
     with pytest.raises(reader.ReplayError) as err:
         with reader.replay(dest, threads=3, batch_size=500) as events:
-            for ev in events:
-                if isinstance(ev, reader.Records):
-                    delivered.append(ev)
+            try:
+                for ev in events:
+                    if isinstance(ev, reader.Records):
+                        delivered.append(ev)
+            finally:
+                state = events.checkpoint()
+    assert time.monotonic() - started < 30  # fails fast, no hang
     message = str(err.value)
-    assert victim.key in message and f"slice {s}" in message and f"group {victim.group}" in message
-    assert not [ev for ev in delivered if (ev.slice, ev.group) == (s, victim.group)]
+    named = WHERE.search(message)  # a damaged file fails at the first of its pieces found wrong
+    assert named and named["file"].endswith(victim.file) and int(named["group"]) == victim.group, message
+    if damage in ("flipped byte", "truncated file"):  # the pieces before the damage were fine
+        assert named.group(0).endswith(
+            f"{victim.file} bytes {victim.offset}..{victim.end} (slice 1, group {victim.group})"
+        )
+    assert not [ev for ev in delivered if (ev.slice, ev.group) == (victim.slice, victim.group)]
     for ev in delivered:  # what did arrive is the source's records, unchanged
         for r in ev.batch.drop_columns(["key_group"]).to_pylist():
             assert truth[(r["partition"], r["offset"])] == r
+    for key, data in pristine.items():  # repaired: the replay resumes where it failed
+        store.write(key, data)
+    with reader.replay(dest, threads=5, resume=state) as events:
+        delivered += [ev for ev in events if isinstance(ev, reader.Records)]
+    seen = [
+        (r["partition"], r["offset"]) for ev in delivered for r in ev.batch.select(["partition", "offset"]).to_pylist()
+    ]
+    assert len(seen) == len(set(seen)) == len(truth)  # nothing twice, nothing lost
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "swapped file"])
-def test_damaged_group_file_fails_the_spark_source_naming_it(spark, archive, tmp_path, damage):
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_piece_fails_the_spark_source_naming_it(spark, archive, tmp_path, damage):
     import reader.spark
 
     dest = str(tmp_path / "c")
     shutil.copytree(archive, dest)
     store = open_storage(dest)
-    victim = compacted.load_slice(store, 1).groups[0]
-    if damage == "flipped byte":
-        store.write(victim.key, flip_a_digit(store.read(victim.key)))
-    else:
-        swap_with_another_slice(store, victim, 1)
+    victim = damage_piece(store, damage)
     reader.spark.register(spark)
     with pytest.raises(Exception) as err:
         spark.read.format("keyfill").load(dest).count()
-    assert victim.key in str(err.value) and "slice 1" in str(err.value)
+    named = WHERE.search(str(err.value))
+    assert named and named["file"].endswith(victim.file) and int(named["group"]) == victim.group, str(err.value)
 
 
 def test_replay_checks_cost_no_correctness(archive, source):
@@ -450,7 +479,7 @@ def test_verify_of_an_unreadable_manifest_reports_checks_not_run(source, archive
     ],
 )
 def test_a_bad_checkpoint_file_is_named(archive, tmp_path, capsys, content):
-    slices = len(compacted.load_manifest(open_storage(archive)).slices)
+    slices = compacted.load_manifest(open_storage(archive)).slices
     path = tmp_path / "ck.json"
     path.write_text(content.replace("SLICES", str(slices)))
     assert main(["replay", archive, "--checkpoint-file", str(path), "--no-progress"]) == 2

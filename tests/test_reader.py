@@ -19,6 +19,7 @@ from compactor.sources.envelope import build_index, read_chunk, write_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import open_storage
+from tests.records import archive_metas
 
 
 def hypothesis_settings(examples: int) -> settings:
@@ -167,7 +168,7 @@ def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_siz
     check_invariants(got, table, before, bound)
     manifest = compacted.load_manifest(open_storage(dest))
     assert [e.timestamp_ms for e in got if isinstance(e, reader.Watermark)] == [
-        s.end_ms - bound for s in manifest.slices
+        manifest.bounds(s)[1] - bound for s in range(manifest.slices)
     ]
 
 
@@ -258,16 +259,17 @@ def copy_archive(src_root: str, dest_url: str):
 
 
 @pytest.mark.parametrize("range_bytes,read_ahead", [(0, 256 << 20), (4_000, 256 << 20), (4_000, 0), (50_000, 60_000)])
-def test_large_files_arrive_as_ranged_gets_with_the_same_events(archives, storage_url, range_bytes, read_ahead):
-    """On local disk and on a real S3 server: files above range_bytes are fetched as several
-    ranged GETs (from the read-ahead, or on demand beyond its budget), and the replay is the
-    same, record for record, as with one GET per file."""
+def test_pieces_arrive_as_coalesced_ranged_gets_with_the_same_events(archives, storage_url, range_bytes, read_ahead):
+    """On local disk and on a real S3 server: consecutive pieces of a file are fetched as
+    runs of ranged GETs of at most range_bytes (from the read-ahead, or on demand without
+    one), every piece byte exactly once, and the replay is the same, record for record."""
     src_root, table, before = archives["hot"]
     store = RangeCountingStore(copy_archive(src_root, storage_url))
     with reader.replay(
         storage_url, threads=3, batch_size=400, range_bytes=range_bytes, read_ahead_bytes=read_ahead, store=store
     ) as events:
         got, _ = run(events)
+        gets = events.gets
     check_invariants(got, table, before, 0)
     with reader.replay(src_root, threads=3, batch_size=400) as events:
         reference, _ = run(events)
@@ -280,31 +282,33 @@ def test_large_files_arrive_as_ranged_gets_with_the_same_events(archives, storag
         )
 
     assert key(got) == key(reference)
-    sizes = {
-        gf.key: gf.file_bytes
-        for s in range(len(compacted.load_manifest(store).slices))
-        for gf in compacted.load_slice(store, s).groups
-    }
-    big = {k for k, n in sizes.items() if range_bytes and n > range_bytes}
-    avro = [k for k in store.whole if k.endswith(".avro")]
-    assert sorted(avro) == sorted(set(sizes) - big)  # each small file in one GET, big ones never whole
-    assert {k for k, _, _ in store.ranged} == big
-    for k in big:  # the ranges tile the file (the last asks for one byte more)
-        starts = sorted(a for kk, a, _ in store.ranged if kk == k)
-        assert starts == list(range(0, sizes[k], range_bytes))
-    if range_bytes == 4_000:
-        assert len(big) > 3
+    files = {p.file: p for m in archive_metas(store) for p in m.pieces}
+    assert not [k for k in store.whole if k.endswith(".avro")]  # segment files are never read whole
+    ranged = [(k, a, n) for k, a, n in store.ranged if k.endswith(".avro")]
+    assert len(ranged) == gets
+    if range_bytes:
+        assert all(n <= range_bytes + 1 for _, _, n in ranged)
+    for f, p in files.items():  # every byte after the header exactly once
+        covered = sum(max(0, min(a + n, p.file_bytes) - max(a, p.file_header)) for k, a, n in ranged if k == f)
+        assert covered == p.file_bytes - p.file_header
+    if range_bytes == 0 and read_ahead:  # a budget this large: one GET per file, header included
+        assert gets == len(files)
+    if not read_ahead:  # no read-ahead: a piece at a time (in GETs of range_bytes), and a header per file
+        pieces = [p for m in archive_metas(store) for p in m.pieces]
+        assert len(pieces) <= gets <= sum(-(-p.length // range_bytes) for p in pieces) + 2 * len(files)
 
 
-def test_an_object_longer_than_its_metadata_is_an_error_with_ranged_gets(archives, tmp_path):
+def test_an_object_longer_or_shorter_than_its_index_is_an_error(archives, tmp_path):
     dest = str(tmp_path / "copy")
     store = copy_archive(archives["hot"][0], dest)
-    victim = max(compacted.load_slice(store, 0).groups, key=lambda gf: gf.file_bytes)
-    store.write(victim.key, store.read(victim.key) + b"\x00" * 10)
-    with pytest.raises(reader.ReplayError, match="slice metadata says") as err:
-        with reader.replay(dest, threads=2, range_bytes=1_000) as events:
-            run(events)
-    assert victim.key in str(err.value)
+    victim = max((p for m in archive_metas(store) for p in m.pieces), key=lambda p: p.file_bytes)
+    original = store.read(victim.file)
+    for data, says in ((original + b"\x00" * 10, "longer than"), (original[:-10], "ends at byte")):
+        store.write(victim.file, data)
+        with pytest.raises(reader.ReplayError, match=says) as err:
+            with reader.replay(dest, threads=2, range_bytes=1_000) as events:
+                run(events)
+        assert victim.file in str(err.value) and f"group {victim.group}" in str(err.value)
 
 
 def test_negative_range_bytes_is_refused(archives):
@@ -341,7 +345,7 @@ def test_checkpoint_is_refused_after_a_recompaction_with_other_groups(spark, arc
     other = str(tmp_path / "recompacted")
     compact(CompactConfig(source=dest[: -len("-c")] + "-src", dest=other, groups=5, slice_duration="20s"), spark)
     new, old = (compacted.load_manifest(open_storage(u)) for u in (other, dest))
-    assert len(new.slices) == len(old.slices) and new.groups != old.groups
+    assert new.slices == old.slices and new.groups != old.groups
     with pytest.raises(reader.CheckpointError) as err:
         reader.replay(other, resume=state)
     assert compacted.fingerprint(old) in str(err.value) and compacted.fingerprint(new) in str(err.value)
@@ -355,14 +359,16 @@ def test_a_corrupt_file_fails_the_consumer_naming_file_and_group(archives, tmp_p
     dest = str(tmp_path / "copy")
     shutil.copytree(archives["skewed"][0], dest)
     store = open_storage(dest)
-    meta = compacted.load_slice(store, 1)
-    victim = meta.groups[0]
-    store.write(victim.key, store.read(victim.key)[:-50])
+    victim = archive_metas(store)[1].pieces[0]
+    data = bytearray(store.read(victim.file))
+    data[victim.offset + victim.length // 2] ^= 0x10
+    store.write(victim.file, bytes(data))
     started = time.monotonic()
     with pytest.raises(reader.ReplayError) as err:
         with reader.replay(dest, threads=4) as events:
             run(events)
-    assert victim.key in str(err.value) and f"group {victim.group}" in str(err.value)
+    where = f"{victim.file} bytes {victim.offset}..{victim.end} (slice 1, group {victim.group})"
+    assert where in str(err.value) and "CRC-32C" in str(err.value)
     assert time.monotonic() - started < 30
     assert not [t for t in threading.enumerate() if t.name.startswith("keyfill-replay")]
 
@@ -450,8 +456,8 @@ def test_a_group_outside_the_manifest_fails_instead_of_being_skipped(archives, t
     shutil.copytree(archives["skewed"][0], dest)
     store = open_storage(dest)
     manifest = json.loads(store.read(compacted.MANIFEST))
-    manifest["group_payload_bytes"] = manifest["group_payload_bytes"][:-1]
-    manifest["group_records"] = manifest["group_records"][:-1]
+    for name in ("group_payload_bytes", "group_records", "group_file_bytes"):
+        manifest[name] = manifest[name][:-1]
     manifest["groups"] -= 1
     store.write(compacted.MANIFEST, compacted.dumps(manifest))
     with pytest.raises(reader.ReplayError, match="is not one of the manifest.s"):

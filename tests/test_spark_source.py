@@ -23,6 +23,7 @@ from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from tests.records import archive_metas
 
 JITTER_MS = 4_000
 
@@ -98,14 +99,10 @@ def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
     ]
     got = df.toArrow()
     assert identity(got) == identity(src)
-    manifest = compacted.load_manifest(open_storage(url))
-    store = open_storage(url)
-    for s, summary in enumerate(manifest.slices):  # every record carries its slice and group
-        meta = compacted.load_slice(store, s) if summary.records else None
-        in_slice = got.filter(pc.equal(got.column("slice"), s))
-        assert in_slice.num_rows == summary.records
-        if meta:
-            assert dict(Counter(in_slice.column("key_group").to_pylist())) == {g.group: g.records for g in meta.groups}
+    for meta in archive_metas(open_storage(url)):  # every record carries its slice and group
+        in_slice = got.filter(pc.equal(got.column("slice"), meta.slice))
+        assert in_slice.num_rows == meta.records
+        assert dict(Counter(in_slice.column("key_group").to_pylist())) == {p.group: p.records for p in meta.pieces}
 
 
 @pytest.mark.parametrize(
@@ -114,7 +111,7 @@ def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
 )
 def test_available_now_writes_whole_slices_exactly_once_in_key_order(spark, archive, tmp_path, options):
     url, src = archive
-    manifest = compacted.load_manifest(open_storage(url))
+    metas = archive_metas(open_storage(url))
     batches = run_collecting(stream(spark, url, **options), str(tmp_path / "ck"))
     assert len(batches) > 1
     assert identity(pa.concat_tables([t for _, t in batches])) == identity(src)  # exactly once
@@ -123,7 +120,7 @@ def test_available_now_writes_whole_slices_exactly_once_in_key_order(spark, arch
     for _, t in sorted(batches, key=lambda b: b[0]):
         slices = Counter(t.column("slice").to_pylist())
         # whole slices: every slice of the batch is complete, and batches follow slice order
-        assert all(n == manifest.slices[s].records for s, n in slices.items())
+        assert all(n == metas[s].records for s, n in slices.items())
         assert not seen_slices or min(slices) > max(seen_slices)
         if "maxSlicesPerTrigger" in options:
             assert len(slices) <= int(options["maxSlicesPerTrigger"])
@@ -213,14 +210,14 @@ def test_a_corrupt_file_fails_the_query_naming_it(spark, archive, tmp_path):
     local, copy = open_storage(url), open_storage(str(tmp_path / "copy"))
     for info in local.list(""):
         copy.write(info.key, local.read(info.key))
-    meta = compacted.load_slice(copy, 1)
-    victim = meta.groups[0].key
-    data = bytearray(copy.read(victim))
-    data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
-    copy.write(victim, bytes(data))
+    piece = archive_metas(copy)[1].pieces[0]
+    data = bytearray(copy.read(piece.file))
+    middle = piece.offset + piece.length // 2
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    copy.write(piece.file, bytes(data))
     with pytest.raises(Exception) as err:
         spark.read.format("keyfill").load(copy.url).count()
-    assert victim in str(err.value)
+    assert f"{piece.file} bytes {piece.offset}..{piece.end} (slice 1, group {piece.group})" in str(err.value)
 
 
 def test_option_errors_name_the_option(spark, tmp_path):
@@ -264,6 +261,7 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
         opts["numPartitions"] = str(parts)
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse(opts))
     manifest = rdr.planner.manifest
+    metas = archive_metas(rdr.planner.store)
     offset = rdr.initialOffset()
     assert offset["slice"] == start
     seen = []
@@ -273,51 +271,54 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
         if end == offset:
             break
         assert end["archive"] == offset["archive"]
-        taken = [s for s in range(offset["slice"], end["slice"]) if manifest.slices[s].records]
+        taken = [s for s in range(offset["slice"], end["slice"]) if metas[s].records]
         assert taken, "every batch holds at least one slice with records"
-        last = manifest.slices[end["slice"] - 1]
-        assert last.records or end["slice"] == len(manifest.slices)  # empty slices only ride along
+        last = metas[end["slice"] - 1]
+        assert last.records or end["slice"] == manifest.slices  # empty slices only ride along
         if len(taken) > 1:  # beyond one slice, the limits hold
             if isinstance(limit, ReadMaxFiles):
                 assert len(taken) <= limit.max_files
             if isinstance(limit, ReadMaxBytes):
-                assert sum(manifest.slices[s].file_bytes for s in taken) <= limit.max_bytes
+                assert sum(metas[s].bytes for s in taken) <= limit.max_bytes
             if isinstance(limit, ReadMaxRows):
-                assert sum(manifest.slices[s].records for s in taken) <= limit.max_rows
+                assert sum(metas[s].records for s in taken) <= limit.max_rows
             if max_slices and not isinstance(limit, (ReadAllAvailable, ReadMaxFiles)):
                 assert len(taken) <= max_slices  # the option applies on top of other limits
         plan = rdr.partitions(offset, end)
         assert len(plan) <= (parts or manifest.groups)
-        files = [(f.slice, f.group) for p in plan for f in p.files]
-        expected = [
-            (s, g.group) for s in range(offset["slice"], end["slice"]) for g in rdr.planner.slice_meta(s).groups
-        ]
+        files = [(f.slice, f.group) for p in plan for f in p.pieces]
+        expected = [(s, p.group) for s in range(offset["slice"], end["slice"]) for p in metas[s].pieces]
         assert sorted(files) == sorted(expected) and len(set(files)) == len(files)
         owners = defaultdict(set)
-        for i, p in enumerate(plan):  # a group lives in one partition, read slice by slice
-            assert [f.slice for f in p.files] == sorted(f.slice for f in p.files)
-            for f in p.files:
-                owners[f.group].add(i)
+        for i, p in enumerate(plan):  # a group lives in one partition, its pieces read in slice order
+            for g in {f.group for f in p.pieces}:
+                owners[g].add(i)
+                mine = [f.slice for f in p.pieces if f.group == g]
+                assert mine == sorted(mine)
+            for r in p.runs:  # a run: consecutive pieces of one group in one file, back to back
+                assert len({f.group for f in r.pieces}) == 1 and {f.file for f in r.pieces} == {r.file}
+                assert all(a.end == b.offset for a, b in zip(r.pieces, r.pieces[1:]))
+                assert r.end == r.pieces[-1].end and r.start in (0, r.pieces[0].offset)
         assert all(len(o) == 1 for o in owners.values())
         seen.extend(files)
         offset = end
-    assert offset["slice"] == len(manifest.slices)
-    assert len(seen) == sum(s.files for s in manifest.slices[start:])
+    assert offset["slice"] == manifest.slices
+    assert len(seen) == sum(len(m.pieces) for m in metas[start:])
 
 
 def test_bundled_partitions_are_balanced_by_bytes(archive):
     url, _ = archive
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url, "numPartitions": "2"}))
-    plan = rdr.partitions(rdr.initialOffset(), rdr.planner.offset(len(rdr.planner.manifest.slices)))
-    groups_of = [{f.group for f in p.files} for p in plan]
+    plan = rdr.partitions(rdr.initialOffset(), rdr.planner.offset(rdr.planner.manifest.slices))
+    groups_of = [{f.group for f in p.pieces} for p in plan]
     assert len(plan) == 2 and not groups_of[0] & groups_of[1]
-    loads = [sum(f.file_bytes for f in p.files) for p in plan]
+    loads = [sum(f.length for f in p.pieces) for p in plan]
     per_group = defaultdict(int)
     for p in plan:
-        for f in p.files:
-            per_group[f.group] += f.file_bytes
+        for f in p.pieces:
+            per_group[f.group] += f.length
     assert max(loads) - min(loads) <= max(per_group.values())  # no worse than one group's bytes
-    assert np.sum(loads) == sum(s.file_bytes for s in rdr.planner.manifest.slices)
+    assert np.sum(loads) == sum(rdr.planner.manifest.group_file_bytes)
 
 
 @pytest.mark.parametrize("fmt", ["spark", "csv", "json"])

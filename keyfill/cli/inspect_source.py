@@ -1,4 +1,4 @@
-"""`keyfill inspect`: summarise a source archive."""
+"""`keyfill inspect`: summarise a source archive (or a compacted one: `inspect_compacted`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from keyfill.cli.args import iso, mb, positive_int
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
-        help="summarise a source archive",
-        description="Print an archive's partitions, chunks, records, bytes, time span and heaviest keys. "
-        "Partitions and chunks come from file headers; the heaviest keys need one scan of the records.",
+        help="summarise a source or compacted archive",
+        description="Print a source archive's partitions, chunks, records, bytes, time span and heaviest keys "
+        "(partitions and chunks come from file headers; the heaviest keys need one scan of the records), or a "
+        "compacted archive's slices, groups, files and replay cost (from its manifest).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("url", help="archive root: /path, file:///path or s3://bucket/prefix")
@@ -26,10 +27,14 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from keyfill.cli import inspect_compacted
     from keyfill.summary import inspect_archive
+    from keygroups import compacted
     from keygroups.storage import open_storage
 
     store = open_storage(args.url, threads=args.threads)
+    if store.exists(compacted.MANIFEST):
+        return inspect_compacted.run(store, args.json)
     s = inspect_archive(
         store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=not (args.no_progress or args.json)
     )
