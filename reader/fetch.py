@@ -18,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import pyarrow as pa
+
 from keygroups import compacted
 from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError
@@ -97,7 +99,9 @@ class _Fetched:
     def __init__(self, run: Run, pieces: list[Piece], futures: list[Future], extra: bool) -> None:
         self.run, self.pieces, self.futures, self.extra = run, pieces, futures, extra
         self.last_slice = pieces[-1].slice
+        self.slices = {p.slice: p for p in pieces}
         self._data: bytes | None = None
+        self._records: dict[int, pa.RecordBatch] | None = None
 
     def data(self, url: str) -> bytes:
         if self._data is None:
@@ -118,6 +122,19 @@ class _Fetched:
             self.futures = []
         return self._data
 
+    def records(
+        self, url: str, header: Callable[[], bytes], finish: Callable[[pa.RecordBatch, int], pa.RecordBatch]
+    ) -> dict[int, pa.RecordBatch]:
+        """Each piece's records by slice, the whole run checked, decoded and `finish`ed once
+        (a short slice costs a zero-copy slice); the raw bytes are dropped then."""
+        if self._records is None:
+            data = self.data(url)
+            head = data[: self.pieces[0].file_header] if self.run.start == 0 else header()
+            whole = finish(compacted.read_run(head, data, self.run.start, self.pieces, url), self.pieces[0].group)
+            self._records = {p.slice: b for p, b in zip(self.pieces, compacted.split_run(whole, self.pieces))}
+            self._data = None
+        return self._records
+
 
 class PieceFetcher:
     """One replay thread's view of its groups' pieces: keeps, per group, the run being read
@@ -135,9 +152,11 @@ class PieceFetcher:
         run_bytes: int,
         part_bytes: int,
         ahead: bool = True,
+        finish: Callable[[pa.RecordBatch, int], pa.RecordBatch] = lambda batch, group: batch,
     ) -> None:
         self.store, self.pool, self.slice_meta, self.slices = store, pool, slice_meta, slices
         self.run_bytes, self.part_bytes, self.ahead = run_bytes, part_bytes or (1 << 62), ahead
+        self.finish = finish  # applied to a run's records once, e.g. to tag them with their group
         self._runs: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for runs
         self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
@@ -160,7 +179,6 @@ class PieceFetcher:
                     or piece.end - pieces[0].offset > self.run_bytes
                 ):
                     break
-                _check_row(piece, self.store.url_for(piece.file))
                 pieces.append(piece)
             s += 1
         self._frontier[g] = s
@@ -197,10 +215,10 @@ class PieceFetcher:
             raise IntegrityError(f"{p.where(url)}: the object is shorter than its {p.file_header}-byte header")
         return head
 
-    def read(self, p: Piece) -> tuple[bytes, bytes]:
-        """(header, bytes) of piece p; the runs before it are dropped."""
+    def read(self, p: Piece) -> pa.RecordBatch:
+        """Piece p's records, checked against the index; the runs before it are dropped.
+        Called per piece: the common path is a few dict reads."""
         runs = self._runs[p.group]
-        url = self.store.url_for(p.file)
         while runs and runs[0].last_slice < p.slice:
             runs.popleft()
         if not runs or runs[0].pieces[0].slice > p.slice:  # not in flight (no read-ahead budget)
@@ -208,22 +226,16 @@ class PieceFetcher:
             self._frontier[p.group] = p.slice
             self._schedule(p.group, p.slice + 1)
         fetched = runs[0]
-        if p not in fetched.pieces:
+        planned = fetched.slices.get(p.slice)
+        if planned is not p and planned != p:  # the same object, unless its index block was reloaded
+            url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
-        data = fetched.data(url)
-        if fetched.run.start == 0:  # the header came with the run: keep its bytes, not the run's
-            self._headers.setdefault(p.file, data[: p.file_header])
+        records = fetched._records
+        if records is None:
+            url = self.store.url_for(p.file)
+            records = fetched.records(url, lambda: self._header(p, url), self.finish)
         if p.slice == fetched.last_slice:
             runs.popleft()
-        if self.ahead:
-            self._fill(p.group, p.slice + 1)
-        return self._header(p, url), fetched.run.slice_of(data, p)
-
-
-def _check_row(p: Piece, url: str) -> None:
-    """An index row that cannot be right is named before any GET is made."""
-    if not (0 < p.file_header <= p.offset and p.length > 0 and p.end <= p.file_bytes and p.records > 0):
-        raise FormatError(
-            f"{p.where(url)}: index row outside its file (header {p.file_header} bytes, file {p.file_bytes} "
-            f"bytes, {p.records} records)"
-        )
+            if self.ahead:
+                self._fill(p.group, p.slice + 1)
+        return records[p.slice]

@@ -84,7 +84,10 @@ class Pacer:
         n = batch.num_rows
         if n == 0:
             return []
-        runmax = np.maximum.accumulate(batch.column("timestamp").cast(pa.int64()).to_numpy())
+        ts = batch.column("timestamp").view(pa.int64()).to_numpy()
+        if self.max_drift_ms is None and n <= batch_size:  # one batch: only its largest timestamp matters
+            return [(int(ts.max()), 0, n)]
+        runmax = np.maximum.accumulate(ts)
         cuts = set(range(0, n, batch_size))
         if self.max_drift_ms is not None:
             step = max(1, self.max_drift_ms // 2)

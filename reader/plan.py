@@ -5,7 +5,6 @@ blocks in use (the index of a long archive does not fit in memory)."""
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -28,7 +27,7 @@ class ReplayPlan:
             self.thread_of_group = keygroups.assign_threads(self.group_bytes, threads)
         else:
             self.thread_of_group = np.zeros(0, np.int32)
-        self._blocks: OrderedDict[int, list[compacted.SliceMeta]] = OrderedDict()
+        self._blocks: dict[int, list[compacted.SliceMeta]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -40,22 +39,26 @@ class ReplayPlan:
 
     def slice_meta(self, s: int) -> compacted.SliceMeta:
         b = s // SLICES_PER_ROW_GROUP
-        with self._lock:
-            block = self._blocks.get(b)
-            if block is None:
-                first = b * SLICES_PER_ROW_GROUP
-                block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
-                self._check(block)
-                self._blocks[b] = block
-                while len(self._blocks) > CACHED_BLOCKS:
-                    self._blocks.popitem(last=False)
-            else:
-                self._blocks.move_to_end(b)
-            return block[s - b * SLICES_PER_ROW_GROUP]
+        block = self._blocks.get(b)  # a dict read needs no lock: called per piece, by every thread
+        if block is None:
+            with self._lock:
+                block = self._blocks.get(b)
+                if block is None:
+                    first = b * SLICES_PER_ROW_GROUP
+                    block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
+                    self._check(block)
+                    blocks = dict(self._blocks)
+                    blocks[b] = block
+                    while len(blocks) > CACHED_BLOCKS:  # the replay moves forward: drop the earliest
+                        del blocks[min(blocks)]
+                    self._blocks = blocks  # replaced whole, so readers never see it half-changed
+        return block[s - b * SLICES_PER_ROW_GROUP]
 
     def _check(self, block: list[compacted.SliceMeta]) -> None:
+        """Every index row of a block, once when it is loaded, before any GET it leads to."""
         for meta in block:
             for p in meta.pieces:
+                p.check(self.store.url_for(p.file))
                 if not 0 <= p.group < len(self.thread_of_group):  # no thread would read it: lost without a word
                     raise FormatError(
                         f"{self.store.url_for(p.file)} (slice {meta.slice}): group {p.group} is not one of the "

@@ -2,11 +2,12 @@
 
 T threads share the G key groups (balanced by bytes: `reader.plan`). For each slice every
 thread reads and decodes its groups' pieces (`reader.fetch`: runs of upcoming pieces are
-already in flight) and puts record batches on one bounded queue, then marks the slice done and waits
-at a barrier; the slice's watermark is emitted after the last thread's mark. The queue is
-FIFO and nobody starts slice s + 1 before everyone has finished slice s, so every record of
-slice s reaches the consumer before the watermark of s and before any record of s + 1
-(DESIGN.md invariants 1-4). Inside a slice `reader.pacing` bounds how far threads drift
+already in flight), puts record batches on one bounded queue, then marks the slice done;
+the last thread's mark queues the slice's watermark. The queue is FIFO and nobody emits
+slice s + 1 before everyone has finished slice s (`reader.slice_gate`, a barrier waited on
+only by threads with records in the next slice), so every record of slice s reaches the
+consumer before the watermark of s and before any record of s + 1 (DESIGN.md invariants
+1-4). Inside a slice `reader.pacing` bounds how far threads drift
 apart in event time; `reader.checkpoint` is the position the consumer can resume from.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from reader.fetch import FetchPool, PieceFetcher, run_bytes
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
+from reader.slice_gate import SliceGate
 from reader.stoppable_queue import StoppableQueue
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
@@ -54,14 +56,28 @@ class Watermark:
     slice: int
 
 
+def _tag(batch: pa.RecordBatch, group: int) -> pa.RecordBatch:
+    """Records with their key group: done once per run of pieces, not per piece."""
+    return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, group, np.int32)))
+
+
 class ReplayError(KeyfillError, RuntimeError):
     """A read, check or decode failed in a replay thread; names the file, slice and group."""
 
 
 @dataclass(frozen=True)
-class _SliceDone:
-    thread: int
+class _SliceComplete:
+    """Every thread has queued all its records of `slice`."""
+
     slice: int
+
+
+@dataclass(frozen=True)
+class _Bundle:
+    """Several Records handed over as one queue item: a slice of short pieces costs one
+    hand-off between threads, not one per piece."""
+
+    records: tuple[Records, ...]
 
 
 @dataclass(frozen=True)
@@ -89,7 +105,7 @@ class Replay:
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self.plan.group_bytes, self._stop)
         self._queue = StoppableQueue(opts.queue_size, self._stop)
-        self._barrier = threading.Barrier(opts.threads)
+        self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(2, opts.threads))
         self._run_bytes = run_bytes(opts.read_ahead_bytes, self.manifest.groups, opts.range_bytes)
         self._fetchers: list[PieceFetcher] = []
@@ -105,6 +121,9 @@ class Replay:
             cp.check(self.manifest, self.store.url)
             self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
         self._skip = dict(self._emitted)  # records to drop at the start of each group's piece
+        self._gate = SliceGate(
+            opts.threads, self._slice, self._stop, lambda s: self._queue.put(_SliceComplete(s), force=True)
+        )
 
     @property
     def gets(self) -> int:
@@ -134,68 +153,115 @@ class Replay:
     # --- threads ----------------------------------------------------------------------------
 
     def _worker(self, t: int, first: int) -> None:
-        opts, plan = self.options, self.plan
+        plan = self.plan
         mine = plan.groups_of(t)
         fetcher = self._fetchers[t]
+        drift = self.pacer.max_drift_ms is not None
+        unmarked = first  # slices [unmarked, s) are finished here and not yet marked at the gate
         try:
             for s in range(first, plan.slices):
-                meta = plan.slice_meta(s)
+                own = [p for p in plan.slice_meta(s).pieces if p.group in mine]
+                if not own and not drift:
+                    continue  # nothing to emit: marked done before this thread next waits, or at the end
                 fetcher.prefetch(s)
-                own = [p for p in meta.pieces if p.group in mine]
-                if own:  # event time starts at the earliest record it will emit, known from the index
-                    self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
-                if self.pacer.max_drift_ms is not None:
+                if unmarked < s:
+                    self._gate.finish(unmarked, s)
+                if drift:
+                    if not self._gate.wait_for(s):
+                        return
+                    if own:  # event time starts at the earliest record it will emit, known from the index
+                        self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
                     # Everyone declares where its slice starts before anyone emits: a thread that
                     # began late would otherwise join below a bound the others already used.
                     self._barrier.wait()
-                runs = []  # per group: its batches with a non-decreasing event-time key
-                for p in own:
-                    if self._stop.is_set():
-                        return
-                    batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
-                    pieces = [
-                        (ts, p.group, i, Records(batch.slice(a, b - a), s, p.group))
-                        for i, (ts, a, b) in enumerate(self.pacer.cut(batch, opts.batch_size))
-                    ]
-                    if self.pacer.max_drift_ms is None:  # stream piece by piece: decoding overlaps consuming
-                        self._emit(t, pieces)
-                    else:
-                        runs.append(pieces)
-                # Under a drift bound, emit this thread's groups merged by event time (each group
-                # in its own order), so its event time only moves forward within the slice.
-                self._emit(t, heapq.merge(*runs))
-                self.pacer.end_slice(t)
-                self._queue.put(_SliceDone(t, s))
-                self._barrier.wait()
+                    self._paced(t, fetcher, s, own, first)
+                    self.pacer.end_slice(t)
+                else:
+                    self._streamed(t, fetcher, s, own, first)
+                self._gate.finish(s, s + 1)
+                unmarked = s + 1
+            if unmarked < plan.slices:
+                self._gate.finish(unmarked, plan.slices)
         except threading.BrokenBarrierError:
             return
         except BaseException as exc:  # surfaces in the consumer
             self._queue.put(_Failed(exc), force=True)
             self._barrier.abort()
 
-    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, skip: int) -> pa.RecordBatch:
-        """The piece's records after `skip`, tagged with their group; checked against the
-        index before any of them is emitted."""
-        name = self.store.url_for(p.file)
-        try:
-            header, data = fetcher.read(p)
-            batch = compacted.read_piece(header, data, p, name)
-        except compacted.FormatError as exc:
-            raise ReplayError(str(exc)) from exc
-        except BaseException as exc:
-            raise ReplayError(f"{p.where(name)}: {exc}") from exc
-        if skip > batch.num_rows:
-            raise ReplayError(
-                f"{p.where(name)}: the checkpoint says {skip} records were emitted, the piece has {batch.num_rows}"
+    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], first: int) -> None:
+        """A slice's pieces, handed over in bundles of about batch_size records as they are
+        read (decoding overlaps consuming); the seed's proportional sleeps, if chosen, between
+        batches."""
+        size = self.options.batch_size
+        bundle: list[Records] = []
+        rows, ts = 0, 0
+        opened = False  # the first batch is read and decoded before waiting for the others
+        for p in own:
+            if self._stop.is_set():
+                return
+            batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
+            n = batch.num_rows
+            parts = (
+                [Records(batch, s, p.group)]
+                if n <= size
+                else [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
             )
-        batch = batch.slice(skip)
-        return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, p.group, np.int32)))
+            if not opened:
+                if not self._gate.wait_for(s):
+                    return
+                opened = True
+            if self.pacer.proportional:
+                for r in parts:
+                    self._queue.put(r)
+                    self.pacer.advance(t, p.max_timestamp, p.group)
+                continue
+            bundle += parts
+            rows, ts = rows + n, max(ts, p.max_timestamp)
+            if rows >= size:
+                self._hand_over(t, bundle, ts)
+                bundle, rows = [], 0
+        if bundle:
+            self._hand_over(t, bundle, ts)
 
-    def _emit(self, t: int, pieces: Iterable[tuple[int, int, int, Records]]) -> None:
-        for ts, _, _, records in pieces:
+    def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], first: int) -> None:
+        """Under a drift bound: this thread's groups merged by event time (each group in its
+        own order), so its event time only moves forward within the slice, each batch waiting
+        while the thread is too far ahead of the slowest."""
+        runs = []  # per group: its batches with a non-decreasing event-time key
+        for p in own:
+            if self._stop.is_set():
+                return
+            batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
+            runs.append(
+                [
+                    (ts, p.group, i, Records(batch.slice(a, b - a), s, p.group))
+                    for i, (ts, a, b) in enumerate(self.pacer.cut(batch, self.options.batch_size))
+                ]
+            )
+        for ts, _, _, records in heapq.merge(*runs):
             self.pacer.pace(t, ts)
             self._queue.put(records)
             self.pacer.advance(t, ts, records.group)
+
+    def _hand_over(self, t: int, records: list[Records], ts: int) -> None:
+        self._queue.put(_Bundle(tuple(records)))
+        self.pacer.advance(t, ts, records[-1].group)
+
+    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, skip: int) -> pa.RecordBatch:
+        """The piece's records after `skip`, tagged with their group; checked against the
+        index before any of them is emitted."""
+        try:
+            batch = fetcher.read(p)
+        except compacted.FormatError as exc:
+            raise ReplayError(str(exc)) from exc
+        except BaseException as exc:
+            raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
+        if skip > batch.num_rows:
+            where = p.where(self.store.url_for(p.file))
+            raise ReplayError(
+                f"{where}: the checkpoint says {skip} records were emitted, the piece has {batch.num_rows}"
+            )
+        return batch.slice(skip) if skip else batch
 
     # --- consumer ---------------------------------------------------------------------------
 
@@ -215,27 +281,28 @@ class Replay:
                     run_bytes=self._run_bytes,
                     part_bytes=self.options.range_bytes,
                     ahead=self.options.read_ahead_bytes > 0,
+                    finish=_tag,
                 )
             )
         for t in range(self.options.threads):
             w = threading.Thread(target=self._worker, args=(t, self._slice), name=f"keyfill-replay-{t}", daemon=True)
             w.start()
             self._workers.append(w)
-        done = 0
         while self._slice < slices:
             item = self._queue.get()
             if isinstance(item, Records):
                 self._emitted[item.group] = self._emitted.get(item.group, 0) + item.batch.num_rows
                 yield item
-            elif isinstance(item, _SliceDone):
-                done += 1
-                if done == self.options.threads:
-                    done = 0
-                    mark = self.manifest.bounds(self._slice)[1] - self.options.watermark_bound_ms
-                    self._slice += 1
-                    self._emitted = {}
-                    self._watermark = mark
-                    yield Watermark(mark, self._slice - 1)
+            elif isinstance(item, _Bundle):
+                for records in item.records:
+                    self._emitted[records.group] = self._emitted.get(records.group, 0) + records.batch.num_rows
+                    yield records
+            elif isinstance(item, _SliceComplete):
+                mark = self.manifest.bounds(item.slice)[1] - self.options.watermark_bound_ms
+                self._slice = item.slice + 1
+                self._emitted = {}
+                self._watermark = mark
+                yield Watermark(mark, item.slice)
             elif isinstance(item, _Failed):
                 self.close()
                 if isinstance(item.error, ReplayError):

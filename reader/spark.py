@@ -243,6 +243,7 @@ class _Planner:
         table = self.index.piece_rows(first, end)
         for row in table.to_pylist():
             p = compacted.Piece(**row)
+            p.check(self.store.url_for(p.file))
             if not 0 <= p.group < self.manifest.groups:
                 raise compacted.FormatError(
                     f"{self.store.url_for(p.file)} (slice {p.slice}): group {p.group} is not one of the manifest's "
@@ -301,11 +302,12 @@ class _Planner:
                         p = next(q for q in run.pieces if q.end - run.start > len(data))
                     problem = "ends early" if len(data) < want else "is longer than the index says"
                     raise compacted.IntegrityError(f"{p.where(url)}: the object {problem}")
-                for p in run.pieces:
-                    # length, CRC-32C and record count checked before anything of the piece is yielded
-                    piece = data[p.offset - run.start : p.end - run.start]
-                    batch = compacted.read_piece(self.header(p), piece, p, url)
-                    yield from to_spark_batches(batch, p.group, p.slice, self.opts.batch_rows)
+                first = run.pieces[0]
+                header = data[: first.file_header] if run.start == 0 else self.header(first)
+                # every piece's length and CRC-32C checked before anything of the run is decoded
+                batch = compacted.read_run(header, data, run.start, list(run.pieces), url)
+                slices = np.repeat([p.slice for p in run.pieces], [p.records for p in run.pieces])
+                yield from to_spark_batches(batch, first.group, slices, self.opts.batch_rows)
 
 
 def piece_runs(pieces: list[compacted.Piece]) -> list[PieceRun]:
@@ -318,9 +320,11 @@ def piece_runs(pieces: list[compacted.Piece]) -> list[PieceRun]:
     return out
 
 
-def to_spark_batches(batch: pa.RecordBatch, group: int, s: int, rows: int) -> Iterator[pa.RecordBatch]:
-    """An envelope batch as the source's schema, in pieces of at most `rows` records."""
+def to_spark_batches(batch: pa.RecordBatch, group: int, s: int | np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:
+    """An envelope batch as the source's schema (`s`: the slice of every record, or one per
+    record), in batches of at most `rows` records."""
     n = batch.num_rows
+    slices = np.full(n, s, np.int32) if np.ndim(s) == 0 else np.asarray(s, np.int32)
     columns = [
         batch.column("partition"),
         batch.column("offset"),
@@ -329,7 +333,7 @@ def to_spark_batches(batch: pa.RecordBatch, group: int, s: int, rows: int) -> It
         batch.column("value"),
         batch.column("headers").cast(ARROW_SCHEMA.field("headers").type),
         pa.array(np.full(n, group, np.int32)),
-        pa.array(np.full(n, s, np.int32)),
+        pa.array(slices),
     ]
     out = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     for start in range(0, n, rows):

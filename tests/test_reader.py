@@ -58,12 +58,15 @@ class Archives(dict):
 
 @pytest.fixture(scope="module")
 def archives(spark, tmp_path_factory):
-    """A skewed archive (null keys, headers, jitter, several slices) and a hot-key one."""
+    """A skewed archive (null keys, headers, jitter, several slices), a hot-key one, and a
+    "short" one: 1-second slices (hundreds, many empty for most groups) with a hot key, in
+    segment files cut at 16 KiB, so runs of pieces cross file boundaries."""
     root = tmp_path_factory.mktemp("reader")
     out = Archives()
-    for name, extra, groups in [
-        ("skewed", dict(skew=1.2, null_keys=0.05), 7),
-        ("hot", dict(hot_key_share=0.9, null_keys=0.0), 16),
+    for name, extra, groups, duration, target in [
+        ("skewed", dict(skew=1.2, null_keys=0.05), 7, "20s", None),
+        ("hot", dict(hot_key_share=0.9, null_keys=0.0), 16, "20s", None),
+        ("short", dict(hot_key_share=0.5, null_keys=0.02), 8, "1s", 16 << 10),
     ]:
         src = str(root / f"{name}-src")
         generate(
@@ -82,7 +85,8 @@ def archives(spark, tmp_path_factory):
             progress=False,
         )
         dest = str(root / f"{name}-c")
-        compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration="20s"), spark)
+        sizes = {"target_file_bytes": target} if target else {}
+        compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration=duration, **sizes), spark)
         table = source_table(src)
         out[name] = (dest, table, running_max_before(table))
     # an archive with empty slices and an idle partition
@@ -151,9 +155,21 @@ def check_invariants(events: list, table: pa.Table, before: dict, bound: int) ->
     assert marks == sorted(marks)
 
 
+def test_the_short_archive_is_what_the_properties_need(archives):
+    """Many short slices, empty pieces, and groups spread over several segment files."""
+    store = open_storage(archives["short"][0])
+    metas = archive_metas(store)
+    files: dict[int, set[str]] = {}
+    for m in metas:
+        for p in m.pieces:
+            files.setdefault(p.group, set()).add(p.file)
+    assert len(metas) >= 150 and sum(1 for m in metas if len(m.pieces) < 8) >= 50
+    assert max(len(f) for f in files.values()) >= 5
+
+
 @hypothesis_settings(60)
 @given(
-    name=st.sampled_from(["skewed", "hot", "gappy"]),
+    name=st.sampled_from(["skewed", "hot", "gappy", "short"]),
     threads=st.integers(1, 16),
     batch_size=st.sampled_from([1, 7, 100, 65_536]),
     bound=st.sampled_from([0, 1_000, 30_000]),
@@ -173,7 +189,7 @@ def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_siz
 
 
 @hypothesis_settings(40)
-@given(name=st.sampled_from(["skewed", "hot", "gappy"]), data=st.data())
+@given(name=st.sampled_from(["skewed", "hot", "gappy", "short"]), data=st.data())
 def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, name, data):
     dest, table, before = archives[name]
     all_events: list = []

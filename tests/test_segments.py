@@ -43,8 +43,11 @@ def write_group(root, slices, target, codec):
     gaps=st.lists(st.integers(1, 3), min_size=12, max_size=12),
     target=st.integers(1, 20_000),
     codec=st.sampled_from(envelope.CODECS),
+    data=st.data(),
 )
-def test_pieces_decode_from_their_range_and_files_stay_near_the_target(tmp_path_factory, pieces, gaps, target, codec):
+def test_pieces_decode_from_their_range_and_files_stay_near_the_target(
+    tmp_path_factory, pieces, gaps, target, codec, data
+):
     numbers = [sum(gaps[: i + 1]) for i in range(len(pieces))]  # increasing, with empty slices between
     slices = list(zip(numbers, pieces))
     store, written, files = write_group(tmp_path_factory.mktemp("seg"), slices, target, codec)
@@ -60,6 +63,18 @@ def test_pieces_decode_from_their_range_and_files_stay_near_the_target(tmp_path_
         header = store.read_range(p.file, 0, p.file_header)
         got = compacted.read_piece(header, store.read_range(p.file, p.offset, p.length), p, p.file)
         assert got.equals(envelope.batch_from_records(by_slice[p.slice]))
+    for f in files:  # any run of consecutive pieces decodes in one pass to the same records
+        mine = [p for p in written if p.file == f]
+        a = data.draw(st.integers(0, len(mine) - 1))
+        run = mine[a : data.draw(st.integers(a + 1, len(mine)))]
+        if run:
+            start = run[0].offset
+            span = store.read_range(f, start, run[-1].end - start)
+            header = store.read_range(f, 0, run[0].file_header)
+            got = compacted.split_run(compacted.read_run(header, span, start, run, f), run)
+            assert [b.to_pylist() for b in got] == [
+                envelope.batch_from_records(by_slice[p.slice]).to_pylist() for p in run
+            ]
     for f in files:  # and each file is one valid Avro container of its pieces in order
         meta, whole = envelope.decode_avro(store.read(f))
         assert meta["keyfill.format"] == segments.SEGMENT_FORMAT and meta["keyfill.group"] == "3"
