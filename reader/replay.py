@@ -178,6 +178,7 @@ class Replay:
                     self.pacer.end_slice(t)
                 else:
                     self._streamed(t, fetcher, s, own, first)
+                    self.pacer.end_slice(t)
                 self._gate.finish(s, s + 1)
                 unmarked = s + 1
             if unmarked < plan.slices:
@@ -196,11 +197,14 @@ class Replay:
         bundle: list[Records] = []
         rows, ts = 0, 0
         opened = False  # the first batch is read and decoded before waiting for the others
+        self.pacer.begin_slice(t, min(p.min_timestamp for p in own))  # for the spread statistic
         for p in own:
             if self._stop.is_set():
                 return
             batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
             n = batch.num_rows
+            if not n:  # all of it emitted before the checkpoint this replay resumed from
+                continue
             parts = (
                 [Records(batch, s, p.group)]
                 if n <= size

@@ -36,7 +36,10 @@ class SliceGate:
         return True
 
     def finish(self, first: int, end: int) -> None:
-        """The calling thread has finished slices [first, end)."""
+        """The calling thread has finished slices [first, end). Nothing once the replay has
+        stopped: its consumer reads no more, and a stopped thread must leave at once."""
+        if self._stop.is_set():
+            return
         with self._cond:
             before = self.complete
             for s in range(first, end):
@@ -46,6 +49,7 @@ class SliceGate:
                     continue
                 self._done.pop(s, None)
                 self.complete = s  # a thread finishes slices in order, so s - 1 completed before
-                self._announce(s)
+                if not self._stop.is_set():
+                    self._announce(s)
             if self.complete != before:  # wake the waiting threads only when they may go on
                 self._cond.notify_all()

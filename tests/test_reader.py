@@ -66,21 +66,18 @@ def archives(spark, tmp_path_factory):
     for name, extra, groups, duration, target in [
         ("skewed", dict(skew=1.2, null_keys=0.05), 7, "20s", None),
         ("hot", dict(hot_key_share=0.9, null_keys=0.0), 16, "20s", None),
-        ("short", dict(hot_key_share=0.5, null_keys=0.02), 8, "1s", 16 << 10),
+        ("short", dict(hot_key_share=0.5, null_keys=0.02, rate=25.0, records=6_000), 16, "1s", 8 << 10),
     ]:
         src = str(root / f"{name}-src")
         generate(
             GeneratorConfig(
                 out=src,
-                records=20_000,
                 keys=300,
                 partitions=3,
                 chunk_records=3_000,
                 jitter_ms=5_000,
                 headers=True,
-                rate=100.0,
-                seed=9,
-                **extra,
+                **{"records": 20_000, "rate": 100.0, "seed": 9, **extra},
             ),
             progress=False,
         )
@@ -163,7 +160,7 @@ def test_the_short_archive_is_what_the_properties_need(archives):
     for m in metas:
         for p in m.pieces:
             files.setdefault(p.group, set()).add(p.file)
-    assert len(metas) >= 150 and sum(1 for m in metas if len(m.pieces) < 8) >= 50
+    assert len(metas) >= 200 and sum(1 for m in metas if len(m.pieces) < 16) >= 100
     assert max(len(f) for f in files.values()) >= 5
 
 
