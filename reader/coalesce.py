@@ -1,7 +1,7 @@
-"""Ranged GETs for format v2 pieces: consecutive pieces of one segment file are fetched
-together, in parts of a size object stores serve well (8-16 MiB), so a short slice costs a
-share of a GET instead of a GET of its own. Not yet used by the replay (it reads the v1
-layout); `keygroups.segments` writes the pieces.
+"""Ranged GETs for pieces: consecutive pieces of one segment file are fetched together, in
+parts of a size object stores serve well (8-16 MiB), so a short slice costs a share of a GET
+instead of a GET of its own. The Spark source plans its reads with `runs`; the replay's
+`reader.fetch` builds the same runs incrementally, within its read-ahead budget.
 """
 
 from __future__ import annotations
