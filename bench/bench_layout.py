@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
 import threading
@@ -137,7 +138,7 @@ def spark_rate(spark, url: str, expect: int, batch_bytes: int, ck: str) -> float
     """Rows/s of the streaming source into a noop sink, AvailableNow, best of two."""
     best = 0.0
     for i in range(2):
-        shutil.rmtree(ck, ignore_errors=True)
+        shutil.rmtree(f"{ck}-{i}", ignore_errors=True)  # a query of an earlier run's archive
         started = time.perf_counter()
         q = (
             spark.readStream.format("keyfill")
@@ -155,6 +156,55 @@ def spark_rate(spark, url: str, expect: int, batch_bytes: int, ck: str) -> float
             raise SystemExit(f"Spark source read {rows} rows of {url}, expected {expect}")
         best = max(best, rows / (time.perf_counter() - started))
     return best
+
+
+V1_SCRIPT = """
+import json, sys, time
+from compactor.job import CompactConfig, compact
+from compactor.spark_session import local_spark
+import reader
+src, root, records, durations, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+durations = durations.split(",")
+spark = local_spark("local[2]", app="keyfill bench v1", progress=False)
+out = {}
+for d in durations:
+    dest = f"{root}/v1-{d}"
+    r = compact(CompactConfig(source=src, dest=dest, groups=64, slice_duration=d, overwrite=True), spark)
+    out[d] = {"files": r.files, "file_bytes": r.file_bytes, "rate": 0.0}
+spark.stop()
+for _ in range(rounds + 1):
+    for d in durations:
+        started = time.perf_counter()
+        n = 0
+        with reader.replay(f"{root}/v1-{d}", threads=4) as events:
+            for ev in events:
+                if isinstance(ev, reader.Records):
+                    n += ev.batch.num_rows
+        assert n == records, n
+        out[d]["rate"] = max(out[d]["rate"], n / (time.perf_counter() - started))
+print("V1RESULT " + json.dumps(out))
+"""
+
+
+def measure_v1(commit: str, src: str, root: str, records: int, durations: list[str], rounds: int) -> dict:
+    """Format v1's files and local replay rate (4 threads) on the same source, from a git
+    worktree of `commit`, in a process of its own."""
+    import subprocess
+    import sys
+
+    tree = os.path.join(root, f"v1-tree-{commit}")
+    if not os.path.exists(tree):
+        subprocess.run(["git", "worktree", "add", "--detach", tree, commit], check=True, capture_output=True)
+    env = dict(os.environ, PYTHONPATH=tree, NUMBA_CACHE_DIR=os.path.join(root, "v1-numba"))
+    out = subprocess.run(
+        [sys.executable, "-c", V1_SCRIPT, src, root, str(records), ",".join(durations), str(rounds)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("V1RESULT "))[len("V1RESULT ") :])
 
 
 def layout_of(url: str) -> dict:
@@ -189,6 +239,12 @@ def main() -> None:
     ap.add_argument("--durations", default="10m,1m,10s")
     ap.add_argument("--latency-ms", type=float, default=30.0)
     ap.add_argument("--cases", default="local,s3,spark,big", help="which of local,s3,spark,big to run")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the replay rows, best kept")
+    ap.add_argument(
+        "--v1",
+        default="a7a7978",
+        help="git commit of format v1 (one file per slice and group) to measure in the same run; '' to skip",
+    )
     ap.add_argument("--dir", default="/tmp/keyfill-bench-layout")
     args = ap.parse_args()
     records = args.records or (400_000 if args.quick else 2_000_000)
@@ -219,8 +275,11 @@ def main() -> None:
             rows.append(Layout(d, dest, result.files, result.file_bytes, result.pieces, result.slices, seconds))
             print(f"compacted at {d}: {result.files} files, {result.pieces:,} pieces, {seconds:.1f} s", flush=True)
         if "local" in cases:
+            for _ in range(args.rounds):  # interleaved, so every slice length sees the same machine
+                for r in rows:
+                    rate, r.local_gets = replay_rate(open_storage(r.url), 4, records)
+                    r.local = max(r.local, rate)
             for r in rows:
-                r.local, r.local_gets = replay_rate(open_storage(r.url), 4, records)
                 print(f"local {r.duration}: {r.local:,.0f} records/s, {r.local_gets} GETs", flush=True)
         if "spark" in cases:
             for r in rows:
@@ -245,6 +304,11 @@ def main() -> None:
     finally:
         spark.stop()
 
+    v1 = {}
+    if args.v1 and "local" in cases:
+        print(f"format v1 ({args.v1}) on the same source ...", flush=True)
+        v1 = measure_v1(args.v1, src, args.dir, records, durations, args.rounds)
+
     if "s3" in cases:
         from tests.s3server import start_seaweedfs
 
@@ -263,9 +327,11 @@ def main() -> None:
                 for o in local.list():
                     s3.write(o.key, local.read(o.key))
             root.client.meta.events.register("before-send.s3.GetObject", sleep)  # uploads done: reads only
+            for _ in range(args.rounds):
+                for r in rows:
+                    rate, r.s3_gets = replay_rate(root.sub(f"compacted-{r.duration}"), 16, records)
+                    r.s3 = max(r.s3, rate)
             for r in rows:
-                s3 = root.sub(f"compacted-{r.duration}")
-                r.s3, r.s3_gets = replay_rate(s3, 16, records)
                 print(f"s3 {r.duration}: {r.s3:,.0f} records/s, {r.s3_gets} GETs", flush=True)
         finally:
             server.stop()
@@ -277,11 +343,11 @@ def main() -> None:
     print(
         f"{'slices':>6} {'files':>6} {'avg file':>9} {'pieces':>7} {'compact s':>9} "
         f"{'local 4 thr rec/s':>18} {'x10m':>5} {'S3 16 thr rec/s':>16} {'x10m':>5} {'GETs':>5} "
-        f"{'Spark rows/s':>13} {'x10m':>5}   v1 (issue): files, avg, local, S3"
+        f"{'Spark rows/s':>13} {'x10m':>5}   v1 in the issue: files, avg, local, S3"
     )
     for r in rows:
-        v1 = V1.get(r.duration)
-        ref = f"{v1[0]:,}, {v1[1] / 1e3:.0f} KB, {v1[2] / 1e6:.2f}M, {v1[3] / 1e6:.2f}M" if v1 else ""
+        old = V1.get(r.duration)
+        ref = f"{old[0]:,}, {old[1] / 1e3:.0f} KB, {old[2] / 1e6:.2f}M, {old[3] / 1e6:.2f}M" if old else ""
 
         def ratio(a: float, b: float) -> str:
             return f"{a / b:.2f}" if a and b else "-"
@@ -291,6 +357,16 @@ def main() -> None:
             f"{r.compact_s:>9.1f} {r.local:>18,.0f} {ratio(r.local, base.local):>5} {r.s3:>16,.0f} "
             f"{ratio(r.s3, base.s3):>5} {r.s3_gets:>5} {r.spark:>13,.0f} {ratio(r.spark, base.spark):>5}   {ref}"
         )
+    if v1:
+        print(f"\nformat v1 ({args.v1}), same source, same run, local disk, 4 threads:")
+        for r in rows:
+            if r.duration in v1:
+                o = v1[r.duration]
+                avg = o["file_bytes"] / max(1, o["files"]) / 1e3
+                print(
+                    f"  {r.duration:>4}: v1 {o['files']:,} files of avg {avg:,.1f} KB, {o['rate']:,.0f} records/s; "
+                    f"v2 {r.files} files, {r.local:,.0f} records/s = {r.local / o['rate']:.2f}x v1"
+                )
     if big:
         n, read_s, result, compact_s, segments, bound, metadata, rate, gets = big
         gb = result.file_bytes / GB
