@@ -106,12 +106,15 @@ def fastavro_read(src: str) -> tuple[int, float]:
     return n, time.perf_counter() - started
 
 
-def compact_timed(spark, src: str, dest: str, groups: int | None, duration: str) -> tuple[Any, float]:
+def compact_timed(
+    spark, src: str, dest: str, groups: int | None, duration: str, codec: str = "snappy"
+) -> tuple[Any, float]:
     from compactor.job import CompactConfig, compact
 
     shutil.rmtree(dest, ignore_errors=True)
     started = time.perf_counter()
-    result = compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration=duration), spark)
+    config = CompactConfig(source=src, dest=dest, groups=groups, slice_duration=duration, codec=codec)
+    result = compact(config, spark)
     return result, time.perf_counter() - started
 
 
@@ -236,6 +239,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=None, help="the issue's archive (default 2M)")
     ap.add_argument("--big-records", type=int, default=None, help="the >= 1 GB archive (default 7M)")
     ap.add_argument("--groups", type=int, default=64)
+    ap.add_argument("--big-codec", default="null", help="codec of the big archive (null: 7M records make > 1 GB)")
     ap.add_argument("--durations", default="10m,1m,10s")
     ap.add_argument("--latency-ms", type=float, default=30.0)
     ap.add_argument("--cases", default="local,s3,spark,big", help="which of local,s3,spark,big to run")
@@ -292,13 +296,13 @@ def main() -> None:
             )
             n, read_s = fastavro_read(big_src)
             dest = os.path.join(args.dir, "compacted-big")
-            result, compact_s = compact_timed(spark, big_src, dest, args.groups, "1m")
+            result, compact_s = compact_timed(spark, big_src, dest, args.groups, "1m", args.big_codec)
             segments, bound, metadata = objects_bound(dest, DEFAULT_TARGET_BYTES)
             rate, gets = replay_rate(open_storage(dest), 16, big_records)
             big = (n, read_s, result, compact_s, segments, bound, metadata, rate, gets)
             # the --groups default on the same archive, for the rule's justification
             dest = os.path.join(args.dir, "compacted-big-default")
-            default, default_s = compact_timed(spark, big_src, dest, None, "1m")
+            default, default_s = compact_timed(spark, big_src, dest, None, "1m", args.big_codec)
             default_rate, default_gets = replay_rate(open_storage(dest), 16, big_records)
             defaults = (default, default_s, default_rate, default_gets)
     finally:
@@ -371,7 +375,8 @@ def main() -> None:
         n, read_s, result, compact_s, segments, bound, metadata, rate, gets = big
         gb = result.file_bytes / GB
         print(
-            f"\n>= 1 GB archive: {n:,} records, {result.file_bytes / GB:.2f} GB compacted, {args.groups} groups, "
+            f"\n>= 1 GB archive: {n:,} records, {result.file_bytes / GB:.2f} GB compacted ({args.big_codec}), "
+            f"{args.groups} groups, "
             f"1m slices ({result.slices:,}), {result.pieces:,} pieces"
         )
         print(

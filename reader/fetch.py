@@ -11,6 +11,7 @@ out) on its own and its result is dropped.
 
 from __future__ import annotations
 
+import bisect
 import queue
 import threading
 from collections import deque
@@ -23,6 +24,7 @@ import pyarrow as pa
 from keygroups import compacted
 from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError
+from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
 from reader.coalesce import Run
 
@@ -85,6 +87,10 @@ class FetchPool:
 LOOKAHEAD_SLICES = 256  # how far a run may reach past the slice being read
 
 
+def _slice_of(p: Piece) -> int:
+    return p.slice
+
+
 def run_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
     """The largest run a reader fetches: each group holds the run it reads and the next one
     in flight, so 2 x groups runs share the budget, and no run exceeds `get_bytes` (unless
@@ -145,7 +151,7 @@ class PieceFetcher:
         self,
         store: Storage,
         pool: FetchPool,
-        slice_meta: Callable[[int], compacted.SliceMeta],
+        group_pieces: Callable[[int, int], list[Piece]],
         slices: int,
         groups: set[int],
         *,
@@ -154,7 +160,7 @@ class PieceFetcher:
         ahead: bool = True,
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch] = lambda batch, group: batch,
     ) -> None:
-        self.store, self.pool, self.slice_meta, self.slices = store, pool, slice_meta, slices
+        self.store, self.pool, self.group_pieces, self.slices = store, pool, group_pieces, slices
         self.run_bytes, self.part_bytes, self.ahead = run_bytes, part_bytes or (1 << 62), ahead
         self.finish = finish  # applied to a run's records once, e.g. to tag them with their group
         self._runs: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
@@ -167,20 +173,27 @@ class PieceFetcher:
         return self.pool.submit(self.store.read_range, key, start, length)
 
     def _schedule(self, g: int, limit: int) -> None:
-        """Start the GETs of group g's next run, scanning slices up to `limit`."""
+        """Start the GETs of group g's next run, looking at its pieces up to slice `limit`
+        (a block's pieces by group come from the plan: no walk over every slice)."""
         s = self._frontier[g]
         pieces: list[Piece] = []
         while s < limit:
-            piece = self.slice_meta(s).piece_of(g)
-            if piece is not None:
+            block = s // SLICES_PER_ROW_GROUP
+            mine = self.group_pieces(block, g)
+            stop = min(limit, (block + 1) * SLICES_PER_ROW_GROUP)
+            for piece in mine[bisect.bisect_left(mine, s, key=_slice_of) :]:
+                if piece.slice >= stop:
+                    break
                 if pieces and (
                     piece.file != pieces[-1].file
                     or piece.offset != pieces[-1].end
                     or piece.end - pieces[0].offset > self.run_bytes
                 ):
+                    stop = piece.slice
+                    limit = stop  # the run ends before this piece
                     break
                 pieces.append(piece)
-            s += 1
+            s = stop
         self._frontier[g] = s
         if not pieces:
             return

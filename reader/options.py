@@ -17,7 +17,7 @@ class ReplayOptions:
     watermark_bound_ms: int = 0  # B: the watermark after slice s is its end - B
     # Bytes of pieces fetched and not yet emitted, all threads together: each group holds its
     # current run and the next, so runs are read_ahead_bytes / (2 x groups), at most range_bytes.
-    read_ahead_bytes: int = 1 << 30
+    read_ahead_bytes: int = 2 << 30
     range_bytes: int = compacted.GET_BYTES  # the largest GET; 0: a run in one GET, however long
     queue_batches: int | None = None  # batches buffered for the consumer (default 2 x threads, at least 4)
     max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses

@@ -28,6 +28,7 @@ class ReplayPlan:
         else:
             self.thread_of_group = np.zeros(0, np.int32)
         self._blocks: dict[int, list[compacted.SliceMeta]] = {}
+        self._by_group: dict[int, dict[int, list[compacted.Piece]]] = {}  # block -> group -> pieces
         self._lock = threading.Lock()
 
     @property
@@ -39,20 +40,35 @@ class ReplayPlan:
 
     def slice_meta(self, s: int) -> compacted.SliceMeta:
         b = s // SLICES_PER_ROW_GROUP
-        block = self._blocks.get(b)  # a dict read needs no lock: called per piece, by every thread
+        block = self._blocks.get(b)  # a dict read needs no lock: called per slice, by every thread
         if block is None:
-            with self._lock:
-                block = self._blocks.get(b)
-                if block is None:
-                    first = b * SLICES_PER_ROW_GROUP
-                    block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
-                    self._check(block)
-                    blocks = dict(self._blocks)
-                    blocks[b] = block
-                    while len(blocks) > CACHED_BLOCKS:  # the replay moves forward: drop the earliest
-                        del blocks[min(blocks)]
-                    self._blocks = blocks  # replaced whole, so readers never see it half-changed
+            block = self._load(b)[0]
         return block[s - b * SLICES_PER_ROW_GROUP]
+
+    def group_pieces(self, b: int, g: int) -> list[compacted.Piece]:
+        """Group g's pieces in block b (SLICES_PER_ROW_GROUP slices), in slice order."""
+        by_group = self._by_group.get(b)
+        if by_group is None:
+            by_group = self._load(b)[1]
+        return by_group.get(g, [])
+
+    def _load(self, b: int) -> tuple[list[compacted.SliceMeta], dict[int, list[compacted.Piece]]]:
+        with self._lock:
+            if b not in self._blocks:
+                first = b * SLICES_PER_ROW_GROUP
+                block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
+                self._check(block)
+                by_group: dict[int, list[compacted.Piece]] = {}
+                for meta in block:
+                    for p in meta.pieces:
+                        by_group.setdefault(p.group, []).append(p)
+                blocks, groups = dict(self._blocks), dict(self._by_group)
+                blocks[b], groups[b] = block, by_group
+                while len(blocks) > CACHED_BLOCKS:  # the replay moves forward: drop the earliest
+                    oldest = min(blocks)
+                    del blocks[oldest], groups[oldest]
+                self._blocks, self._by_group = blocks, groups  # replaced whole: readers never see half
+            return self._blocks[b], self._by_group[b]
 
     def _check(self, block: list[compacted.SliceMeta]) -> None:
         """Every index row of a block, once when it is loaded, before any GET it leads to."""

@@ -279,7 +279,7 @@ class Replay:
                 PieceFetcher(
                     self.store,
                     self._pool,
-                    self.plan.slice_meta,
+                    self.plan.group_pieces,
                     slices,
                     self.plan.groups_of(t),
                     run_bytes=self._run_bytes,
