@@ -135,13 +135,6 @@ class SliceMeta:
     partitions: list[PartitionRange] = field(default_factory=list)
     pieces: list[Piece] = field(default_factory=list)  # non-empty groups only, by group id
 
-    def piece_of(self, group: int) -> Piece | None:
-        """Group `group`'s piece of this slice, if it has one."""
-        by_group = self.__dict__.get("_by_group")
-        if by_group is None or len(by_group) != len(self.pieces):
-            by_group = self.__dict__["_by_group"] = {p.group: p for p in self.pieces}
-        return by_group.get(group)
-
 
 def crc32c_value(data: bytes) -> int:
     return google_crc32c.value(data)
