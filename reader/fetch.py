@@ -26,7 +26,7 @@ from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
-from reader.coalesce import Run
+from reader.coalesce import checked, parts, span
 
 _STOP = object()
 
@@ -100,10 +100,10 @@ def run_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
 
 
 class _Fetched:
-    """A run in flight: its parts' futures, joined once into bytes."""
+    """A run in flight: the futures of its parts (from byte `start`), joined once into bytes."""
 
-    def __init__(self, run: Run, pieces: list[Piece], futures: list[Future], extra: bool) -> None:
-        self.run, self.pieces, self.futures, self.extra = run, pieces, futures, extra
+    def __init__(self, start: int, pieces: list[Piece], futures: list[Future]) -> None:
+        self.start, self.pieces, self.futures = start, pieces, futures
         self.last_slice = pieces[-1].slice
         self.slices = {p.slice: p for p in pieces}
         self._data: bytes | None = None
@@ -111,20 +111,7 @@ class _Fetched:
 
     def data(self, url: str) -> bytes:
         if self._data is None:
-            data = b"".join(f.result() for f in self.futures)
-            want = self.run.end - self.run.start
-            if len(data) < want:  # name the first piece cut short
-                p = next(q for q in self.pieces if q.end - self.run.start > len(data))
-                raise IntegrityError(
-                    f"{p.where(url)}: the object ends at byte {self.run.start + len(data)}; the index says it "
-                    f"has {p.file_bytes} bytes"
-                )
-            if len(data) > want + self.extra or (self.extra and len(data) > want):
-                p = self.pieces[-1]
-                raise IntegrityError(
-                    f"{p.where(url)}: the object is longer than the {p.file_bytes} bytes the index says"
-                )
-            self._data = data[:want] if self.extra else data
+            self._data = checked(b"".join(f.result() for f in self.futures), self.start, self.pieces, url)
             self.futures = []
         return self._data
 
@@ -135,8 +122,8 @@ class _Fetched:
         (a short slice costs a zero-copy slice); the raw bytes are dropped then."""
         if self._records is None:
             data = self.data(url)
-            head = data[: self.pieces[0].file_header] if self.run.start == 0 else header()
-            whole = finish(compacted.read_run(head, data, self.run.start, self.pieces, url), self.pieces[0].group)
+            head = data[: self.pieces[0].file_header] if self.start == 0 else header()
+            whole = finish(compacted.read_run(head, data, self.start, self.pieces, url), self.pieces[0].group)
             self._records = {p.slice: b for p, b in zip(self.pieces, compacted.split_run(whole, self.pieces))}
             self._data = None
         return self._records
@@ -197,13 +184,9 @@ class PieceFetcher:
         self._frontier[g] = s
         if not pieces:
             return
-        first, last = pieces[0], pieces[-1]
-        start = 0 if first.offset == first.file_header else first.offset  # the header rides along
-        extra = int(last.end == last.file_bytes)  # a byte past the end: an object longer than recorded shows
-        end = last.end + extra
-        step = self.part_bytes
-        futures = [self._submit(first.file, a, min(step, end - a)) for a in range(start, end, step)]
-        self._runs[g].append(_Fetched(Run(first.file, start, last.end, ()), pieces, futures, extra))
+        start, end = span(pieces)
+        futures = [self._submit(pieces[0].file, a, n) for a, n in parts(start, end, self.part_bytes)]
+        self._runs[g].append(_Fetched(start, pieces, futures))
 
     def _fill(self, g: int, s: int) -> None:
         """Group g's runs in flight: the one being read and, with read-ahead, the next."""

@@ -49,7 +49,7 @@ from keygroups import compacted
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
 from keygroups.storage import Storage, open_storage
-from reader.coalesce import runs
+from reader.coalesce import checked, parts, runs, span
 
 NAME = "keyfill"
 SCHEMA_DDL = (
@@ -277,10 +277,8 @@ class _Planner:
         return _headers[key]
 
     def fetch(self, io: ThreadPoolExecutor, run: PieceRun) -> list[Future]:
-        step = compacted.GET_BYTES
-        last = run.pieces[-1]
-        end = run.end + (last.end == last.file_bytes)  # one byte more: an object longer than recorded shows
-        return [io.submit(self.store.read_range, run.file, a, min(step, end - a)) for a in range(run.start, end, step)]
+        _, end = span(run.pieces)
+        return [io.submit(self.store.read_range, run.file, a, n) for a, n in parts(run.start, end, compacted.GET_BYTES)]
 
     def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
         store = self.store
@@ -295,13 +293,7 @@ class _Planner:
                     data = b"".join(f.result() for f in pending.pop(0))
                 except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
                     raise compacted.IntegrityError(f"{run.pieces[0].where(url)}: {exc}") from None
-                want = run.end - run.start
-                if len(data) != want:
-                    p = run.pieces[-1]
-                    if len(data) < want:
-                        p = next(q for q in run.pieces if q.end - run.start > len(data))
-                    problem = "ends early" if len(data) < want else "is longer than the index says"
-                    raise compacted.IntegrityError(f"{p.where(url)}: the object {problem}")
+                data = checked(data, run.start, run.pieces, url)
                 first = run.pieces[0]
                 header = data[: first.file_header] if run.start == 0 else self.header(first)
                 # every piece's length and CRC-32C checked before anything of the run is decoded
@@ -315,8 +307,7 @@ def piece_runs(pieces: list[compacted.Piece]) -> list[PieceRun]:
     out = []
     for r in runs(pieces, compacted.GET_BYTES):
         mine = tuple(pieces[i] for i in r.pieces)
-        start = 0 if mine[0].offset == mine[0].file_header else r.start
-        out.append(PieceRun(r.file, start, r.end, mine))
+        out.append(PieceRun(r.file, span(mine)[0], r.end, mine))
     return out
 
 
