@@ -59,8 +59,7 @@ def write_manifest(
     group_file_bytes = np.bincount(
         pieces.column("group").to_numpy(), weights=pieces.column("length").to_numpy(), minlength=groups
     ).astype(np.int64)
-    files = pc.unique(pieces.column("file"))
-    file_sizes = pc.max(pieces.column("file_bytes")).as_py() if pieces.num_rows else 0
+    sizes = file_sizes(pieces)
     filled = [m for m in metas if m.records]
     manifest = Manifest(
         source={
@@ -90,9 +89,9 @@ def write_manifest(
         totals={
             "records": int(group_records.sum()),
             "payload_bytes": int(group_bytes.sum()),
-            "file_bytes": _file_bytes(pieces),
-            "files": len(files),
-            "largest_file_bytes": int(file_sizes or 0),
+            "file_bytes": sum(sizes),
+            "files": len(sizes),
+            "largest_file_bytes": max(sizes, default=0),
             "pieces": pieces.num_rows,
             "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
             "partitions": len(plan.handoff),
@@ -107,9 +106,8 @@ def write_manifest(
     return manifest
 
 
-def _file_bytes(pieces: pa.Table) -> int:
-    """Bytes of all segment files (headers included): each file's size once."""
+def file_sizes(pieces: pa.Table) -> list[int]:
+    """Each segment file's size (headers included), once per file."""
     if not pieces.num_rows:
-        return 0
-    per_file = pieces.group_by("file").aggregate([("file_bytes", "max")])
-    return int(pc.sum(per_file.column("file_bytes_max")).as_py())
+        return []
+    return pieces.group_by("file").aggregate([("file_bytes", "max")]).column("file_bytes_max").to_pylist()

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.commit import group_sums, write_manifest
+from compactor.commit import file_sizes, group_sums, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
 from compactor.destination import check_destination, clear_destination
 from compactor.rewrite import run_rewrite
@@ -122,7 +122,6 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     phase("commit", t)
 
     group_bytes = group_sums(assignment, "bytes", groups)
-    file_sizes = pieces.group_by("file").aggregate([("file_bytes", "max")]).column("file_bytes_max").to_pylist()
     return CompactResult(
         dest=dest.url,
         records=manifest.totals["records"],
@@ -137,7 +136,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         max_group_bytes=int(group_bytes.max()),
         mean_group_bytes=float(group_bytes.mean()),
         seconds=time.perf_counter() - started,
-        replay_gets=compacted.replay_gets(file_sizes),
+        replay_gets=compacted.replay_gets(file_sizes(pieces)),
         get_bytes=compacted.GET_BYTES,
         phases=phases,
     )

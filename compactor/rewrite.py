@@ -88,19 +88,28 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer: SegmentWriter | None = None
-        current: tuple[int, int] | None = None
+        current: tuple[int, int] | None = None  # (group, slice) of `rows`
         rows: list[pa.RecordBatch] = []
-        done = 0  # pieces of `writer` already yielded
-        closed = 0  # files of the task's earlier writers
+        earlier_files = 0  # of this task's closed writers, for the test hook
+
+        def written(close: bool = False) -> Iterator[pa.RecordBatch]:
+            """Index rows of the pieces in files written since the last call (with `close`,
+            the group's last file too)."""
+            nonlocal earlier_files
+            if close:
+                writer.close()
+            new = writer.take()
+            if new:
+                yield piece_index.piece_table(new).cast(_SPARK_PIECES).to_batches()[0]
+            files = earlier_files + len(writer.files)
+            if close:
+                earlier_files = files
+            if fail_after is not None and files >= fail_after:
+                raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
 
         def add() -> Iterator[pa.RecordBatch]:
-            nonlocal done
             writer.add(current[1], _envelope(pa.Table.from_batches(rows).combine_chunks().to_batches()[0]))
-            if len(writer.pieces) > done:
-                yield from _rest(writer, done)
-                done = len(writer.pieces)
-                if fail_after is not None and len(writer.files) + closed >= fail_after:
-                    raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
+            yield from written()
 
         for batch in batches:
             if batch.num_rows == 0:
@@ -113,28 +122,18 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
                 if here != current:
                     if rows:
                         yield from add()
-                    if current is None or here[0] != current[0]:
+                    if current is None or here[0] != current[0]:  # a new group: a writer of its own
                         if writer is not None:
-                            writer.close()
-                            yield from _rest(writer, done)
-                            closed += len(writer.files)
-                            if fail_after is not None and closed >= fail_after:
-                                raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
-                        writer, done = (
-                            SegmentWriter(
-                                dest, here[0], codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
-                            ),
-                            0,
+                            yield from written(close=True)
+                        writer = SegmentWriter(
+                            dest, here[0], codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
                         )
                     current, rows = here, []
                 rows.append(batch.slice(a, b - a))
         if rows:
             yield from add()
         if writer is not None:
-            writer.close()
-            yield from _rest(writer, done)
-            if fail_after is not None and closed + len(writer.files) >= fail_after:
-                raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
+            yield from written(close=True)
 
     return run
 
@@ -146,12 +145,6 @@ _SPARK_DDL = ", ".join(
     for f in _SPARK_PIECES
     for ddl in [{pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}[f.type]]
 )
-
-
-def _rest(writer: SegmentWriter, done: int) -> Iterator[pa.RecordBatch]:
-    """The index rows of the pieces written since the first `done`."""
-    if len(writer.pieces) > done:
-        yield piece_index.piece_table(writer.pieces[done:]).cast(_SPARK_PIECES).to_batches()[0]
 
 
 def run_rewrite(

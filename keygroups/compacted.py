@@ -108,8 +108,14 @@ class Piece:
     def end(self) -> int:
         return self.offset + self.length
 
-    def check(self, url: str) -> None:
-        """An index row that cannot be right is named before any GET is made."""
+    def check(self, url: str, groups: int) -> None:
+        """An index row that cannot be right is named before any GET is made (`groups`: the
+        manifest's group count; a piece of another group would belong to no reader and be
+        skipped without a word)."""
+        if not 0 <= self.group < groups:
+            raise FormatError(
+                f"{url} (slice {self.slice}): group {self.group} is not one of the manifest's {groups} groups"
+            )
         if not (0 < self.file_header <= self.offset and self.length > 0 and self.end <= self.file_bytes):
             raise FormatError(
                 f"{self.where(url)}: index row outside its file (header {self.file_header} bytes, file "
@@ -145,43 +151,9 @@ def crc32c(data: bytes) -> str:
     return f"{crc32c_value(data):08x}"
 
 
-def checked_records(
-    data: bytes, *, header: bytes = b"", length: int, crc: str, records: int, where: str, recorded_in: str, name: str
-) -> pa.RecordBatch:
-    """Records of `data` (whole blocks; after `header` when it is not a whole file), once
-    its length and CRC-32C match what `recorded_in` says; the record count after decoding.
-    Raises IntegrityError naming `where`."""
-    if len(data) != length:
-        raise IntegrityError(f"{where}: {len(data)} bytes, {recorded_in} records {length}")
-    if crc32c(data) != crc:
-        raise IntegrityError(f"{where}: CRC-32C differs from {recorded_in} (file corrupted or replaced)")
-    try:
-        _, batch = envelope.decode_avro(header + data if header else data, name=name)
-    except envelope.CorruptFile as exc:
-        raise IntegrityError(f"{where}: {exc}") from None
-    if batch.num_rows != records:
-        raise IntegrityError(f"{where}: {batch.num_rows} records, {recorded_in} records {records}")
-    return batch
-
-
 def read_piece(header: bytes, data: bytes, piece: Piece, url: str) -> pa.RecordBatch:
-    """A piece's records from its file's header and its bytes, checked against its index row
-    (length, CRC-32C, record count) before any of it is used: damage is named, not delivered.
-
-    CRC-32C, not SHA-256: SHA-256 took 7-17% of replay throughput at 4 threads on 2 cores
-    (bench/bench_integrity.py), CRC-32C runs at 14+ GB/s in hardware. With length and record
-    count also checked it catches corruption and misplaced bytes; it is not a defence
-    against deliberate tampering."""
-    return checked_records(
-        data,
-        header=header,
-        length=piece.length,
-        crc=f"{piece.crc32c:08x}",
-        records=piece.records,
-        where=piece.where(url),
-        recorded_in="the index",
-        name=url,
-    )
+    """One piece's records from its file's header and its bytes: `read_run` of that piece."""
+    return read_run(header, data, piece.offset, [piece], url)
 
 
 def read_run(header: bytes, data: bytes, start: int, pieces: list[Piece], url: str) -> pa.RecordBatch:
@@ -190,7 +162,12 @@ def read_run(header: bytes, data: bytes, start: int, pieces: list[Piece], url: s
     pass: a short slice costs a CRC and a zero-copy slice, not a decode of its own.
 
     Every piece's length and CRC-32C are checked before anything is decoded, and the run's
-    record count after: damage is named (file, byte range, slice, group), never delivered."""
+    record count after: damage is named (file, byte range, slice, group), never delivered.
+
+    CRC-32C, not SHA-256: SHA-256 took 7-17% of replay throughput at 4 threads on 2 cores
+    (bench/bench_integrity.py), CRC-32C runs at 14+ GB/s in hardware. With length and record
+    count also checked it catches corruption and misplaced bytes; it is not a defence
+    against deliberate tampering."""
     if not pieces:
         return envelope.empty_batch()
     for p in pieces:
@@ -206,10 +183,12 @@ def read_run(header: bytes, data: bytes, start: int, pieces: list[Piece], url: s
         raise IntegrityError(f"{first.where(url)}: {exc}") from None
     expected = sum(p.records for p in pieces)
     if batch.num_rows != expected:
-        raise IntegrityError(
-            f"{url} bytes {first.offset}..{last.end} (slices {first.slice}..{last.slice}, group {first.group}): "
-            f"{batch.num_rows} records, the index records {expected}"
+        where = (
+            first.where(url)
+            if first is last
+            else f"{url} bytes {first.offset}..{last.end} (slices {first.slice}..{last.slice}, group {first.group})"
         )
+        raise IntegrityError(f"{where}: {batch.num_rows} records, the index records {expected}")
     return batch
 
 

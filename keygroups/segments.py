@@ -56,6 +56,7 @@ class SegmentWriter:
         self._size = 0
         self._header = 0
         self._last_slice = -1
+        self._taken = 0
 
     def add(self, s: int, batch: pa.RecordBatch) -> None:
         """Append slice s's records of this group (slices strictly increasing); an empty
@@ -105,6 +106,13 @@ class SegmentWriter:
             self.files.append(self._key)
             self.pieces += [dataclasses.replace(p, file_bytes=self._size) for p in self._open]
             self._open, self._parts, self._size = [], [], 0
+
+    def take(self) -> list[Piece]:
+        """The pieces of files written since the last call: what a streaming caller can
+        index now."""
+        new = self.pieces[self._taken :]
+        self._taken = len(self.pieces)
+        return new
 
     def close(self) -> list[Piece]:
         """Write the last file; the pieces written, in slice order."""

@@ -74,11 +74,6 @@ class ReplayPlan:
         """Every index row of a block, once when it is loaded, before any GET it leads to."""
         for meta in block:
             for p in meta.pieces:
-                p.check(self.store.url_for(p.file))
-                if not 0 <= p.group < len(self.thread_of_group):  # no thread would read it: lost without a word
-                    raise FormatError(
-                        f"{self.store.url_for(p.file)} (slice {meta.slice}): group {p.group} is not one of the "
-                        f"manifest's {len(self.thread_of_group)} groups"
-                    )
+                p.check(self.store.url_for(p.file), self.manifest.groups)
             if meta.start_ms != self.manifest.bounds(meta.slice)[0]:
                 raise FormatError(f"{self.store.url}: slice {meta.slice} of the index does not match the manifest")

@@ -120,7 +120,8 @@ class Replay:
             cp = Checkpoint.from_json(resume)
             cp.check(self.manifest, self.store.url)
             self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
-        self._skip = dict(self._emitted)  # records to drop at the start of each group's piece
+        # records to drop at the start of each group's piece of the slice the replay resumes in
+        self._skip, self._skip_slice = dict(self._emitted), self._slice
         self._gate = SliceGate(
             opts.threads, self._slice, self._stop, lambda s: self._queue.put(_SliceComplete(s), force=True)
         )
@@ -174,10 +175,10 @@ class Replay:
                     # Everyone declares where its slice starts before anyone emits: a thread that
                     # began late would otherwise join below a bound the others already used.
                     self._barrier.wait()
-                    self._paced(t, fetcher, s, own, first)
+                    self._paced(t, fetcher, s, own)
                     self.pacer.end_slice(t)
                 else:
-                    self._streamed(t, fetcher, s, own, first)
+                    self._streamed(t, fetcher, s, own)
                     self.pacer.end_slice(t)
                 self._gate.finish(s, s + 1)
                 unmarked = s + 1
@@ -189,7 +190,7 @@ class Replay:
             self._queue.put(_Failed(exc), force=True)
             self._barrier.abort()
 
-    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], first: int) -> None:
+    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """A slice's pieces, handed over in bundles of about batch_size records as they are
         read (decoding overlaps consuming); the seed's proportional sleeps, if chosen, between
         batches."""
@@ -201,7 +202,7 @@ class Replay:
         for p in own:
             if self._stop.is_set():
                 return
-            batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
+            batch = self._read(fetcher, p)
             n = batch.num_rows
             if not n:  # all of it emitted before the checkpoint this replay resumed from
                 continue
@@ -227,7 +228,7 @@ class Replay:
         if bundle:
             self._hand_over(t, bundle, ts)
 
-    def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], first: int) -> None:
+    def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its
         own order), so its event time only moves forward within the slice, each batch waiting
         while the thread is too far ahead of the slowest."""
@@ -235,7 +236,7 @@ class Replay:
         for p in own:
             if self._stop.is_set():
                 return
-            batch = self._read(fetcher, p, skip=self._skip.get(p.group, 0) if s == first else 0)
+            batch = self._read(fetcher, p)
             runs.append(
                 [
                     (ts, p.group, i, Records(batch.slice(a, b - a), s, p.group))
@@ -251,15 +252,16 @@ class Replay:
         self._queue.put(_Bundle(tuple(records)))
         self.pacer.advance(t, ts, records[-1].group)
 
-    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, skip: int) -> pa.RecordBatch:
-        """The piece's records after `skip`, tagged with their group; checked against the
-        index before any of them is emitted."""
+    def _read(self, fetcher: PieceFetcher, p: compacted.Piece) -> pa.RecordBatch:
+        """The piece's records not yet emitted before the checkpoint resumed from, tagged with
+        their group; checked against the index before any of them is emitted."""
         try:
             batch = fetcher.read(p)
         except compacted.FormatError as exc:
             raise ReplayError(str(exc)) from exc
         except BaseException as exc:
             raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
+        skip = self._skip.get(p.group, 0) if p.slice == self._skip_slice else 0
         if skip > batch.num_rows:
             where = p.where(self.store.url_for(p.file))
             raise ReplayError(

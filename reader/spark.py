@@ -243,12 +243,7 @@ class _Planner:
         table = self.index.piece_rows(first, end)
         for row in table.to_pylist():
             p = compacted.Piece(**row)
-            p.check(self.store.url_for(p.file))
-            if not 0 <= p.group < self.manifest.groups:
-                raise compacted.FormatError(
-                    f"{self.store.url_for(p.file)} (slice {p.slice}): group {p.group} is not one of the manifest's "
-                    f"{self.manifest.groups} groups"
-                )
+            p.check(self.store.url_for(p.file), self.manifest.groups)
             by_group.setdefault(p.group, []).append(p)
         groups = sorted(by_group)
         if not groups:
