@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,7 +88,7 @@ class PartitionRange:
     max_timestamp: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Piece:
     """One group's records of one slice: bytes [offset, offset + length) of a segment file,
     whole Avro blocks. A row of the piece index."""
@@ -108,21 +109,23 @@ class Piece:
     def end(self) -> int:
         return self.offset + self.length
 
-    def check(self, url: str, groups: int) -> None:
+    def check(self, groups: int, url_for: Callable[[str], str]) -> None:
         """An index row that cannot be right is named before any GET is made (`groups`: the
         manifest's group count; a piece of another group would belong to no reader and be
-        skipped without a word)."""
+        skipped without a word). `url_for` names the file, called only for a bad row: this
+        runs for every piece a reader loads."""
         if not 0 <= self.group < groups:
             raise FormatError(
-                f"{url} (slice {self.slice}): group {self.group} is not one of the manifest's {groups} groups"
+                f"{url_for(self.file)} (slice {self.slice}): group {self.group} is not one of the manifest's "
+                f"{groups} groups"
             )
         if not (0 < self.file_header <= self.offset and self.length > 0 and self.end <= self.file_bytes):
             raise FormatError(
-                f"{self.where(url)}: index row outside its file (header {self.file_header} bytes, file "
-                f"{self.file_bytes} bytes)"
+                f"{self.where(url_for(self.file))}: index row outside its file (header {self.file_header} bytes, "
+                f"file {self.file_bytes} bytes)"
             )
         if self.records < 1:
-            raise FormatError(f"{self.where(url)}: a piece of {self.records} records")
+            raise FormatError(f"{self.where(url_for(self.file))}: a piece of {self.records} records")
 
     def where(self, url: str) -> str:
         """How errors name a piece: its file, byte range, slice and group."""
@@ -178,7 +181,7 @@ def read_run(header: bytes, data: bytes, start: int, pieces: list[Piece], url: s
             raise IntegrityError(f"{p.where(url)}: CRC-32C differs from the index (file corrupted or replaced)")
     first, last = pieces[0], pieces[-1]
     try:
-        _, batch = envelope.decode_avro(header + data[first.offset - start : last.end - start], name=url)
+        _, batch = envelope.decode_avro(header + data[first.offset - start : last.end - start], name=url, verified=True)
     except envelope.CorruptFile as exc:
         raise IntegrityError(f"{first.where(url)}: {exc}") from None
     expected = sum(p.records for p in pieces)

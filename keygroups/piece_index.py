@@ -74,7 +74,8 @@ PIECE_SCHEMA = pa.schema(
 
 
 def piece_table(pieces: list[Piece]) -> pa.Table:
-    return pa.Table.from_pylist([p.__dict__ for p in pieces], schema=PIECE_SCHEMA)
+    columns = [[getattr(p, f.name) for p in pieces] for f in PIECE_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=PIECE_SCHEMA)
 
 
 def slice_table(metas: list[SliceMeta]) -> pa.Table:
@@ -92,25 +93,35 @@ def slice_table(metas: list[SliceMeta]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SLICE_SCHEMA)
 
 
+def _columns(table: pa.Table) -> list[list]:
+    """A table's columns as Python lists: column by column, several times faster than
+    row dicts (`to_pylist`), which made loading a short-slice index cost more than reading it."""
+    return [
+        col.to_pylist() if pa.types.is_string(col.type) or pa.types.is_list(col.type) else col.to_numpy().tolist()
+        for col in table.columns
+    ]
+
+
 def slice_metas(slices: pa.Table, pieces: pa.Table) -> list[SliceMeta]:
     """Index rows as readers use them: one SliceMeta per slice row, with its pieces."""
+    number, start, end, records, size, partitions = _columns(slices.select([f.name for f in SLICE_SCHEMA]))
     metas = [
         SliceMeta(
-            slice=r["slice"],
-            start_ms=r["start_ms"],
-            end_ms=r["end_ms"],
-            records=r["records"],
-            bytes=r["bytes"],
-            partitions=[PartitionRange(**p) for p in r["partitions"]],
+            slice=s,
+            start_ms=a,
+            end_ms=b,
+            records=n,
+            bytes=z,
+            partitions=[PartitionRange(**r) for r in ranges],
         )
-        for r in slices.to_pylist()
+        for s, a, b, n, z, ranges in zip(number, start, end, records, size, partitions)
     ]
     at = {m.slice: m for m in metas}
-    for row in pieces.to_pylist():
-        meta = at.get(row["slice"])
+    for row in zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA]))):
+        meta = at.get(row[0])
         if meta is None:
-            raise FormatError(f"index: a piece of slice {row['slice']}, which the slice index does not list")
-        meta.pieces.append(Piece(**row))
+            raise FormatError(f"index: a piece of slice {row[0]}, which the slice index does not list")
+        meta.pieces.append(Piece(*row))
     return metas
 
 

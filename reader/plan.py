@@ -74,6 +74,6 @@ class ReplayPlan:
         """Every index row of a block, once when it is loaded, before any GET it leads to."""
         for meta in block:
             for p in meta.pieces:
-                p.check(self.store.url_for(p.file), self.manifest.groups)
+                p.check(self.manifest.groups, self.store.url_for)
             if meta.start_ms != self.manifest.bounds(meta.slice)[0]:
                 raise FormatError(f"{self.store.url}: slice {meta.slice} of the index does not match the manifest")

@@ -1,14 +1,13 @@
-"""Barrier-synchronised multithreaded replay of a compacted archive.
+"""Multithreaded replay of a compacted archive, in slice lockstep for the consumer only.
 
-T threads share the G key groups (balanced by bytes: `reader.plan`). For each slice every
-thread reads and decodes its groups' pieces (`reader.fetch`: runs of upcoming pieces are
-already in flight), puts record batches on one bounded queue, then marks the slice done;
-the last thread's mark queues the slice's watermark. The queue is FIFO and nobody emits
-slice s + 1 before everyone has finished slice s (`reader.slice_gate`, a barrier waited on
-only by threads with records in the next slice), so every record of slice s reaches the
+T threads share the G key groups (balanced by bytes: `reader.plan`). Every thread reads and
+decodes its groups' pieces slice after slice (`reader.fetch`: runs of upcoming pieces are
+already in flight) and hands its records over on a FIFO of its own, bundled across slices.
+The consumer takes slice s's records from every thread's FIFO and yields the watermark of s
+once every thread is past s (`reader.slice_merge`), so every record of slice s reaches the
 consumer before the watermark of s and before any record of s + 1 (DESIGN.md invariants
-1-4). Inside a slice `reader.pacing` bounds how far threads drift
-apart in event time; `reader.checkpoint` is the position the consumer can resume from.
+1-4), and no thread waits for another. Inside a slice `reader.pacing` bounds how far threads
+drift apart in event time; `reader.checkpoint` is the position the consumer can resume from.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ from reader.fetch import FetchPool, PieceFetcher, run_bytes
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
-from reader.slice_gate import SliceGate
-from reader.stoppable_queue import StoppableQueue
+from reader.slice_merge import SliceMerge, ThreadFailed
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
@@ -65,24 +63,25 @@ class ReplayError(KeyfillError, RuntimeError):
     """A read, check or decode failed in a replay thread; names the file, slice and group."""
 
 
-@dataclass(frozen=True)
-class _SliceComplete:
-    """Every thread has queued all its records of `slice`."""
+class _Outbox:
+    """A replay thread's records not yet handed over: bundled across slices up to about
+    batch_size records, so a run of short slices costs one hand-off, not one per slice or piece."""
 
-    slice: int
+    def __init__(self, merge: SliceMerge, t: int, size: int) -> None:
+        self.merge, self.t, self.size = merge, t, size
+        self.records: list[Records] = []
+        self.rows = 0
 
+    def add(self, records: list[Records], rows: int) -> bool:
+        """True when the bundle is full."""
+        self.records += records
+        self.rows += rows
+        return self.rows >= self.size
 
-@dataclass(frozen=True)
-class _Bundle:
-    """Several Records handed over as one queue item: a slice of short pieces costs one
-    hand-off between threads, not one per piece."""
-
-    records: tuple[Records, ...]
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: BaseException
+    def flush(self, through: int) -> None:
+        """Hand the bundle over; `through`: the first slice this thread has not finished."""
+        self.merge.put(self.t, self.records, through)
+        self.records, self.rows = [], 0
 
 
 class Replay:
@@ -104,7 +103,7 @@ class Replay:
         self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self.plan.group_bytes, self._stop)
-        self._queue = StoppableQueue(opts.queue_size, self._stop)
+        self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop)
         self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(2, opts.threads))
         self._run_bytes = run_bytes(opts.read_ahead_bytes, self.manifest.groups, opts.range_bytes)
@@ -122,9 +121,6 @@ class Replay:
             self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
         # records to drop at the start of each group's piece of the slice the replay resumes in
         self._skip, self._skip_slice = dict(self._emitted), self._slice
-        self._gate = SliceGate(
-            opts.threads, self._slice, self._stop, lambda s: self._queue.put(_SliceComplete(s), force=True)
-        )
 
     @property
     def gets(self) -> int:
@@ -158,18 +154,17 @@ class Replay:
         mine = plan.groups_of(t)
         fetcher = self._fetchers[t]
         drift = self.pacer.max_drift_ms is not None
-        unmarked = first  # slices [unmarked, s) are finished here and not yet marked at the gate
+        out = _Outbox(self._merge, t, self.options.batch_size)
         try:
             for s in range(first, plan.slices):
                 own = [p for p in plan.slice_meta(s).pieces if p.group in mine]
                 if not own and not drift:
-                    continue  # nothing to emit: marked done before this thread next waits, or at the end
+                    continue  # nothing to emit: the next hand-off says this thread is past s
                 fetcher.prefetch(s)
-                if unmarked < s:
-                    self._gate.finish(unmarked, s)
                 if drift:
-                    if not self._gate.wait_for(s):
-                        return
+                    # No thread declares where slice s starts before every thread has finished
+                    # s - 1: the pacer would hold a thread of s - 1 back against it.
+                    self._barrier.wait()
                     if own:  # event time starts at the earliest record it will emit, known from the index
                         self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
                     # Everyone declares where its slice starts before anyone emits: a thread that
@@ -177,27 +172,24 @@ class Replay:
                     self._barrier.wait()
                     self._paced(t, fetcher, s, own)
                     self.pacer.end_slice(t)
+                    # every thread meets at every slice's barrier: say at once this one is past s
+                    if not self._merge.put(t, [], s + 1):
+                        return
                 else:
-                    self._streamed(t, fetcher, s, own)
+                    self._streamed(t, fetcher, s, own, out)
                     self.pacer.end_slice(t)
-                self._gate.finish(s, s + 1)
-                unmarked = s + 1
-            if unmarked < plan.slices:
-                self._gate.finish(unmarked, plan.slices)
+            out.flush(plan.slices)
         except threading.BrokenBarrierError:
             return
         except BaseException as exc:  # surfaces in the consumer
-            self._queue.put(_Failed(exc), force=True)
+            self._merge.fail(exc)
             self._barrier.abort()
 
-    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
-        """A slice's pieces, handed over in bundles of about batch_size records as they are
-        read (decoding overlaps consuming); the seed's proportional sleeps, if chosen, between
-        batches."""
+    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], out: _Outbox) -> None:
+        """A slice's pieces into the thread's outbox, handed over in bundles of about
+        batch_size records (decoding overlaps consuming); the seed's proportional sleeps, if
+        chosen, between batches."""
         size = self.options.batch_size
-        bundle: list[Records] = []
-        rows, ts = 0, 0
-        opened = False  # the first batch is read and decoded before waiting for the others
         self.pacer.begin_slice(t, min(p.min_timestamp for p in own))  # for the spread statistic
         for p in own:
             if self._stop.is_set():
@@ -211,22 +203,14 @@ class Replay:
                 if n <= size
                 else [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
             )
-            if not opened:
-                if not self._gate.wait_for(s):
-                    return
-                opened = True
             if self.pacer.proportional:
                 for r in parts:
-                    self._queue.put(r)
+                    out.add([r], 0)
+                    out.flush(s)
                     self.pacer.advance(t, p.max_timestamp, p.group)
-                continue
-            bundle += parts
-            rows, ts = rows + n, max(ts, p.max_timestamp)
-            if rows >= size:
-                self._hand_over(t, bundle, ts)
-                bundle, rows = [], 0
-        if bundle:
-            self._hand_over(t, bundle, ts)
+            elif out.add(parts, n):
+                out.flush(s)
+                self.pacer.advance(t, p.max_timestamp, p.group)
 
     def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its
@@ -245,12 +229,9 @@ class Replay:
             )
         for ts, _, _, records in heapq.merge(*runs):
             self.pacer.pace(t, ts)
-            self._queue.put(records)
+            if not self._merge.put(t, [records], s):
+                return
             self.pacer.advance(t, ts, records.group)
-
-    def _hand_over(self, t: int, records: list[Records], ts: int) -> None:
-        self._queue.put(_Bundle(tuple(records)))
-        self.pacer.advance(t, ts, records[-1].group)
 
     def _read(self, fetcher: PieceFetcher, p: compacted.Piece) -> pa.RecordBatch:
         """The piece's records not yet emitted before the checkpoint resumed from, tagged with
@@ -295,25 +276,23 @@ class Replay:
             w.start()
             self._workers.append(w)
         while self._slice < slices:
-            item = self._queue.get()
-            if isinstance(item, Records):
-                self._emitted[item.group] = self._emitted.get(item.group, 0) + item.batch.num_rows
-                yield item
-            elif isinstance(item, _Bundle):
-                for records in item.records:
+            s = self._slice
+            try:
+                for records in self._merge.records(s):
                     self._emitted[records.group] = self._emitted.get(records.group, 0) + records.batch.num_rows
                     yield records
-            elif isinstance(item, _SliceComplete):
-                mark = self.manifest.bounds(item.slice)[1] - self.options.watermark_bound_ms
-                self._slice = item.slice + 1
-                self._emitted = {}
-                self._watermark = mark
-                yield Watermark(mark, item.slice)
-            elif isinstance(item, _Failed):
+            except ThreadFailed as failed:
                 self.close()
-                if isinstance(item.error, ReplayError):
-                    raise item.error
-                raise ReplayError(str(item.error)) from item.error
+                if isinstance(failed.error, ReplayError):
+                    raise failed.error from None
+                raise ReplayError(str(failed.error)) from failed.error
+            if self._stop.is_set():
+                return
+            mark = self.manifest.bounds(s)[1] - self.options.watermark_bound_ms
+            self._slice = s + 1
+            self._emitted = {}
+            self._watermark = mark
+            yield Watermark(mark, s)
 
     def close(self) -> None:
         """Stop all threads promptly (about a second at most, whatever they are doing);
@@ -321,7 +300,6 @@ class Replay:
         its request times out, and emits nothing more."""
         self._stop.set()
         self._barrier.abort()
-        self._queue.drain()
         self._pool.shutdown()
         deadline = time.monotonic() + 1.0
         for w in self._workers:

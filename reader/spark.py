@@ -243,7 +243,7 @@ class _Planner:
         table = self.index.piece_rows(first, end)
         for row in table.to_pylist():
             p = compacted.Piece(**row)
-            p.check(self.store.url_for(p.file), self.manifest.groups)
+            p.check(self.manifest.groups, self.store.url_for)
             by_group.setdefault(p.group, []).append(p)
         groups = sorted(by_group)
         if not groups:

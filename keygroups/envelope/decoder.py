@@ -184,12 +184,13 @@ def _decode_records(buf, starts, ends, counts):
     )
 
 
-def decode_avro(data: bytes, *, name: str = "<bytes>") -> tuple[dict[str, str], pa.RecordBatch]:
+def decode_avro(data: bytes, *, name: str = "<bytes>", verified: bool = False) -> tuple[dict[str, str], pa.RecordBatch]:
     """Metadata and records of an envelope Avro file as one Arrow batch, decoded by compiled
     loops; same result as `read_avro_batch` (the fastavro reference), about 10x faster. The
     container framing and the records are parsed with the GIL released; the batch's buffers
-    are exactly as large as its data (none of them is a view on `data`)."""
-    blocks = read_blocks(data, name)
+    are exactly as large as its data (none of them is a view on `data`). `verified`: the
+    caller checked `data`'s blocks against its own checksum (`framing.decompress`)."""
+    blocks = read_blocks(data, name, verified=verified)
     meta = text_metadata(blocks.meta, name)
     if normal_type(blocks.schema(name)) != ENVELOPE_SHAPE:
         raise CorruptFile(f"{name}: Avro schema is not the keyfill envelope schema")
