@@ -173,11 +173,12 @@ def read_run(header: bytes, data: bytes, start: int, pieces: list[Piece], url: s
     against deliberate tampering."""
     if not pieces:
         return envelope.empty_batch()
+    crc = google_crc32c.value  # bytes only (no memoryview): each piece is copied out, cheaply
     for p in pieces:
-        chunk = data[p.offset - start : p.end - start]
+        chunk = data[p.offset - start : p.offset - start + p.length]
         if len(chunk) != p.length:
             raise IntegrityError(f"{p.where(url)}: {len(chunk)} bytes, the index records {p.length}")
-        if crc32c_value(chunk) != p.crc32c:
+        if crc(chunk) != p.crc32c:
             raise IntegrityError(f"{p.where(url)}: CRC-32C differs from the index (file corrupted or replaced)")
     first, last = pieces[0], pieces[-1]
     try:

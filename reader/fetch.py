@@ -99,15 +99,24 @@ def run_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
     return max(1, min(get_bytes or share, share)) if read_ahead_bytes else 1
 
 
+# A fetched run is decoded a step of about this many bytes at a time, as its pieces are read:
+# the decoded records a group holds stay small whatever the run's length (a run is up to
+# range_bytes, and decoded records are several times their compressed bytes), and a thread
+# alternates decoding (GIL released) with handing pieces over (GIL held).
+DECODE_BYTES = 1 << 20
+
+
 class _Fetched:
-    """A run in flight: the futures of its parts (from byte `start`), joined once into bytes."""
+    """A run in flight: the futures of its parts (from byte `start`), joined once into bytes
+    and decoded in steps of about DECODE_BYTES."""
 
     def __init__(self, start: int, pieces: list[Piece], futures: list[Future]) -> None:
         self.start, self.pieces, self.futures = start, pieces, futures
         self.last_slice = pieces[-1].slice
         self.slices = {p.slice: p for p in pieces}
         self._data: bytes | None = None
-        self._records: dict[int, pa.RecordBatch] | None = None
+        self._records: dict[int, pa.RecordBatch] = {}  # decoded and not yet read, by slice
+        self._decoded = 0  # pieces decoded so far
 
     def data(self, url: str) -> bytes:
         if self._data is None:
@@ -115,18 +124,33 @@ class _Fetched:
             self.futures = []
         return self._data
 
-    def records(
-        self, url: str, header: Callable[[], bytes], finish: Callable[[pa.RecordBatch, int], pa.RecordBatch]
-    ) -> dict[int, pa.RecordBatch]:
-        """Each piece's records by slice, the whole run checked, decoded and `finish`ed once
-        (a short slice costs a zero-copy slice); the raw bytes are dropped then."""
-        if self._records is None:
-            data = self.data(url)
-            head = data[: self.pieces[0].file_header] if self.start == 0 else header()
-            whole = finish(compacted.read_run(head, data, self.start, self.pieces, url), self.pieces[0].group)
-            self._records = {p.slice: b for p, b in zip(self.pieces, compacted.split_run(whole, self.pieces))}
+    def take(
+        self,
+        s: int,
+        url: str,
+        header: Callable[[], bytes],
+        finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
+    ) -> pa.RecordBatch:
+        """The records of the run's piece of slice s (each piece is taken once), decoding the
+        next step of pieces if they are not decoded yet: a step is checked, decoded and
+        `finish`ed at once, so a short slice costs a zero-copy slice, not a decode."""
+        batch = self._records.pop(s, None)
+        if batch is not None:
+            return batch
+        data = self.data(url)
+        pieces, i = self.pieces, self._decoded
+        j, size = i + 1, pieces[i].length
+        while j < len(pieces) and size + pieces[j].length <= DECODE_BYTES:
+            size += pieces[j].length
+            j += 1
+        step = pieces[i:j]
+        head = data[: pieces[0].file_header] if self.start == 0 else header()
+        whole = finish(compacted.read_run(head, data, self.start, step, url), pieces[0].group)
+        self._records.update((p.slice, b) for p, b in zip(step, compacted.split_run(whole, step)))
+        self._decoded = j
+        if j == len(pieces):
             self._data = None
-        return self._records
+        return self._records.pop(s)
 
 
 class PieceFetcher:
@@ -153,6 +177,7 @@ class PieceFetcher:
         self._runs: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for runs
         self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
+        self._wake = 0  # prefetch has nothing to start before this slice (the look-ahead limit holds all back)
         self.gets = 0
 
     def _submit(self, key: str, start: int, length: int) -> Future:
@@ -194,9 +219,16 @@ class PieceFetcher:
         runs = self._runs[g]
         while len(runs) < (2 if self.ahead else 1) and self._frontier[g] < limit:
             self._schedule(g, limit)
+        if len(runs) < 2 and self._frontier[g] < self.slices:  # held back by the look-ahead limit only
+            self._wake = min(self._wake, self._frontier[g] - LOOKAHEAD_SLICES + 1)
 
     def prefetch(self, s: int) -> None:
-        """Make sure every group of this thread has its runs from slice s on in flight."""
+        """Make sure every group of this thread has its runs from slice s on in flight.
+        Called per slice: returns at once until the look-ahead limit lets a run start (a
+        run's end starts the next one from `read`)."""
+        if s < self._wake:
+            return
+        self._wake = self.slices
         for g in self._runs:
             self._frontier.setdefault(g, s)
             self._fill(g, s)
@@ -226,12 +258,12 @@ class PieceFetcher:
         if planned is not p and planned != p:  # the same object, unless its index block was reloaded
             url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
-        records = fetched._records
-        if records is None:
+        batch = fetched._records.pop(p.slice, None)
+        if batch is None:
             url = self.store.url_for(p.file)
-            records = fetched.records(url, lambda: self._header(p, url), self.finish)
+            batch = fetched.take(p.slice, url, lambda: self._header(p, url), self.finish)
         if p.slice == fetched.last_slice:
             runs.popleft()
             if self.ahead:
                 self._fill(p.group, p.slice + 1)
-        return records[p.slice]
+        return batch

@@ -22,6 +22,7 @@ class ReplayPlan:
         self.store = store
         self.manifest = manifest
         self.index = PieceIndex(store, manifest.slices)
+        self.threads = threads
         self.group_bytes = np.asarray(manifest.group_file_bytes, dtype=np.int64)
         if len(self.group_bytes):
             self.thread_of_group = keygroups.assign_threads(self.group_bytes, threads)
@@ -29,6 +30,7 @@ class ReplayPlan:
             self.thread_of_group = np.zeros(0, np.int32)
         self._blocks: dict[int, list[compacted.SliceMeta]] = {}
         self._by_group: dict[int, dict[int, list[compacted.Piece]]] = {}  # block -> group -> pieces
+        self._by_thread: dict[int, list[dict[int, list[compacted.Piece]]]] = {}  # block -> thread -> slice -> pieces
         self._lock = threading.Lock()
 
     @property
@@ -38,13 +40,6 @@ class ReplayPlan:
     def groups_of(self, t: int) -> set[int]:
         return {g for g in range(len(self.thread_of_group)) if self.thread_of_group[g] == t}
 
-    def slice_meta(self, s: int) -> compacted.SliceMeta:
-        b = s // SLICES_PER_ROW_GROUP
-        block = self._blocks.get(b)  # a dict read needs no lock: called per slice, by every thread
-        if block is None:
-            block = self._load(b)[0]
-        return block[s - b * SLICES_PER_ROW_GROUP]
-
     def group_pieces(self, b: int, g: int) -> list[compacted.Piece]:
         """Group g's pieces in block b (SLICES_PER_ROW_GROUP slices), in slice order."""
         by_group = self._by_group.get(b)
@@ -52,23 +47,37 @@ class ReplayPlan:
             by_group = self._load(b)[1]
         return by_group.get(g, [])
 
-    def _load(self, b: int) -> tuple[list[compacted.SliceMeta], dict[int, list[compacted.Piece]]]:
+    def thread_pieces(self, b: int, t: int) -> dict[int, list[compacted.Piece]]:
+        """Thread t's pieces in block b by slice, slices in order (only those it has pieces in):
+        a thread walks these, not every slice's every piece."""
+        by_thread = self._by_thread.get(b)
+        if by_thread is None:
+            by_thread = self._load(b)[2]
+        return by_thread[t]
+
+    def _load(
+        self, b: int
+    ) -> tuple[list[compacted.SliceMeta], dict[int, list[compacted.Piece]], list[dict[int, list[compacted.Piece]]]]:
         with self._lock:
             if b not in self._blocks:
                 first = b * SLICES_PER_ROW_GROUP
                 block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
                 self._check(block)
                 by_group: dict[int, list[compacted.Piece]] = {}
+                by_thread: list[dict[int, list[compacted.Piece]]] = [{} for _ in range(self.threads)]
+                thread_of = self.thread_of_group.tolist()
                 for meta in block:
                     for p in meta.pieces:
                         by_group.setdefault(p.group, []).append(p)
-                blocks, groups = dict(self._blocks), dict(self._by_group)
-                blocks[b], groups[b] = block, by_group
+                        by_thread[thread_of[p.group]].setdefault(p.slice, []).append(p)
+                blocks, groups, threads = dict(self._blocks), dict(self._by_group), dict(self._by_thread)
+                blocks[b], groups[b], threads[b] = block, by_group, by_thread
                 while len(blocks) > CACHED_BLOCKS:  # the replay moves forward: drop the earliest
                     oldest = min(blocks)
-                    del blocks[oldest], groups[oldest]
-                self._blocks, self._by_group = blocks, groups  # replaced whole: readers never see half
-            return self._blocks[b], self._by_group[b]
+                    del blocks[oldest], groups[oldest], threads[oldest]
+                # replaced whole, the per-thread view last: readers never see half
+                self._blocks, self._by_group, self._by_thread = blocks, groups, threads
+            return self._blocks[b], self._by_group[b], self._by_thread[b]
 
     def _check(self, block: list[compacted.SliceMeta]) -> None:
         """Every index row of a block, once when it is loaded, before any GET it leads to."""

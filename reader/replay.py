@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from keygroups import compacted, envelope
 from keygroups.errors import KeyfillError, OptionError
+from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
 from reader.fetch import FetchPool, PieceFetcher, run_bytes
@@ -36,7 +37,7 @@ _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Records:
     """Records of one key group in one slice, in the piece's order."""
 
@@ -151,58 +152,66 @@ class Replay:
 
     def _worker(self, t: int, first: int) -> None:
         plan = self.plan
-        mine = plan.groups_of(t)
         fetcher = self._fetchers[t]
-        drift = self.pacer.max_drift_ms is not None
         out = _Outbox(self._merge, t, self.options.batch_size)
         try:
-            for s in range(first, plan.slices):
-                own = [p for p in plan.slice_meta(s).pieces if p.group in mine]
-                if not own and not drift:
-                    continue  # nothing to emit: the next hand-off says this thread is past s
-                fetcher.prefetch(s)
-                if drift:
-                    # No thread declares where slice s starts before every thread has finished
-                    # s - 1: the pacer would hold a thread of s - 1 back against it.
-                    self._barrier.wait()
-                    if own:  # event time starts at the earliest record it will emit, known from the index
-                        self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
-                    # Everyone declares where its slice starts before anyone emits: a thread that
-                    # began late would otherwise join below a bound the others already used.
-                    self._barrier.wait()
-                    self._paced(t, fetcher, s, own)
-                    self.pacer.end_slice(t)
-                    # every thread meets at every slice's barrier: say at once this one is past s
-                    if not self._merge.put(t, [], s + 1):
-                        return
-                else:
+            if self.pacer.max_drift_ms is None:
+                for s, own in self._own_slices(t, first):
+                    fetcher.prefetch(s)
                     self._streamed(t, fetcher, s, own, out)
                     self.pacer.end_slice(t)
-            out.flush(plan.slices)
+                out.flush(plan.slices)  # also says this thread is past every slice
+                return
+            for s in range(first, plan.slices):  # under a drift bound every thread meets at every slice
+                own = plan.thread_pieces(s // SLICES_PER_ROW_GROUP, t).get(s, [])
+                fetcher.prefetch(s)
+                # No thread declares where slice s starts before every thread has finished
+                # s - 1: the pacer would hold a thread of s - 1 back against it.
+                self._barrier.wait()
+                if own:  # event time starts at the earliest record it will emit, known from the index
+                    self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
+                # Everyone declares where its slice starts before anyone emits: a thread that
+                # began late would otherwise join below a bound the others already used.
+                self._barrier.wait()
+                self._paced(t, fetcher, s, own)
+                self.pacer.end_slice(t)
+                if not self._merge.put(t, [], s + 1):  # at once: the others wait at the next barrier
+                    return
         except threading.BrokenBarrierError:
             return
         except BaseException as exc:  # surfaces in the consumer
             self._merge.fail(exc)
             self._barrier.abort()
 
+    def _own_slices(self, t: int, first: int) -> Iterator[tuple[int, list[compacted.Piece]]]:
+        """The slices from `first` on that thread t has pieces in, with those pieces."""
+        for b in range(first // SLICES_PER_ROW_GROUP, -(-self.plan.slices // SLICES_PER_ROW_GROUP)):
+            for s, own in self.plan.thread_pieces(b, t).items():
+                if s >= first:
+                    yield s, own
+
     def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], out: _Outbox) -> None:
         """A slice's pieces into the thread's outbox, handed over in bundles of about
         batch_size records (decoding overlaps consuming); the seed's proportional sleeps, if
-        chosen, between batches."""
+        chosen, between batches. Runs once per piece: kept to a few attribute reads."""
         size = self.options.batch_size
         self.pacer.begin_slice(t, min(p.min_timestamp for p in own))  # for the spread statistic
+        if self._stop.is_set():
+            return
+        plain = not self.pacer.proportional and s != self._skip_slice
         for p in own:
-            if self._stop.is_set():
-                return
-            batch = self._read(fetcher, p)
+            if plain and p.records <= size:  # the common case: one Records per piece
+                out.records.append(Records(self._read(fetcher, p), s, p.group))
+                out.rows += p.records
+                if out.rows >= size:
+                    out.flush(s)
+                    self.pacer.advance(t, p.max_timestamp, p.group)
+                continue
+            batch = self._read(fetcher, p, s == self._skip_slice)
             n = batch.num_rows
             if not n:  # all of it emitted before the checkpoint this replay resumed from
                 continue
-            parts = (
-                [Records(batch, s, p.group)]
-                if n <= size
-                else [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
-            )
+            parts = [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
             if self.pacer.proportional:
                 for r in parts:
                     out.add([r], 0)
@@ -220,7 +229,7 @@ class Replay:
         for p in own:
             if self._stop.is_set():
                 return
-            batch = self._read(fetcher, p)
+            batch = self._read(fetcher, p, s == self._skip_slice)
             runs.append(
                 [
                     (ts, p.group, i, Records(batch.slice(a, b - a), s, p.group))
@@ -233,16 +242,17 @@ class Replay:
                 return
             self.pacer.advance(t, ts, records.group)
 
-    def _read(self, fetcher: PieceFetcher, p: compacted.Piece) -> pa.RecordBatch:
-        """The piece's records not yet emitted before the checkpoint resumed from, tagged with
-        their group; checked against the index before any of them is emitted."""
+    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> pa.RecordBatch:
+        """The piece's records, tagged with their group and checked against the index before
+        any of them is emitted; `resumed`: in the slice this replay resumed in, only those not
+        emitted before its checkpoint."""
         try:
             batch = fetcher.read(p)
         except compacted.FormatError as exc:
             raise ReplayError(str(exc)) from exc
         except BaseException as exc:
             raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
-        skip = self._skip.get(p.group, 0) if p.slice == self._skip_slice else 0
+        skip = self._skip.get(p.group, 0) if resumed else 0
         if skip > batch.num_rows:
             where = p.where(self.store.url_for(p.file))
             raise ReplayError(
@@ -278,9 +288,10 @@ class Replay:
         while self._slice < slices:
             s = self._slice
             try:
-                for records in self._merge.records(s):
-                    self._emitted[records.group] = self._emitted.get(records.group, 0) + records.batch.num_rows
-                    yield records
+                for ready in self._merge.records(s):
+                    for records in ready:
+                        self._emitted[records.group] = self._emitted.get(records.group, 0) + records.batch.num_rows
+                        yield records
             except ThreadFailed as failed:
                 self.close()
                 if isinstance(failed.error, ReplayError):

@@ -71,16 +71,19 @@ class SliceMerge:
 
     # --- consumer ---------------------------------------------------------------------------
 
-    def records(self, s: int) -> Iterator[Any]:
-        """Every thread's records of slice s, as they become ready; returns once every
-        thread is past s (or the replay stopped). Raises what a thread failed with."""
+    def records(self, s: int) -> Iterator[list[Any]]:
+        """Every thread's records of slice s, in lists as they become ready; returns once
+        every thread is past s (or the replay stopped). Raises what a thread failed with."""
         waiting = list(range(self.threads))
         while waiting:
             progressed = False
             for t in list(waiting):
                 pending = self._pending[t]
-                while pending and pending[0].slice == s:
-                    yield pending.popleft()
+                if pending and pending[0].slice == s:
+                    ready = []
+                    while pending and pending[0].slice == s:
+                        ready.append(pending.popleft())
+                    yield ready
                     progressed = True
                 if pending:
                     if pending[0].slice < s:  # a bug, never bad input: named rather than reordered

@@ -125,6 +125,45 @@ def test_fast_decoder_equals_fastavro_reference(records, codec, block_bytes):
     assert fast.equals(ref)
 
 
+@settings(max_examples=300, deadline=None)
+@given(blocks=st.lists(st.binary(max_size=3000), max_size=8), cut=st.integers(0, 5))
+def test_snappy_lengths_read_the_preamble_as_the_library_does(blocks, cut):
+    """The compiled preamble reader (one pass over every block of a run) against cramjam's
+    own per-block call; a preamble cut short is -1, never a wrong length."""
+    import cramjam
+    import numpy as np
+
+    from keygroups.envelope.framing import snappy_lengths
+
+    raw = [bytes(cramjam.snappy.compress_raw(b)) for b in blocks]
+    buf = np.frombuffer(b"".join(raw) or b"\0", np.uint8)
+    ends = np.cumsum([len(r) for r in raw]).astype(np.int64)
+    starts = ends - np.array([len(r) for r in raw], np.int64)
+    assert snappy_lengths(buf, starts, ends).tolist() == [len(b) for b in blocks]
+    assert snappy_lengths(buf, starts, ends).tolist() == [cramjam.snappy.decompress_raw_len(r) for r in raw]
+    if blocks and len(blocks[0]) >= 128:  # a two-byte preamble cut to `cut` < 2 bytes
+        short = min(cut, 1)
+        assert snappy_lengths(buf, starts[:1], starts[:1] + short).tolist() == [-1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(record, min_size=1, max_size=30), block_bytes=st.integers(1, 2048))
+def test_verified_snappy_skips_only_the_block_checksum(records, block_bytes):
+    """`verified` (bytes already checked by the piece index's CRC-32C) decodes the same, and
+    is the only way a wrong snappy block checksum goes unnoticed."""
+    data = bytearray(
+        envelope.encode_avro(envelope.batch_from_records(records), codec="snappy", block_bytes=block_bytes)
+    )
+    _, batch = envelope.decode_avro(bytes(data))
+    assert envelope.decode_avro(bytes(data), verified=True)[1].equals(batch)
+    sync = bytes(data[-16:])  # every block ends with its 4-byte CRC-32 and then the sync marker
+    data[-17] ^= 0xFF  # the last block's checksum
+    with pytest.raises(envelope.CorruptFile, match="checksum"):
+        envelope.decode_avro(bytes(data))
+    assert bytes(data[-16:]) == sync
+    assert envelope.decode_avro(bytes(data), verified=True)[1].equals(batch)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     records=st.lists(record, min_size=1, max_size=20),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reader
+import reader.fetch
 from compactor.job import CompactConfig, compact
 from compactor.sources.envelope import build_index, read_chunk, write_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
@@ -171,12 +173,16 @@ def test_the_short_archive_is_what_the_properties_need(archives):
     batch_size=st.sampled_from([1, 7, 100, 65_536]),
     bound=st.sampled_from([0, 1_000, 30_000]),
     drift=st.sampled_from([None, 0, 2_000]),
+    decode_bytes=st.sampled_from([1, 3_000, reader.fetch.DECODE_BYTES]),
 )
-def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound, drift):
+def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound, drift, decode_bytes):
     dest, table, before = archives[name]
-    with reader.replay(
-        dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound, max_drift_ms=drift
-    ) as events:
+    with (
+        mock.patch.object(reader.fetch, "DECODE_BYTES", decode_bytes),  # runs decoded a piece or a few at a time
+        reader.replay(
+            dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound, max_drift_ms=drift
+        ) as events,
+    ):
         got, _ = run(events)
     check_invariants(got, table, before, bound)
     manifest = compacted.load_manifest(open_storage(dest))
@@ -194,9 +200,12 @@ def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, nam
     for _ in range(data.draw(st.integers(1, 5))):
         threads = data.draw(st.integers(1, 16))
         limit = data.draw(st.integers(1, 40))
-        with reader.replay(
-            dest, threads=threads, batch_size=data.draw(st.sampled_from([3, 50, 5000])), resume=state
-        ) as events:
+        with (
+            mock.patch.object(reader.fetch, "DECODE_BYTES", data.draw(st.sampled_from([1, reader.fetch.DECODE_BYTES]))),
+            reader.replay(
+                dest, threads=threads, batch_size=data.draw(st.sampled_from([3, 50, 5000])), resume=state
+            ) as events,
+        ):
             got, checkpoint = run(events, limit)
         all_events += got
         if checkpoint is None:
