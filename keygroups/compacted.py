@@ -88,10 +88,12 @@ class PartitionRange:
     max_timestamp: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Piece:
     """One group's records of one slice: bytes [offset, offset + length) of a segment file,
-    whole Avro blocks. A row of the piece index."""
+    whole Avro blocks. A row of the piece index; never changed once read (not frozen only
+    because a frozen dataclass takes 7x longer to build, and a reader builds one per piece
+    of every index block it loads)."""
 
     slice: int
     group: int

@@ -14,7 +14,7 @@ from keygroups.errors import FormatError
 from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
 from keygroups.storage import Storage
 
-CACHED_BLOCKS = 16  # of SLICES_PER_ROW_GROUP slices: covers the fetchers' look-ahead
+CACHED_BLOCKS = 16  # of SLICES_PER_ROW_GROUP slices: covers the fetchers' look-ahead and threads apart
 
 
 class ReplayPlan:
@@ -59,25 +59,27 @@ class ReplayPlan:
         self, b: int
     ) -> tuple[list[compacted.SliceMeta], dict[int, list[compacted.Piece]], list[dict[int, list[compacted.Piece]]]]:
         with self._lock:
-            if b not in self._blocks:
-                first = b * SLICES_PER_ROW_GROUP
-                block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
-                self._check(block)
-                by_group: dict[int, list[compacted.Piece]] = {}
-                by_thread: list[dict[int, list[compacted.Piece]]] = [{} for _ in range(self.threads)]
-                thread_of = self.thread_of_group.tolist()
-                for meta in block:
-                    for p in meta.pieces:
-                        by_group.setdefault(p.group, []).append(p)
-                        by_thread[thread_of[p.group]].setdefault(p.slice, []).append(p)
-                blocks, groups, threads = dict(self._blocks), dict(self._by_group), dict(self._by_thread)
-                blocks[b], groups[b], threads[b] = block, by_group, by_thread
-                while len(blocks) > CACHED_BLOCKS:  # the replay moves forward: drop the earliest
-                    oldest = min(blocks)
-                    del blocks[oldest], groups[oldest], threads[oldest]
-                # replaced whole, the per-thread view last: readers never see half
-                self._blocks, self._by_group, self._by_thread = blocks, groups, threads
-            return self._blocks[b], self._by_group[b], self._by_thread[b]
+            if b in self._blocks:
+                return self._blocks[b], self._by_group[b], self._by_thread[b]
+            first = b * SLICES_PER_ROW_GROUP
+            block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
+            self._check(block)
+            by_group: dict[int, list[compacted.Piece]] = {}
+            by_thread: list[dict[int, list[compacted.Piece]]] = [{} for _ in range(self.threads)]
+            thread_of = self.thread_of_group.tolist()
+            for meta in block:
+                for p in meta.pieces:
+                    by_group.setdefault(p.group, []).append(p)
+                    by_thread[thread_of[p.group]].setdefault(p.slice, []).append(p)
+            blocks, groups, threads = dict(self._blocks), dict(self._by_group), dict(self._by_thread)
+            blocks[b], groups[b], threads[b] = block, by_group, by_thread
+            # Threads do not wait for each other, so they may be blocks apart: drop the blocks
+            # loaded longest ago (dicts keep insertion order), never the one just loaded.
+            for old in list(blocks)[: max(0, len(blocks) - CACHED_BLOCKS)]:
+                del blocks[old], groups[old], threads[old]
+            # replaced whole: readers never see half
+            self._blocks, self._by_group, self._by_thread = blocks, groups, threads
+            return block, by_group, by_thread
 
     def _check(self, block: list[compacted.SliceMeta]) -> None:
         """Every index row of a block, once when it is loaded, before any GET it leads to."""

@@ -79,10 +79,12 @@ class _Outbox:
         self.rows += rows
         return self.rows >= self.size
 
-    def flush(self, through: int) -> None:
-        """Hand the bundle over; `through`: the first slice this thread has not finished."""
-        self.merge.put(self.t, self.records, through)
+    def flush(self, through: int) -> bool:
+        """Hand the bundle over; `through`: the first slice this thread has not finished.
+        False once the replay has stopped."""
+        handed = self.merge.put(self.t, self.records, through)
         self.records, self.rows = [], 0
+        return handed
 
 
 class Replay:
@@ -158,7 +160,8 @@ class Replay:
             if self.pacer.max_drift_ms is None:
                 for s, own in self._own_slices(t, first):
                     fetcher.prefetch(s)
-                    self._streamed(t, fetcher, s, own, out)
+                    if not self._streamed(t, fetcher, s, own, out):
+                        return  # the replay stopped
                     self.pacer.end_slice(t)
                 out.flush(plan.slices)  # also says this thread is past every slice
                 return
@@ -190,21 +193,24 @@ class Replay:
                 if s >= first:
                     yield s, own
 
-    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], out: _Outbox) -> None:
+    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], out: _Outbox) -> bool:
         """A slice's pieces into the thread's outbox, handed over in bundles of about
         batch_size records (decoding overlaps consuming); the seed's proportional sleeps, if
-        chosen, between batches. Runs once per piece: kept to a few attribute reads."""
+        chosen, between batches. Runs once per piece: kept to a few attribute reads. False
+        once the replay has stopped."""
         size = self.options.batch_size
         self.pacer.begin_slice(t, min(p.min_timestamp for p in own))  # for the spread statistic
-        if self._stop.is_set():
-            return
         plain = not self.pacer.proportional and s != self._skip_slice
+        stop = self._stop
         for p in own:
+            if stop.is_set():
+                return False
             if plain and p.records <= size:  # the common case: one Records per piece
                 out.records.append(Records(self._read(fetcher, p), s, p.group))
                 out.rows += p.records
                 if out.rows >= size:
-                    out.flush(s)
+                    if not out.flush(s):
+                        return False
                     self.pacer.advance(t, p.max_timestamp, p.group)
                 continue
             batch = self._read(fetcher, p, s == self._skip_slice)
@@ -215,11 +221,14 @@ class Replay:
             if self.pacer.proportional:
                 for r in parts:
                     out.add([r], 0)
-                    out.flush(s)
+                    if not out.flush(s):
+                        return False
                     self.pacer.advance(t, p.max_timestamp, p.group)
             elif out.add(parts, n):
-                out.flush(s)
+                if not out.flush(s):
+                    return False
                 self.pacer.advance(t, p.max_timestamp, p.group)
+        return True
 
     def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its

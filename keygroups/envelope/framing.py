@@ -126,7 +126,8 @@ def snappy_lengths(buf, starts, ends):
             pos += 1
             n |= (c & 0x7F) << shift
             if c < 0x80:
-                out[b] = n
+                if n < (1 << 32):  # snappy lengths are 32-bit
+                    out[b] = n
                 break
             shift += 7
     return out
