@@ -158,7 +158,15 @@ class Replay:
         out = _Outbox(self._merge, t, self.options.batch_size)
         try:
             if self.pacer.max_drift_ms is None:
+                block = -1
                 for s, own in self._own_slices(t, first):
+                    if s // SLICES_PER_ROW_GROUP != block:
+                        # A hand-off at least every index block, even an empty one: a light
+                        # thread would otherwise hold back the watermarks of every slice until
+                        # its bundle filled, or until it ended.
+                        block = s // SLICES_PER_ROW_GROUP
+                        if not out.flush(s):
+                            return
                     fetcher.prefetch(s)
                     if not self._streamed(t, fetcher, s, own, out):
                         return  # the replay stopped
