@@ -117,12 +117,17 @@ def slice_metas(slices: pa.Table, pieces: pa.Table) -> list[SliceMeta]:
         for s, a, b, n, z, ranges in zip(number, start, end, records, size, partitions)
     ]
     at = {m.slice: m for m in metas}
-    for row in zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA]))):
-        meta = at.get(row[0])
+    for p in piece_list(pieces):
+        meta = at.get(p.slice)
         if meta is None:
-            raise FormatError(f"index: a piece of slice {row[0]}, which the slice index does not list")
-        meta.pieces.append(Piece(*row))
+            raise FormatError(f"index: a piece of slice {p.slice}, which the slice index does not list")
+        meta.pieces.append(p)
     return metas
+
+
+def piece_list(pieces: pa.Table) -> list[Piece]:
+    """PIECE_SCHEMA rows as Pieces, in table order."""
+    return [Piece(*row) for row in zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA])))]
 
 
 def index_key(kind: str, first_slice: int) -> str:

@@ -126,17 +126,19 @@ class _Fetched:
 
     def take(
         self,
-        s: int,
-        url: str,
-        header: Callable[[], bytes],
+        p: Piece,
+        url_for: Callable[[str], str],
+        header: Callable[[Piece, str], bytes],
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
     ) -> pa.RecordBatch:
-        """The records of the run's piece of slice s (each piece is taken once), decoding the
-        next step of pieces if they are not decoded yet: a step is checked, decoded and
-        `finish`ed at once, so a short slice costs a zero-copy slice, not a decode."""
-        batch = self._records.pop(s, None)
+        """The records of the run's piece p (each piece is taken once), decoding the next
+        step of pieces if they are not decoded yet: a step is checked, decoded and `finish`ed
+        at once, so a short slice costs a dict pop, not a decode (the file's URL is only
+        built then)."""
+        batch = self._records.pop(p.slice, None)
         if batch is not None:
             return batch
+        url = url_for(p.file)
         data = self.data(url)
         pieces, i = self.pieces, self._decoded
         j, size = i + 1, pieces[i].length
@@ -144,13 +146,13 @@ class _Fetched:
             size += pieces[j].length
             j += 1
         step = pieces[i:j]
-        head = data[: pieces[0].file_header] if self.start == 0 else header()
+        head = data[: pieces[0].file_header] if self.start == 0 else header(p, url)
         whole = finish(compacted.read_run(head, data, self.start, step, url), pieces[0].group)
-        self._records.update((p.slice, b) for p, b in zip(step, compacted.split_run(whole, step)))
+        self._records.update((q.slice, b) for q, b in zip(step, compacted.split_run(whole, step)))
         self._decoded = j
         if j == len(pieces):
             self._data = None
-        return self._records.pop(s)
+        return self._records.pop(p.slice)
 
 
 class PieceFetcher:
@@ -216,10 +218,10 @@ class PieceFetcher:
     def _fill(self, g: int, s: int) -> None:
         """Group g's runs in flight: the one being read and, with read-ahead, the next."""
         limit = min(self.slices, s + LOOKAHEAD_SLICES)
-        runs = self._runs[g]
-        while len(runs) < (2 if self.ahead else 1) and self._frontier[g] < limit:
+        runs, want = self._runs[g], 2 if self.ahead else 1
+        while len(runs) < want and self._frontier[g] < limit:
             self._schedule(g, limit)
-        if len(runs) < 2 and self._frontier[g] < self.slices:  # held back by the look-ahead limit only
+        if len(runs) < want and self._frontier[g] < self.slices:  # held back by the look-ahead limit only
             self._wake = min(self._wake, self._frontier[g] - LOOKAHEAD_SLICES + 1)
 
     def prefetch(self, s: int) -> None:
@@ -258,10 +260,7 @@ class PieceFetcher:
         if planned is not p and planned != p:  # the same object, unless its index block was reloaded
             url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
-        batch = fetched._records.pop(p.slice, None)
-        if batch is None:
-            url = self.store.url_for(p.file)
-            batch = fetched.take(p.slice, url, lambda: self._header(p, url), self.finish)
+        batch = fetched.take(p, self.store.url_for, self._header, self.finish)
         if p.slice == fetched.last_slice:
             runs.popleft()
             if self.ahead:

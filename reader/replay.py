@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,7 @@ class _Outbox:
         self.records: list[Records] = []
         self.rows = 0
 
-    def add(self, records: list[Records], rows: int) -> bool:
+    def add(self, records: Sequence[Records], rows: int) -> bool:
         """True when the bundle is full."""
         self.records += records
         self.rows += rows
@@ -214,25 +214,22 @@ class Replay:
             if stop.is_set():
                 return False
             if plain and p.records <= size:  # the common case: one Records per piece
-                out.records.append(Records(self._read(fetcher, p), s, p.group))
-                out.rows += p.records
-                if out.rows >= size:
-                    if not out.flush(s):
-                        return False
-                    self.pacer.advance(t, p.max_timestamp, p.group)
-                continue
-            batch = self._read(fetcher, p, s == self._skip_slice)
-            n = batch.num_rows
-            if not n:  # all of it emitted before the checkpoint this replay resumed from
-                continue
-            parts = [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
-            if self.pacer.proportional:
-                for r in parts:
-                    out.add([r], 0)
-                    if not out.flush(s):
-                        return False
-                    self.pacer.advance(t, p.max_timestamp, p.group)
-            elif out.add(parts, n):
+                full = out.add((Records(self._read(fetcher, p), s, p.group),), p.records)
+            else:
+                batch = self._read(fetcher, p, s == self._skip_slice)
+                n = batch.num_rows
+                if not n:  # all of it emitted before the checkpoint this replay resumed from
+                    continue
+                parts = [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
+                if self.pacer.proportional:  # each batch handed over alone, a sleep after each
+                    for r in parts:
+                        out.add((r,), 0)
+                        if not out.flush(s):
+                            return False
+                        self.pacer.advance(t, p.max_timestamp, p.group)
+                    continue
+                full = out.add(parts, n)
+            if full:
                 if not out.flush(s):
                     return False
                 self.pacer.advance(t, p.max_timestamp, p.group)

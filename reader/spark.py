@@ -47,7 +47,7 @@ from pyspark.sql.types import StructType
 import keygroups
 from keygroups import compacted
 from keygroups.errors import KeyfillError, OptionError
-from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
+from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
 from reader.coalesce import checked, parts, runs, span
 
@@ -241,8 +241,7 @@ class _Planner:
         `numPartitions` bundles of groups balanced by bytes."""
         by_group: dict[int, list[compacted.Piece]] = {}
         table = self.index.piece_rows(first, end)
-        for row in table.to_pylist():
-            p = compacted.Piece(**row)
+        for p in piece_list(table):
             p.check(self.manifest.groups, self.store.url_for)
             by_group.setdefault(p.group, []).append(p)
         groups = sorted(by_group)
