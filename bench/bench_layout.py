@@ -225,8 +225,9 @@ def largest_slice_bytes(url: str) -> int:
     from keygroups.storage import open_storage
 
     store = open_storage(url)
-    slices = compacted.load_manifest(store).slices
-    return max(PieceIndex(store, slices).slice_rows(0, slices).column("bytes").to_pylist(), default=1)
+    m = compacted.load_manifest(store)
+    slices = m.slices
+    return max(PieceIndex(store, slices, m.index_runs).slice_rows(0, slices).column("bytes").to_pylist(), default=1)
 
 
 def objects_bound(url: str, target: int) -> tuple[int, int, int]:

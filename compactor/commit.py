@@ -1,4 +1,4 @@
-"""The last phase of the compaction: the piece index, then the manifest that makes the
+"""The last phase of the compaction: the piece index, then the version that makes the
 archive visible. Checks that the rewrite wrote exactly what the statistics counted."""
 
 from __future__ import annotations
@@ -50,10 +50,15 @@ def write_manifest(
     plan: SlicePlan,
     assignment: pa.Table,
     pieces: pa.Table,
+    *,
+    run: str,
+    assignment_key: str,
+    parent: int | None,
 ) -> Manifest:
-    """The index first, the manifest last: the archive is visible from then on."""
+    """The index first, the version last: the archive is visible from then on (as version
+    parent + 1; CommitConflict if another writer got there first)."""
     metas = slice_metas(plan, pieces)
-    piece_index.write_index(dest, piece_index.slice_table(metas), pieces)
+    piece_index.write_index(dest, piece_index.slice_table(metas), pieces, run)
     group_records = group_sums(assignment, "records", groups)
     group_bytes = group_sums(assignment, "bytes", groups)
     group_file_bytes = np.bincount(
@@ -101,8 +106,15 @@ def write_manifest(
         },
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         gaps=plan.gaps,
+        version=(parent or 0) + 1,
+        parent=parent,
+        kind="compact",
+        run=run,
+        assignment=assignment_key,
+        index_runs=[[0, run]],
     )
-    compacted.write_json(dest, compacted.MANIFEST, manifest.to_json())
+    manifest.archive = compacted.content_id(manifest)
+    compacted.commit(dest, manifest)
     return manifest
 
 

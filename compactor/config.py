@@ -85,3 +85,4 @@ class CompactResult:
     replay_gets: int = 0  # GETs a replay makes with its default GET size (compacted.replay_gets)
     get_bytes: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    version: int = 1  # the version committed

@@ -1,5 +1,12 @@
-"""Where the compacted archive goes: what is refused before any work, and what is removed
-(only the replaced archive's own files, only after the new input has been read)."""
+"""Where the compacted archive goes: what is refused before any work, and what an
+--overwrite leaves behind.
+
+A compaction never deletes the archive it replaces: it writes its files beside the old
+ones (every file name carries the run id) and commits a new version; readers of the old
+version keep reading it, and a failed run leaves it as it was. The replaced version's
+files go when `keyfill vacuum` no longer retains it. Only archives of the unversioned
+formats (1 and 2) are removed, once the new version is committed.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +14,16 @@ import logging
 
 from compactor.sources import SourceArchive
 from keygroups import compacted
-from keygroups.assignment import load_assignment
 from keygroups.storage import Storage, StorageError, overlapping
 
 log = logging.getLogger("keyfill.compact")
 
 
-def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> None:
+def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> int | None:
     """Refuse what would destroy data, before any work: an archive without --overwrite, a
     destination holding foreign files, or a destination and source inside one another
-    (clearing one would delete the other, and the source's listing would find the archive)."""
+    (the source's listing would find the archive, or a vacuum would delete the source).
+    Returns the latest committed version, which the new one follows."""
     if overlapping(source.store, dest):
         raise StorageError(
             f"source {source.url} and destination {dest.url} overlap (one lies inside the other); "
@@ -24,42 +31,32 @@ def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> 
         )
     existing = dest.list()
     if not existing:
-        return
-    if dest.exists(compacted.MANIFEST):
+        return None
+    committed = compacted.versions(dest)
+    legacy = any(o.key == compacted.LEGACY_MANIFEST for o in existing)
+    if committed or legacy:
         if not overwrite:
-            raise StorageError(f"{dest.url}: a compacted archive exists here; pass --overwrite to replace it")
-        return
+            raise StorageError(
+                f"{dest.url}: a compacted archive exists here; pass --overwrite to replace it with a new version"
+            )
+        return committed[-1] if committed else None
+    # Only a run's files (named by a run id) may be here: any other name is not ours to build on.
     foreign = [o.key for o in existing if not compacted.is_archive_key(o.key)]
-    if not foreign and any(o.key == compacted.ASSIGNMENT for o in existing) and not _is_assignment(dest):
-        foreign = [compacted.ASSIGNMENT]  # a file of that name, but not one keyfill wrote
     if foreign:
         raise StorageError(
             f"{dest.url}: destination holds files that are not a keyfill archive "
             f"(e.g. {dest.url_for(foreign[0])}); choose an empty location"
         )
+    return None  # files of runs that never committed: invisible, left for vacuum
 
 
-def _is_assignment(dest: Storage) -> bool:
-    """Whether assignment.parquet is a key assignment keyfill wrote (a failed run's)."""
-    try:
-        load_assignment(dest)
-    except Exception:  # not Parquet, other columns, unreadable: in any case not ours
-        return False
-    return True
-
-
-def clear_destination(dest: Storage) -> None:
-    """Remove the archive being replaced (or what a failed run left): the manifest first, so
-    it is invisible at once, then every other object of the archive layout. Files that
-    keyfill did not write are left where they are."""
-    owned = [o.key for o in dest.list() if compacted.is_archive_key(o.key)]
-    if not owned:
+def remove_legacy(dest: Storage) -> None:
+    """After a commit, remove what an unversioned archive (format 1 or 2) left here: its
+    manifest first, then its other objects. Files keyfill did not write stay, and so does
+    anything named like a legacy file when there is no legacy manifest (it is not ours)."""
+    if not dest.exists(compacted.LEGACY_MANIFEST):
         return
-    log.info("removing %d files of the previous archive at %s", len(owned), dest.url)
-    dest.delete(compacted.MANIFEST)
-    dest.delete_many([k for k in owned if k != compacted.MANIFEST])
-    kept = [o.key for o in dest.list() if not compacted.is_archive_key(o.key)]
-    if kept:
-        log.warning(
-            "left %d files that keyfill did not write in %s (e.g. %s)", len(kept), dest.url, dest.url_for(kept[0])
-        )
+    owned = [o.key for o in dest.list() if compacted.is_legacy_key(o.key)]
+    log.info("removing %d files of the unversioned archive replaced at %s", len(owned), dest.url)
+    dest.delete(compacted.LEGACY_MANIFEST)
+    dest.delete_many([k for k in owned if k != compacted.LEGACY_MANIFEST])

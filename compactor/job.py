@@ -5,11 +5,12 @@ byte of I/O happens in Python tasks through keyfill's storage layer (pip pyspark
 neither spark-avro nor s3a), so a cluster needs only Python packages. The driver sees
 per-key totals and per-chunk summaries, never records.
 
-Commit protocol (`compactor.commit`): segment files and the piece index are written first,
-`_manifest.json` last. Without a manifest there is no archive, so a run that dies part-way
-leaves nothing visible and a re-run starts by clearing what it left. An archive being
-replaced (--overwrite) is removed only after the new input has been listed and its
-statistics pass has succeeded, and only objects of the archive layout are removed
+Commit protocol (`compactor.commit`): every file the run writes is named by its run id;
+segment files and the piece index are written first, the version object last, created
+once (`Storage.create`). Without it the run's files are invisible, so a run that dies
+part-way leaves the archive as it was (or none), a re-run simply writes anew, and of two
+runs racing for one version exactly one commits. --overwrite replaces nothing in place: the
+new version is built beside the old one, whose readers keep reading it
 (`compactor.destination`).
 """
 
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 
 from compactor.commit import file_sizes, group_sums, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
-from compactor.destination import check_destination, clear_destination
+from compactor.destination import check_destination, remove_legacy
 from compactor.rewrite import run_rewrite
 from compactor.slicing import plan_slices
 from compactor.sources import SourceArchive, SourceChunk
@@ -98,7 +99,8 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
 
     source = cfg.open_source()
     dest = open_storage(cfg.dest, threads=cfg.threads)
-    check_destination(source, dest, cfg.overwrite)
+    parent = check_destination(source, dest, cfg.overwrite)
+    run = compacted.new_run()
     t = time.perf_counter()
     topic, chunks = list_topic_chunks(source, cfg.topic)
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
@@ -107,18 +109,30 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms)
     t = phase("statistics", t)
 
-    # Only once the input has proved readable and consistent is the archive being replaced removed.
     plan = plan_slices(stats.chunks, cfg.slice_duration_ms, allow_gaps=cfg.allow_gaps, name=source.store.url_for)
     groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
     assignment = packed_assignment(stats.totals, groups)
-    clear_destination(dest)
-    write_assignment(dest, assignment)
+    assignment_key = compacted.assignment_key(run)
+    write_assignment(dest, assignment_key, assignment)
     t = phase("packing", t)
 
-    pieces = run_rewrite(spark, cfg, groups, source, chunks, dest, plan)
+    pieces = run_rewrite(spark, cfg, groups, source, chunks, dest, plan, run, assignment_key)
     t = phase("rewrite", t)
 
-    manifest = write_manifest(dest, cfg, groups, source.url, topic, plan, assignment, pieces)
+    manifest = write_manifest(
+        dest,
+        cfg,
+        groups,
+        source.url,
+        topic,
+        plan,
+        assignment,
+        pieces,
+        run=run,
+        assignment_key=assignment_key,
+        parent=parent,
+    )
+    remove_legacy(dest)
     phase("commit", t)
 
     group_bytes = group_sums(assignment, "bytes", groups)
@@ -139,4 +153,5 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         replay_gets=compacted.replay_gets(file_sizes(pieces)),
         get_bytes=compacted.GET_BYTES,
         phases=phases,
+        version=manifest.version,
     )

@@ -25,17 +25,20 @@ RECORD_SCHEMA = (
 _assignment_cache: dict[str, KeyAssignment] = {}
 
 
-def _load_assignment(dest: Storage) -> KeyAssignment:
+def _load_assignment(dest: Storage, key: str) -> KeyAssignment:
     """The key -> group lookup, loaded once per worker process."""
-    if dest.url not in _assignment_cache:
+    url = dest.url_for(key)
+    if url not in _assignment_cache:
         _assignment_cache.clear()
-        _assignment_cache[dest.url] = KeyAssignment.from_table(load_assignment(dest))
-    return _assignment_cache[dest.url]
+        _assignment_cache[url] = KeyAssignment.from_table(load_assignment(dest, key))
+    return _assignment_cache[url]
 
 
-def _decode_task(source: SourceArchive, chunks: list[SourceChunk], dest: Storage, duration_ms: int, base: int):
+def _decode_task(
+    source: SourceArchive, chunks: list[SourceChunk], dest: Storage, assignment_key: str, duration_ms: int, base: int
+):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        assignment = _load_assignment(dest)
+        assignment = _load_assignment(dest, assignment_key)
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
@@ -81,7 +84,7 @@ def _envelope(batch: pa.RecordBatch) -> pa.RecordBatch:
     )
 
 
-def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, fail_after: int | None):
+def _write_task(dest: Storage, run_id: str, codec: str, block_bytes: int, target_bytes: int, fail_after: int | None):
     """Each task holds whole groups (sorted by group, slice, then the piece order): one
     SegmentWriter per group, fed one slice's records at a time; yields the index rows of the
     pieces written."""
@@ -126,7 +129,7 @@ def _write_task(dest: Storage, codec: str, block_bytes: int, target_bytes: int, 
                         if writer is not None:
                             yield from written(close=True)
                         writer = SegmentWriter(
-                            dest, here[0], codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
+                            dest, here[0], run_id, codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
                         )
                     current, rows = here, []
                 rows.append(batch.slice(a, b - a))
@@ -155,8 +158,10 @@ def run_rewrite(
     chunks: list[SourceChunk],
     dest: Storage,
     plan: SlicePlan,
+    run: str,
+    assignment_key: str,
 ) -> pa.Table:
-    """The pieces written (PIECE_SCHEMA rows).
+    """The pieces written (PIECE_SCHEMA rows), in files named by `run`.
 
     Records are shuffled by group, so one task sees a group's records of every slice in
     order and cuts its segment files at slice boundaries near the target size (files of
@@ -164,12 +169,14 @@ def run_rewrite(
     one piece and one file in memory at most; Spark spills the sort."""
     spark.sparkContext.setJobDescription("keyfill compact: rewrite")
     frame = chunk_frame(spark, chunks, plan.prefix_max)
-    records = frame.mapInArrow(_decode_task(source, chunks, dest, cfg.slice_duration_ms, plan.base), RECORD_SCHEMA)
+    records = frame.mapInArrow(
+        _decode_task(source, chunks, dest, assignment_key, cfg.slice_duration_ms, plan.base), RECORD_SCHEMA
+    )
     written = (
         records.repartition(groups, "grp")
         .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
         .mapInArrow(
-            _write_task(dest, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files),
+            _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files),
             _SPARK_DDL,
         )
         .toArrow()

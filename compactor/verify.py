@@ -136,7 +136,7 @@ class FileChecker:
     def __init__(self, dest: Storage, manifest: compacted.Manifest):
         self.dest = dest
         self.manifest = manifest
-        self.assignment = KeyAssignment.from_table(load_assignment(dest))
+        self.assignment = KeyAssignment.from_table(load_assignment(dest, manifest.assignment))
 
     def __call__(
         self, key: str, pieces: list[Piece], ranges: dict[int, list[compacted.PartitionRange]]
@@ -237,7 +237,7 @@ def plan_audit(source: SourceArchive, dest: Storage) -> tuple[VerifyReport, Audi
     report = VerifyReport(source=source.url, dest=dest.url)
     try:
         manifest = compacted.load_manifest(dest)
-        metas = PieceIndex(dest, manifest.slices).metas(0, manifest.slices)
+        metas = PieceIndex(dest, manifest.slices, manifest.index_runs).metas(0, manifest.slices)
     except compacted.FormatError as exc:
         report.fail("manifest", str(exc))
         report.not_run = [c for c in CHECKS if c != "manifest"]  # nothing to check them against

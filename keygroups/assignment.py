@@ -1,6 +1,6 @@
 """The key assignment of a compacted archive: which group every key belongs to.
 
-Stored as `assignment.parquet` at the archive root (docs/compacted-archive.md), written by
+Stored as `assignments/<run>.parquet` (the manifest names it) (docs/compacted-archive.md), written by
 the compactor after packing, read by the rewrite pass (to route records) and by verify (to
 check every record sits in its key's group).
 """
@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keygroups.compacted import ASSIGNMENT
 from keygroups.storage import Storage
 
 ASSIGNMENT_SCHEMA = pa.schema(
@@ -27,18 +26,18 @@ ASSIGNMENT_SCHEMA = pa.schema(
 )
 
 
-def write_assignment(store: Storage, table: pa.Table) -> None:
+def write_assignment(store: Storage, key: str, table: pa.Table) -> None:
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
-    store.write(ASSIGNMENT, sink.getvalue().to_pybytes())
+    store.write(key, sink.getvalue().to_pybytes())
 
 
-def load_assignment(store: Storage) -> pa.Table:
+def load_assignment(store: Storage, key: str) -> pa.Table:
     import pyarrow.parquet as pq
 
-    return pq.read_table(pa.BufferReader(store.read(ASSIGNMENT)), schema=ASSIGNMENT_SCHEMA)
+    return pq.read_table(pa.BufferReader(store.read(key)), schema=ASSIGNMENT_SCHEMA)
 
 
 MISSING = -1  # group_of: a key the assignment does not know

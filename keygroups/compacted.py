@@ -1,18 +1,25 @@
-"""The compacted archive format, version 2: where files live and what the metadata says.
+"""The compacted archive format, version 3: where files live and what the metadata says.
 
 Written by the compactor, read by the reader, so it lives here, in the package both
 depend on. The on-disk layout is documented in docs/compacted-archive.md:
 
-    <root>/_manifest.json                                written last: makes the archive visible
-    <root>/assignment.parquet                            key -> group (keygroups.assignment)
-    <root>/index/<first slice:010d>.slices.parquet       per slice: bounds, partition ranges
-    <root>/index/<first slice:010d>.pieces.parquet       per piece: file, byte range, checksum
-    <root>/groups/<group:05d>/<first slice:010d>.avro    a segment: one group, consecutive slices
+    <root>/_versions/<version:020d>.json                  one per commit, created once: the
+                                                          latest makes that version visible
+    <root>/assignments/<run>.parquet                      key -> group (keygroups.assignment)
+    <root>/index/<first slice:010d>-<run>.slices.parquet  per slice: bounds, partition ranges
+    <root>/index/<first slice:010d>-<run>.pieces.parquet  per piece: file, byte range, checksum
+    <root>/groups/<group:05d>/<first slice:010d>-<run>.avro
+                                                          a segment: one group, consecutive slices
 
 The storage unit (a segment file, tens of MiB) is decoupled from the sync unit (a slice):
 a group's records of one slice, a *piece*, are a run of whole Avro blocks inside a segment,
 decodable from its byte range plus the file's header (`keygroups.segments` writes them,
 `keygroups.piece_index` finds them).
+
+Every file a compaction writes carries its *run* id, so runs never write over each other's
+files (two racing writers, or a failed run and its re-run); only a version object makes
+them visible, and a version object is never replaced (`Storage.create`). A reader that
+opened version n reads only files version n names, whatever is committed after.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,13 +37,14 @@ import google_crc32c
 import pyarrow as pa
 
 from keygroups import envelope
-from keygroups.errors import FormatError, IntegrityError
+from keygroups.errors import FormatError, IntegrityError, KeyfillError, ObjectExists
 from keygroups.storage import ObjectNotFound, Storage
 
 FORMAT = "keyfill.compacted"
-FORMAT_VERSION = 2
-MANIFEST = "_manifest.json"
-ASSIGNMENT = "assignment.parquet"
+FORMAT_VERSION = 3
+VERSIONS = "_versions"
+LEGACY_MANIFEST = "_manifest.json"  # format versions 1 and 2: one unversioned manifest
+ASSIGNMENTS = "assignments"
 INDEX = "index"
 GROUPS = "groups"
 # The largest ranged GET readers make by default: AWS's guidance for S3 throughput is 8-16 MB
@@ -49,25 +59,47 @@ def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
     return sum(-(-size // get_bytes) for size in file_sizes)
 
 
-# Every object this layout writes, and nothing else: what --overwrite may delete.
+_RUN = "[0-9a-f]{16}"
+# Every object this layout writes, and nothing else: what vacuum may delete.
 _ARCHIVE_KEY = re.compile(
-    rf"{re.escape(MANIFEST)}|{re.escape(ASSIGNMENT)}|{INDEX}/[0-9]{{10}}\.(?:slices|pieces)\.parquet"
-    rf"|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}\.avro"
+    rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet"
+    rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.(?:slices|pieces)\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
 )
-# What a version-1 archive (one file per slice and group) left: refused by name.
-_V1_KEY = re.compile(r"slices/[0-9]{6,}/(?:_slice\.json|group-[0-9]{5,}\.avro)")
+# What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
+_LEGACY_KEY = re.compile(
+    rf"{re.escape(LEGACY_MANIFEST)}|assignment\.parquet|{INDEX}/[0-9]{{10}}\.(?:slices|pieces)\.parquet"
+    rf"|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}\.avro|slices/[0-9]{{6,}}/(?:_slice\.json|group-[0-9]{{5,}}\.avro)"
+)
 
 
 def is_archive_key(key: str) -> bool:
-    """Whether `key` (relative to the archive root) is one of the archive's own objects
-    (of this version or of version 1, which an --overwrite replaces)."""
-    return _ARCHIVE_KEY.fullmatch(key) is not None or _V1_KEY.fullmatch(key) is not None
+    """Whether `key` (relative to the archive root) is one of the archive's own objects."""
+    return _ARCHIVE_KEY.fullmatch(key) is not None
 
 
-def segment_key(group: int, first_slice: int) -> str:
-    """A segment file, named by its group and first slice: unique, and the same for the
-    same input (invariant 6); listings sort by group, then slice."""
-    return f"{GROUPS}/{group:05d}/{first_slice:010d}.avro"
+def is_legacy_key(key: str) -> bool:
+    """Whether `key` is an object of an unversioned archive (format versions 1 and 2)."""
+    return _LEGACY_KEY.fullmatch(key) is not None
+
+
+def new_run() -> str:
+    """A compaction run's id: 16 hex digits, random, in every file name the run writes."""
+    return uuid.uuid4().hex[:16]
+
+
+def segment_key(group: int, first_slice: int, run: str) -> str:
+    """A segment file, named by its group, first slice and run: listings sort by group,
+    then slice."""
+    return f"{GROUPS}/{group:05d}/{first_slice:010d}-{run}.avro"
+
+
+def assignment_key(run: str) -> str:
+    return f"{ASSIGNMENTS}/{run}.parquet"
+
+
+def version_key(version: int) -> str:
+    """Zero-padded: listings sort versions in order."""
+    return f"{VERSIONS}/{version:020d}.json"
 
 
 def dumps(obj: Any) -> bytes:
@@ -209,7 +241,8 @@ def split_run(batch: pa.RecordBatch, pieces: list[Piece]) -> list[pa.RecordBatch
 
 @dataclass
 class Manifest:
-    """`_manifest.json`: a few KB whatever the archive's length (slices are in the index)."""
+    """One version of the archive (`_versions/<n>.json`): a few KB whatever the archive's
+    length (slices are in the index)."""
 
     source: dict  # url, format, options
     config: dict  # groups, slice_duration_ms, codec, block_bytes, target_file_bytes, null_keys, allow_gaps
@@ -224,6 +257,15 @@ class Manifest:
     totals: dict  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
     handoff: dict[str, int]  # partition (as a JSON string key) -> next offset after the archive
     gaps: list[str] = field(default_factory=list)
+    # The version: which archive it is, where its files are, how it came to be.
+    archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
+    version: int = 0
+    parent: int | None = None  # the version this commit followed (None: the first)
+    kind: str = "compact"  # compact | append
+    created_ms: int = 0
+    run: str = ""  # the run that wrote this version's new files
+    assignment: str = ""  # key of the key assignment
+    index_runs: list[list] = field(default_factory=list)  # [first slice, run]: who wrote the index from there on
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -235,49 +277,121 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict, *, name: str = MANIFEST) -> Manifest:
+    def from_json(cls, d: dict, *, name: str = "manifest") -> Manifest:
         if d.get("format") != FORMAT:
             raise FormatError(f"{name}: not a keyfill compacted archive manifest")
         if d.get("format_version") != FORMAT_VERSION:
             raise FormatError(
                 f"{name}: format version {d.get('format_version')}; this keyfill reads version {FORMAT_VERSION} "
-                "(compact the source again)"
+                "(compact the source again, with --overwrite)"
             )
         m = cls(**d)
         numbers = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
-        numbers += [m.groups, m.slice_duration_ms, m.base, m.slices]
+        numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
+        numbers += [start for start, _ in m.index_runs]
         lists = (m.group_records, m.group_payload_bytes, m.group_file_bytes)
         if not all(type(v) is int for v in numbers) or any(len(x) != m.groups for x in lists) or m.slices < 0:
             raise FormatError(
                 f"{name}: a count, offset or time that is not a whole number, or group lists that do "
                 "not match the group count"
             )
+        if not m.archive or not m.assignment or (m.slices and not m.index_runs):
+            raise FormatError(f"{name}: no archive id, assignment or index")
         return m
+
+
+def index_run(index_runs: list[list], first_slice: int) -> str:
+    """The run whose index files cover the slices from `first_slice` (an index file's first
+    slice): the last entry of a manifest's `index_runs` starting at or before it."""
+    run = ""
+    for start, r in index_runs:
+        if start > first_slice:
+            break
+        run = r
+    return run
+
+
+class CommitConflict(KeyfillError, RuntimeError):
+    """Another compaction committed the version this one was about to."""
 
 
 def write_json(store: Storage, key: str, obj: Any) -> None:
     store.write(key, dumps(obj))
 
 
-def fingerprint(manifest: Manifest) -> str:
-    """Identifies one compacted archive: 16 hex digits of the SHA-256 of its manifest's
-    canonical JSON. Equal input and configuration give equal fingerprints; a recompaction
-    with other groups or slices gives another, so a replay checkpoint or a Spark offset can
-    refuse to resume against the wrong archive."""
-    return hashlib.sha256(dumps(manifest.to_json())).hexdigest()[:16]
+def content_id(manifest: Manifest) -> str:
+    """16 hex digits of the SHA-256 of what the archive holds (source, configuration,
+    slices, groups, totals, hand-off), not of where its files are: a full compaction's
+    archive id. Equal input and configuration give equal ids, so a replay checkpoint or a
+    Spark offset resumes against an identical recompaction and refuses any other."""
+    content = {k: v for k, v in manifest.to_json().items() if k not in _VERSION_FIELDS}
+    return hashlib.sha256(dumps(content)).hexdigest()[:16]
 
 
-def load_manifest(store: Storage) -> Manifest:
-    """The manifest, or FormatError: without a manifest there is no archive."""
+_VERSION_FIELDS = {"archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs"}
+
+
+def versions(store: Storage) -> list[int]:
+    """The committed version numbers, ascending."""
+    out = []
+    for o in store.list(VERSIONS + "/"):
+        m = re.fullmatch(rf"{VERSIONS}/([0-9]{{20}})\.json", o.key)
+        if m:
+            out.append(int(m[1]))
+    return sorted(out)
+
+
+def load_manifest(store: Storage, version: int | None = None) -> Manifest:
+    """The manifest of `version` (default: the latest), or FormatError: without a version
+    there is no archive."""
+    if version is None:
+        committed = versions(store)
+        if not committed:
+            if store.exists(LEGACY_MANIFEST):
+                return _legacy(store)
+            raise FormatError(
+                f"{store.url_for(VERSIONS)}/: no committed version; not a compacted archive, or a compaction "
+                "that did not finish"
+            )
+        version = committed[-1]
+    key = version_key(version)
     try:
-        data = store.read(MANIFEST)
+        data = store.read(key)
     except ObjectNotFound:
-        raise FormatError(
-            f"{store.url_for(MANIFEST)}: no manifest; not a compacted archive, or a compaction that did not finish"
-        ) from None
+        raise FormatError(f"{store.url_for(key)}: no version {version} in this archive") from None
     try:
-        return Manifest.from_json(json.loads(data), name=store.url_for(MANIFEST))
+        m = Manifest.from_json(json.loads(data), name=store.url_for(key))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         if isinstance(exc, FormatError):
             raise
-        raise FormatError(f"{store.url_for(MANIFEST)}: unreadable manifest ({exc})") from None
+        raise FormatError(f"{store.url_for(key)}: unreadable manifest ({exc})") from None
+    if m.version != version:
+        raise FormatError(f"{store.url_for(key)}: says it is version {m.version}")
+    return m
+
+
+def _legacy(store: Storage) -> Manifest:
+    """An unversioned archive: refused, naming its format version."""
+    url = store.url_for(LEGACY_MANIFEST)
+    try:
+        found = json.loads(store.read(LEGACY_MANIFEST)).get("format_version")
+    except (ValueError, AttributeError):
+        found = "unknown"
+    raise FormatError(
+        f"{url}: format version {found}; this keyfill reads version {FORMAT_VERSION} "
+        "(compact the source again, with --overwrite)"
+    )
+
+
+def commit(store: Storage, manifest: Manifest) -> None:
+    """Publish `manifest` as its version, atomically and once: if another writer committed
+    that version first, CommitConflict, and nothing of this run is visible."""
+    manifest.created_ms = manifest.created_ms or int(time.time() * 1000)
+    key = version_key(manifest.version)
+    try:
+        store.create(key, dumps(manifest.to_json()))
+    except ObjectExists:
+        raise CommitConflict(
+            f"{store.url_for(key)}: another compaction committed version {manifest.version} while this one ran; "
+            "nothing of this run is visible (its files are left for `keyfill vacuum`); run it again"
+        ) from None

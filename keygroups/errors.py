@@ -26,6 +26,10 @@ class ObjectNotFound(StorageError):
     """The object does not exist (the bucket or directory may)."""
 
 
+class ObjectExists(StorageError):
+    """A create-only write found the object already there (another writer made it first)."""
+
+
 class InvalidKey(StorageError, ValueError):
     """A storage key or prefix that would mean different things on the two backends."""
 

@@ -3,14 +3,15 @@
 A group's records of one slice (a *piece*) are a run of whole Avro blocks inside a segment
 file that holds many consecutive slices of that group. Readers find pieces here:
 
-    <root>/index/<first slice:010d>.slices.parquet   one row per slice: bounds, records, bytes,
-                                                     per-partition offset ranges
-    <root>/index/<first slice:010d>.pieces.parquet   one row per piece: file, byte range,
-                                                     records, timestamps, CRC-32C
+    <root>/index/<first slice:010d>-<run>.slices.parquet   one row per slice: bounds, records,
+                                                           bytes, per-partition offset ranges
+    <root>/index/<first slice:010d>-<run>.pieces.parquet   one row per piece: file, byte range,
+                                                           records, timestamps, CRC-32C
 
 Each pair covers `SLICES_PER_FILE` consecutive slices, so a file's name follows from a slice
-number and the manifest only needs the slice count: it stays a few KB however long the
-archive. Inside a file, row groups hold `SLICES_PER_ROW_GROUP` slices, so planning a
+number and the run that wrote it; the manifest lists only where the writing run changes
+(`index_runs`: an append rewrites the last file and adds new ones), so it stays a few KB
+however long the archive. Inside a file, row groups hold `SLICES_PER_ROW_GROUP` slices, so planning a
 micro-batch or resuming reads the row groups of the slices it needs, not the archive's
 whole index (at 10^6 slices x 1,024 groups the index has up to 10^9 piece rows).
 
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from keygroups.compacted import INDEX, PartitionRange, Piece, SliceMeta
+from keygroups.compacted import INDEX, PartitionRange, Piece, SliceMeta, index_run
 from keygroups.errors import FormatError
 from keygroups.storage import ObjectNotFound, Storage
 
@@ -130,9 +131,9 @@ def piece_list(pieces: pa.Table) -> list[Piece]:
     return [Piece(*row) for row in zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA])))]
 
 
-def index_key(kind: str, first_slice: int) -> str:
+def index_key(kind: str, first_slice: int, run: str) -> str:
     """The index file ("slices" or "pieces") covering the slice range starting at `first_slice`."""
-    return f"{INDEX}/{first_slice:010d}.{kind}.parquet"
+    return f"{INDEX}/{first_slice:010d}-{run}.{kind}.parquet"
 
 
 def file_start(s: int) -> int:
@@ -159,9 +160,9 @@ def _write(store: Storage, key: str, table: pa.Table) -> None:
     store.write(key, sink.getvalue().to_pybytes())
 
 
-def write_index(store: Storage, slices: pa.Table, pieces: pa.Table) -> list[str]:
-    """Write the index files for these slices and pieces (slice numbers must cover whole
-    index files except the last); returns the keys written."""
+def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) -> list[str]:
+    """Write the index files for these slices and pieces, named by `run` (slice numbers must
+    cover whole index files except the last); returns the keys written."""
     slices = _sorted(slices.cast(SLICE_SCHEMA), ["slice"])
     pieces = _sorted(pieces.cast(PIECE_SCHEMA), ["slice", "group"])
     if not slices.num_rows:
@@ -174,8 +175,8 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table) -> list[str]
         for kind, table in (("slices", slices), ("pieces", pieces)):
             s = table.column("slice")
             part = table.filter(pc.and_(pc.greater_equal(s, start), pc.less(s, end)))
-            _write(store, index_key(kind, start), part)
-            written.append(index_key(kind, start))
+            _write(store, index_key(kind, start, run), part)
+            written.append(index_key(kind, start, run))
     return written
 
 
@@ -215,16 +216,18 @@ class _RangedObject(io.RawIOBase):
 @dataclass
 class PieceIndex:
     """Reads the index of an archive of `slices` slices, a row group at a time, keeping the
-    files it opened (the index of a committed version never changes)."""
+    files it opened (the index of a committed version never changes). `runs`: the manifest's
+    `index_runs`."""
 
     store: Storage
     slices: int
+    runs: list[list]
 
     def __post_init__(self) -> None:
         self._files: dict[str, pq.ParquetFile] = {}
 
     def _file(self, kind: str, start: int) -> pq.ParquetFile:
-        key = index_key(kind, start)
+        key = index_key(kind, start, index_run(self.runs, start))
         if key not in self._files:
             try:
                 source = _RangedObject(self.store, key)
@@ -263,8 +266,5 @@ class PieceIndex:
         """Slices [first, end) with their pieces; every slice must have its index row."""
         metas = slice_metas(self.slice_rows(first, end), self.piece_rows(first, end))
         if [m.slice for m in metas] != list(range(first, end)):
-            raise FormatError(
-                f"{self.store.url_for(index_key('slices', file_start(first)))}: slices {first}..{end - 1} "
-                "are not all in the slice index"
-            )
+            raise FormatError(f"{self.store.url}: slices {first}..{end - 1} are not all in the slice index")
         return metas

@@ -1,7 +1,7 @@
 """Segment files of format v2 (DESIGN.md "Format v2"): one Avro container per run of
 consecutive slices of one group, each slice's records (a *piece*) a run of whole blocks.
 
-    <root>/groups/<group:05d>/<first slice:010d>.avro
+    <root>/groups/<group:05d>/<first slice:010d>-<run>.avro
 
 A group's segments share one sync marker, derived from the group id, so a piece's blocks
 do not depend on which file they land in and equal input gives equal bytes (invariant 6).
@@ -39,6 +39,7 @@ class SegmentWriter:
         self,
         store: Storage,
         group: int,
+        run: str,
         *,
         codec: str = "snappy",
         block_bytes: int = envelope.DEFAULT_BLOCK_BYTES,
@@ -46,7 +47,7 @@ class SegmentWriter:
     ) -> None:
         if target_bytes < 1:
             raise OptionError(f"target_bytes={target_bytes}: must be at least 1")
-        self.store, self.group = store, group
+        self.store, self.group, self.run = store, group, run
         self.codec, self.block_bytes, self.target_bytes = codec, block_bytes, target_bytes
         self.sync = sync_marker(group)
         self.pieces: list[Piece] = []  # of files already written
@@ -77,7 +78,7 @@ class SegmentWriter:
                 sync_marker=self.sync,
             )
             self._parts, self._size, self._header = [header], len(header), len(header)
-            self._key = segment_key(self.group, s)
+            self._key = segment_key(self.group, s, self.run)
         blob = envelope.encode_blocks(batch, codec=self.codec, sync_marker=self.sync, block_bytes=self.block_bytes)
         ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
         self._open.append(

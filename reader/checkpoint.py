@@ -1,9 +1,10 @@
 """A replay's position as a value: what has been emitted, of which archive.
 
-A checkpoint names its archive by the manifest's fingerprint (`compacted.fingerprint`), as
-the Spark source's offsets do: resuming against an archive recompacted with other groups
-or slices would otherwise skip or repeat records without a word. It holds no thread count,
-so a replay can resume with any.
+A checkpoint names its archive by its id (`Manifest.archive`, kept by appends), as the
+Spark source's offsets do: resuming against an archive recompacted with other groups or
+slices would otherwise skip or repeat records without a word. A later version of the same
+archive only adds slices, so a checkpoint resumes on it. It holds no thread count, so a
+replay can resume with any.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class CheckpointError(KeyfillError, ValueError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    archive: str  # fingerprint of the manifest
+    archive: str  # the archive's id
     url: str  # where the archive was, for messages only
     slices: int
     slice: int = 0  # the slice being replayed; == slices when done
@@ -66,11 +67,16 @@ class Checkpoint:
 
     def check(self, manifest: compacted.Manifest, url: str) -> None:
         """Refuse to resume against another archive than the one this position is in."""
-        here = compacted.fingerprint(manifest)
+        here = manifest.archive
         if self.archive != here:
             raise CheckpointError(
                 f"checkpoint is for archive {self.archive} ({self.url}), but {url} is archive {here} "
                 "(recompacted since?): start the replay anew, or point it at the archive it started on"
             )
-        if self.slices != manifest.slices or any(not 0 <= g < manifest.groups for g in self.groups):
-            raise CheckpointError(f"malformed checkpoint: slices or groups outside archive {here} ({url})")
+        if self.slices > manifest.slices:
+            raise CheckpointError(
+                f"checkpoint is at slice {self.slice} of {self.slices}, but {url} version {manifest.version} has "
+                f"{manifest.slices} slices: resume against the version it was taken on, or a later one"
+            )
+        if any(not 0 <= g < manifest.groups for g in self.groups):
+            raise CheckpointError(f"malformed checkpoint: groups outside archive {here} ({url})")

@@ -21,7 +21,7 @@ class ReplayPlan:
     def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
         self.store = store
         self.manifest = manifest
-        self.index = PieceIndex(store, manifest.slices)
+        self.index = PieceIndex(store, manifest.slices, manifest.index_runs)
         self.threads = threads
         self.group_bytes = np.asarray(manifest.group_file_bytes, dtype=np.int64)
         if len(self.group_bytes):

@@ -102,7 +102,7 @@ class Replay:
         self.options = opts = options or ReplayOptions(**kwargs)
         self.store = store or open_storage(url, threads=max(opts.threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
-        self.fingerprint = compacted.fingerprint(self.manifest)
+        self.fingerprint = self.manifest.archive
         self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self.plan.group_bytes, self._stop)

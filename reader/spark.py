@@ -207,7 +207,7 @@ class _Planner:
     @property
     def index(self) -> PieceIndex:
         if self._index is None:
-            self._index = PieceIndex(self.store, self.manifest.slices)
+            self._index = PieceIndex(self.store, self.manifest.slices, self.manifest.index_runs)
         return self._index
 
     @property
@@ -215,7 +215,7 @@ class _Planner:
         """Identifies the archive in every offset, so a checkpoint cannot silently resume
         against a recompacted archive (equal inputs and config give equal manifests)."""
         if self._fingerprint is None:
-            self._fingerprint = compacted.fingerprint(self.manifest)
+            self._fingerprint = self.manifest.archive
         return self._fingerprint
 
     def offset(self, s: int) -> dict:

@@ -28,7 +28,7 @@ def archive_metas(store):
     from keygroups.piece_index import PieceIndex
 
     manifest = compacted.load_manifest(store)
-    return PieceIndex(store, manifest.slices).metas(0, manifest.slices)
+    return PieceIndex(store, manifest.slices, manifest.index_runs).metas(0, manifest.slices)
 
 
 def read_pieces(store):
@@ -58,11 +58,54 @@ def rewrite_group(store, group, change):
     mine = [(m.slice, p, b) for m, p, b in read_pieces(store) if p.group == group]
     for f in {p.file for _, p, _ in mine}:
         store.delete(f)
-    writer = SegmentWriter(store, group, codec=manifest.config["codec"], target_bytes=1 << 40)
+    writer = SegmentWriter(store, group, manifest.run, codec=manifest.config["codec"], target_bytes=1 << 40)
     for s, _, b in mine:
         writer.add(s, change(s, b))
     new = writer.close()
     others = [p for m in metas for p in m.pieces if p.group != group]
     pieces = pa.concat_tables([piece_index.piece_table(others), piece_index.piece_table(new)])
-    piece_index.write_index(store, piece_index.slice_table(metas), pieces)
+    piece_index.write_index(store, piece_index.slice_table(metas), pieces, manifest.run)
     return new
+
+
+def archive_assignment(store):
+    """The key assignment of the archive's latest version."""
+    from keygroups import compacted
+    from keygroups.assignment import load_assignment
+
+    return load_assignment(store, compacted.load_manifest(store).assignment)
+
+
+def canonical_files(url: str) -> dict:
+    """An archive's latest version as invariant 6 compares it: the assignment's and every
+    segment file's bytes, the index rows and the manifest, with the run id (random per
+    run, in every file name) and what only says when and as which version it was
+    committed taken out."""
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    from keygroups import compacted
+    from keygroups.storage import open_storage
+
+    store = open_storage(url)
+    m = compacted.load_manifest(store)
+
+    def plain(key: str) -> str:
+        return key.replace(f"-{m.run}", "")
+
+    out = {"assignment": store.read(m.assignment)}
+    for o in store.list():
+        if o.key.startswith(compacted.GROUPS + "/"):
+            assert m.run in o.key, f"{o.key}: a file of another run"
+            out[plain(o.key)] = store.read(o.key)
+        elif o.key.startswith(compacted.INDEX + "/"):
+            rows = pq.read_table(io.BytesIO(store.read(o.key))).to_pylist()
+            out[plain(o.key)] = [{k: plain(v) if k == "file" else v for k, v in r.items()} for r in rows]
+    doc = json.loads(store.read(compacted.version_key(m.version)))
+    for k in ("run", "created_ms", "assignment", "index_runs"):
+        doc.pop(k)
+    doc["source"].pop("url")
+    out["manifest"] = doc
+    return out

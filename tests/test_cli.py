@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -161,11 +162,17 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
     victim.write_bytes(victim.read_bytes()[:-20])
     out = run("verify", src, dest, "--no-progress")
     assert out.returncode == 1 and victim.name in out.stdout and "FAIL checksums" in out.stdout
-    # a version-1 archive (one file per slice and group) is refused naming the version
-    manifest = json.loads((tmp_path / "c" / "_manifest.json").read_text())
-    (tmp_path / "c" / "_manifest.json").write_text(json.dumps(manifest | {"format_version": 1}))
+    # an unversioned archive (format 2: one _manifest.json) is refused naming its format version
+    versions = tmp_path / "c" / "_versions"
+    manifest = json.loads(max(versions.iterdir()).read_text())
+    shutil.rmtree(versions)
+    (tmp_path / "c" / "_manifest.json").write_text(json.dumps(manifest | {"format_version": 2}))
     out = run("replay", dest, "--no-progress")
-    assert out.returncode == 2 and "format version 1; this keyfill reads version 2" in out.stderr
+    assert out.returncode == 2 and "format version 2; this keyfill reads version 3" in out.stderr
+    # ... and replaced by a compaction with --overwrite, which removes its files
+    out = run("compact", src, dest, "--groups", "3", "--master", "local[2]", "--overwrite")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "c" / "_manifest.json").exists() and run("verify", src, dest).returncode == 0
 
 
 def test_compact_names_a_corrupt_chunk(tmp_path):
@@ -174,7 +181,7 @@ def test_compact_names_a_corrupt_chunk(tmp_path):
     out = run("compact", str(src), str(tmp_path / "c"), "--groups", "2", "--master", "local[2]")
     assert out.returncode == 2
     assert victim.name in out.stderr and "Traceback" not in out.stderr.split("error:")[-1]
-    assert not (tmp_path / "c" / "_manifest.json").exists()
+    assert not (tmp_path / "c" / "_versions").exists()
 
 
 def test_inspect_describes_a_compacted_archive(tmp_path, capsys):
@@ -186,7 +193,7 @@ def test_inspect_describes_a_compacted_archive(tmp_path, capsys):
     capsys.readouterr()
     assert main(["inspect", dest, "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
-    assert s["format_version"] == 2 and s["records"] == 3000 and s["groups"] == 2
+    assert s["format_version"] == 3 and s["version"] == 1 and s["records"] == 3000 and s["groups"] == 2
     assert (s["slices"], s["files"], s["pieces"]) == (result["slices"], result["files"], result["pieces"])
     assert main(["inspect", dest]) == 0
     assert "segment files" in capsys.readouterr().out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,9 +16,15 @@ from compactor.verify import verify
 from compactor.verify_spark import verify_spark
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
-from keygroups.assignment import load_assignment
 from keygroups.storage import StorageError, open_storage
-from tests.records import archive_metas, envelope_records, read_pieces, rewrite_group
+from tests.records import (
+    archive_assignment,
+    archive_metas,
+    canonical_files,
+    envelope_records,
+    read_pieces,
+    rewrite_group,
+)
 
 
 def files(url: str) -> dict[str, bytes]:
@@ -104,7 +108,7 @@ def test_per_key_order_and_interleaving_inside_files(spark, skewed, tmp_path):
 def test_balance_beats_hashing(spark, skewed, tmp_path):
     dest = str(tmp_path / "c")
     r = compact(CompactConfig(source=skewed, dest=dest, groups=8, slice_duration="10m"), spark)
-    a = load_assignment(open_storage(dest))
+    a = archive_assignment(open_storage(dest))
     weights = a.column("bytes").to_numpy()
     lower_bound = max(weights.sum() / 8, weights.max())
     assert r.max_group_bytes <= lower_bound * 1.01
@@ -114,11 +118,7 @@ def test_same_input_same_bytes(spark, skewed, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     compact(CompactConfig(source=skewed, dest=a, groups=5, slice_duration="1m"), spark)
     compact(CompactConfig(source=skewed, dest=b, groups=5, slice_duration="1m"), spark)
-    fa, fb = files(a), files(b)
-    manifest_a, manifest_b = json.loads(fa.pop(compacted.MANIFEST)), json.loads(fb.pop(compacted.MANIFEST))
-    assert fa == fb  # invariant 6: assignment, index, every segment file
-    manifest_a["source"].pop("url"), manifest_b["source"].pop("url")
-    assert manifest_a == manifest_b
+    assert canonical_files(a) == canonical_files(b)  # invariant 6: assignment, index, every segment file
 
 
 def test_failure_midway_leaves_no_archive_and_rerun_succeeds(spark, skewed, tmp_path):
@@ -128,7 +128,7 @@ def test_failure_midway_leaves_no_archive_and_rerun_succeeds(spark, skewed, tmp_
         compact(CompactConfig(**cfg, fail_after_files=1), spark)
     store = open_storage(dest)
     assert any(o.key.endswith(".avro") for o in store.list())  # it did write part of the data ...
-    with pytest.raises(compacted.FormatError, match="no manifest"):
+    with pytest.raises(compacted.FormatError, match="no committed version"):
         compacted.load_manifest(store)  # ... but no archive is visible
     assert not verify(open_source(skewed), store).ok
     compact(CompactConfig(**cfg), spark)  # invariant 5: a re-run succeeds
@@ -177,7 +177,7 @@ def test_gaps_and_overlaps_are_refused_naming_the_chunks(spark, tmp_path):
     write_chunk(src, records(0, range(8, 10), range(8, 10), [b"a"] * 2), "t")
     with pytest.raises(SlicingError, match="5..7 missing"):
         compact(CompactConfig(source=src.url, dest=str(tmp_path / "c"), groups=2), spark)
-    assert not open_storage(str(tmp_path / "c")).exists(compacted.MANIFEST)
+    assert not compacted.versions(open_storage(str(tmp_path / "c")))
     r = compact(CompactConfig(source=src.url, dest=str(tmp_path / "c"), groups=2, allow_gaps=True), spark)
     assert r.records == 7
     assert "5..7 missing" in compacted.load_manifest(open_storage(str(tmp_path / "c"))).gaps[0]
@@ -224,7 +224,7 @@ def test_segment_files_are_cut_near_the_target(spark, skewed, tmp_path):
     for meta in archive_metas(store):
         for p in meta.pieces:
             sizes.setdefault(p.group, {})[p.file] = p.file_bytes
-            assert p.file == compacted.segment_key(p.group, int(p.file.split("/")[2].split(".")[0]))
+            assert p.file == compacted.segment_key(p.group, int(p.file.split("/")[2][:10]), manifest.run)
     assert sum(len(f) for f in sizes.values()) == r.files == manifest.totals["files"]
     for files in sizes.values():
         ordered = [files[k] for k in sorted(files)]
@@ -296,9 +296,7 @@ def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
         assert r["offset"] > last.get(k, -1)
         last[k] = r["offset"]
     compact(CompactConfig(source=src.url, dest=b, groups=groups, slice_duration=duration), spark)
-    fa, fb = files(a), files(b)
-    fa.pop(compacted.MANIFEST), fb.pop(compacted.MANIFEST)
-    assert fa == fb
+    assert canonical_files(a) == canonical_files(b)
 
 
 def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):
@@ -318,6 +316,6 @@ def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):
     # same keys, same groups as compacting the envelope archive it came from
     env_dest = str(tmp_path / "e")
     compact(CompactConfig(source=skewed, dest=env_dest, groups=4, slice_duration="1m"), spark)
-    a = load_assignment(open_storage(dest)).select(["key", "null_key_partition", "records"])
-    b = load_assignment(open_storage(env_dest)).select(["key", "null_key_partition", "records"])
+    a = archive_assignment(open_storage(dest)).select(["key", "null_key_partition", "records"])
+    b = archive_assignment(open_storage(env_dest)).select(["key", "null_key_partition", "records"])
     assert a.sort_by("key").equals(b.sort_by("key"))

@@ -145,24 +145,28 @@ def test_nested_source_and_destination_are_refused_before_anything_is_touched(sp
     assert snapshot(str(nest)) == before
 
 
-def test_overwrite_replaces_only_the_archive_and_keeps_foreign_files(spark, source, archive, tmp_path):
+def test_overwrite_builds_a_new_version_beside_the_old_and_keeps_foreign_files(spark, source, archive, tmp_path):
     dest = tmp_path / "c"
     shutil.copytree(archive, dest)
     (dest / "notes").mkdir()
     (dest / "notes" / "important.csv").write_text("keep me\n")
     (dest / "README.txt").write_text("team archive\n")
-    old = {k for k in snapshot(str(dest)) if compacted.is_archive_key(k)}
+    store = open_storage(str(dest))
+    before = compacted.load_manifest(store)
+    old = {k: v for k, v in snapshot(str(dest)).items() if compacted.is_archive_key(k)}
     r = compact(CompactConfig(source=source, dest=str(dest), groups=2, slice_duration="1m", overwrite=True), spark)
-    assert r.groups == 2
+    assert r.groups == 2 and r.version == before.version + 1
     assert (dest / "notes" / "important.csv").read_text() == "keep me\n"
     assert (dest / "README.txt").read_text() == "team archive\n"
-    now = {k for k in snapshot(str(dest)) if compacted.is_archive_key(k)}
-    store = open_storage(str(dest))
-    listed = {compacted.MANIFEST, compacted.ASSIGNMENT} | {p.file for m in archive_metas(store) for p in m.pieces}
-    listed |= {o.key for o in store.list(compacted.INDEX + "/")}
-    assert now == listed  # no stale old file
-    assert old - now  # the old archive had files the new one does not (4 groups, 20 s slices)
-    assert verify(open_source(source), open_storage(str(dest))).ok
+    after = compacted.load_manifest(store)
+    assert after.parent == before.version and after.archive != before.archive  # 4 groups, 20 s slices before
+    listed = {after.assignment} | {p.file for m in archive_metas(store) for p in m.pieces}
+    assert all(after.run in k for k in listed)
+    now = snapshot(str(dest))
+    assert all(now[k] == v for k, v in old.items())  # the old version's files are untouched ...
+    old_version = compacted.load_manifest(store, before.version)  # ... and it is still whole
+    assert old_version == before
+    assert verify(open_source(source), store).ok
 
 
 def test_overlap_is_judged_on_both_backends():
@@ -211,7 +215,10 @@ def damage_piece(store, kind: str):
             p if p != victim else dataclasses.replace(p, offset=p.file_bytes + 100) for m in metas for p in m.pieces
         ]
         piece_index.write_index(
-            store, piece_index.slice_table(metas), pa.concat_tables([piece_index.piece_table(rows)])
+            store,
+            piece_index.slice_table(metas),
+            pa.concat_tables([piece_index.piece_table(rows)]),
+            compacted.load_manifest(store).run,
         )
     return victim
 
@@ -345,7 +352,7 @@ def test_frozen_endpoint_fails_the_replay_command_in_bounded_time(frozen_s3):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr
-    assert server.endpoint in lines[0] and f"{url}/{compacted.MANIFEST}" in lines[0]
+    assert server.endpoint in lines[0] and f"{url}/{compacted.VERSIONS}" in lines[0]
     print(f"frozen endpoint, replay command: error after {took:.1f} s")
 
 
@@ -457,7 +464,7 @@ def test_frozen_endpoint_fails_compact_in_bounded_time(spark, frozen_s3, short_l
 def test_verify_of_an_unreadable_manifest_reports_checks_not_run(source, archive, tmp_path, capsys):
     dest = tmp_path / "c"
     shutil.copytree(archive, dest)
-    (dest / compacted.MANIFEST).write_text("{ not json")
+    (dest / compacted.version_key(compacted.load_manifest(open_storage(str(dest))).version)).write_text("{ not json")
     report = verify(open_source(source), open_storage(str(dest)))
     assert not report.ok and set(report.not_run) == set(CHECKS) - {"manifest"}
     assert main(["verify", source, str(dest), "--no-progress"]) == 1

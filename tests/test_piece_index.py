@@ -94,16 +94,22 @@ def test_any_range_reads_back_what_was_written(tmp_path_factory, monkeypatch, sl
     empty = set(data.draw(st.lists(st.integers(0, slices - 1), max_size=slices)))
     store = open_storage(str(tmp_path_factory.mktemp("ix")))
     sl, pieces = synthetic(slices, sorted(groups), empty)
-    written = ix.write_index(store, sl, pieces.take(pa.array(list(reversed(range(pieces.num_rows))), pa.int64())))
+    # Two runs wrote the index, as after an append: the second from index file `cut` on.
+    cut = 8 * data.draw(st.integers(0, (slices - 1) // 8))
+    runs = [[0, "a" * 16], [cut, "b" * 16]] if cut else [[0, "b" * 16]]
+    shuffled = pieces.take(pa.array(list(reversed(range(pieces.num_rows))), pa.int64()))
+    written = ix.write_index(store, in_range(sl, 0, cut), in_range(shuffled, 0, cut), "a" * 16)
+    written += ix.write_index(store, in_range(sl, cut, slices), in_range(shuffled, cut, slices), "b" * 16)
     assert len(written) == 2 * -(-slices // 8)
+    ix.write_index(store, sl, pieces, "c" * 16)  # a run that never committed: not read
     first = data.draw(st.integers(0, slices))
     end = data.draw(st.integers(first, slices))
     counting = CountingStore(store)
-    index = ix.PieceIndex(counting, slices)
+    index = ix.PieceIndex(counting, slices, runs)
     assert index.piece_rows(first, end).equals(in_range(pieces, first, end))
     assert index.slice_rows(first, end).equals(in_range(sl, first, end))
-    touched = {int(k.split("/")[1].split(".")[0]) for k in counting.reads}
-    assert touched == {s - s % 8 for s in range(first, end)}  # only the files of the range
+    touched = {(int(k.split("/")[1][:10]), k.split("-")[1][:16]) for k in counting.reads}
+    assert touched == {(s - s % 8, "b" * 16 if s >= cut else "a" * 16) for s in range(first, end)}
     metas = index.metas(first, end)  # as readers see them: every slice, its pieces by group
     assert [m.slice for m in metas] == list(range(first, end))
     for m in metas:
@@ -114,13 +120,14 @@ def test_any_range_reads_back_what_was_written(tmp_path_factory, monkeypatch, sl
 def test_a_range_outside_the_archive_and_a_missing_file_are_named(tmp_path):
     store = open_storage(str(tmp_path))
     sl, pieces = synthetic(3, [0, 1], set())
-    ix.write_index(store, sl, pieces)
+    run = "0" * 16
+    ix.write_index(store, sl, pieces, run)
     with pytest.raises(FormatError, match="outside"):
-        ix.PieceIndex(store, 3).piece_rows(2, 5)
-    store.delete(ix.index_key("pieces", 0))
+        ix.PieceIndex(store, 3, [[0, run]]).piece_rows(2, 5)
+    store.delete(ix.index_key("pieces", 0, run))
     with pytest.raises(FormatError, match="index file missing") as err:
-        ix.PieceIndex(store, 3).piece_rows(0, 1)
-    assert "0000000000.pieces.parquet" in str(err.value)
-    store.write(ix.index_key("pieces", 0), b"not parquet")
+        ix.PieceIndex(store, 3, [[0, run]]).piece_rows(0, 1)
+    assert f"0000000000-{run}.pieces.parquet" in str(err.value)
+    store.write(ix.index_key("pieces", 0, run), b"not parquet")
     with pytest.raises(FormatError, match="unreadable index file"):
-        ix.PieceIndex(store, 3).piece_rows(0, 1)
+        ix.PieceIndex(store, 3, [[0, run]]).piece_rows(0, 1)

@@ -31,7 +31,7 @@ record = st.fixed_dictionaries(
 
 def write_group(root, slices, target, codec):
     store = open_storage(str(root))
-    w = segments.SegmentWriter(store, 3, codec=codec, block_bytes=512, target_bytes=target)
+    w = segments.SegmentWriter(store, 3, "0" * 16, codec=codec, block_bytes=512, target_bytes=target)
     for s, recs in slices:
         w.add(s, envelope.batch_from_records(recs))
     return store, w.close(), w.files
@@ -106,7 +106,7 @@ def test_damage_and_misuse_are_named(tmp_path):
         compacted.read_piece(header, bytes(data), p, p.file)
     with pytest.raises(IntegrityError, match="bytes, the index records"):
         compacted.read_piece(header, bytes(data[:-1]), p, p.file)
-    w = segments.SegmentWriter(store, 1)
+    w = segments.SegmentWriter(store, 1, "0" * 16)
     w.add(4, envelope.empty_batch())
     with pytest.raises(OptionError, match="slices must increase"):
         w.add(4, envelope.empty_batch())

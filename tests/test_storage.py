@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from keygroups.storage import (
     LocalStorage,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     S3Storage,
@@ -441,6 +442,31 @@ def test_16_threads(store: Storage, caplog: pytest.LogCaptureFixture) -> None:
     assert len(s.list()) == 16 * 12
     # boto3's default pool of 10 would log "Connection pool is full, discarding connection".
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_of_writers_racing_to_create_a_key_exactly_one_wins(store: Storage, trial: int) -> None:
+    s = fresh(open_storage(store.url, threads=16))
+    barrier = threading.Barrier(16)
+
+    def race(t: int) -> bool:
+        barrier.wait()
+        try:
+            s.create("v/1.json", f"writer {t}".encode() * (t + 1))
+        except ObjectExists as e:
+            assert s.url_for("v/1.json") in str(e)
+            return False
+        return True
+
+    with ThreadPoolExecutor(16) as pool:
+        won = [t for t, ok in enumerate(pool.map(race, range(16))) if ok]
+    assert len(won) == 1
+    assert s.read("v/1.json") == f"writer {won[0]}".encode() * (won[0] + 1)  # the winner's bytes, whole
+    assert [o.key for o in s.list()] == ["v/1.json"]  # no temp file left behind
+    with pytest.raises(ObjectExists):
+        s.create("v/1.json", b"late")
+    s.create("v/2.json", b"next")
+    assert s.read("v/2.json") == b"next"
 
 
 def test_readers_never_see_partial_writes(store: Storage) -> None:

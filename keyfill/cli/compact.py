@@ -81,7 +81,7 @@ def print_compact_result(r, as_json: bool) -> None:
         print(json.dumps(asdict(r), indent=2))
         return
     rate = r.records / r.seconds if r.seconds else 0.0
-    print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}")
+    print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}, version {r.version}")
     print(
         f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.pieces:,} pieces in {r.files} files, "
         f"{mb(r.file_bytes)}"

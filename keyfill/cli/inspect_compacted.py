@@ -18,7 +18,8 @@ def summary(store) -> dict:
     return {
         "archive": store.url,
         "format_version": m.format_version,
-        "fingerprint": compacted.fingerprint(m),
+        "fingerprint": m.archive,
+        "version": m.version,
         "topic": m.topic,
         "records": t["records"],
         "keys": t["keys"],
@@ -53,7 +54,10 @@ def run(store, as_json: bool) -> int:
     if as_json:
         print(json.dumps(s, indent=2))
         return 0
-    print(f"archive   {s['archive']} (compacted, format version {s['format_version']}, {s['fingerprint']})")
+    print(
+        f"archive   {s['archive']} (compacted, format version {s['format_version']}, archive {s['fingerprint']}, "
+        f"version {s['version']})"
+    )
     print(f"records   {s['records']:,} of topic {s['topic']}, {s['keys']:,} keys, {s['partitions']} partitions")
     end = "none" if s["end_ms"] is None else iso(s["end_ms"])
     print(

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from keygroups.storage import open_storage
 
     store = open_storage(args.url, threads=args.threads)
-    if store.exists(compacted.MANIFEST):
+    if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):
         return inspect_compacted.run(store, args.json)
     s = inspect_archive(
         store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=not (args.no_progress or args.json)

@@ -13,13 +13,14 @@ import re
 from collections.abc import Callable
 from urllib.parse import ParseResult, unquote, urlparse
 
-from keygroups.errors import InvalidKey, ObjectNotFound, StorageError
+from keygroups.errors import InvalidKey, ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import ObjectInfo, Storage, check_key
 from keygroups.storage.local import LocalStorage
 from keygroups.storage.s3 import S3Limits, S3Storage
 
 __all__ = [
     "StorageError",
+    "ObjectExists",
     "ObjectNotFound",
     "ObjectInfo",
     "Storage",

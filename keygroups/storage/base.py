@@ -70,6 +70,13 @@ class Storage(ABC):
         """Replace the object atomically: readers see the old or the new bytes, never a mix."""
 
     @abstractmethod
+    def create(self, key: str, data: bytes) -> None:
+        """Write the object only if no object has the key, atomically: of writers racing
+        for one key exactly one succeeds, the others get ObjectExists. What versioned
+        commits are built on (S3 conditional writes, `If-None-Match: *`; a hard link
+        locally)."""
+
+    @abstractmethod
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """All objects whose key starts with ``prefix`` (a string prefix, like S3), sorted."""
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from keygroups.errors import ObjectNotFound, StorageError
+from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import TMP_PREFIX, ObjectInfo, Storage, check_key, check_prefix
 
 
@@ -54,6 +54,20 @@ class LocalStorage(Storage):
             return f.read(length)
 
     def write(self, key: str, data: bytes) -> None:
+        self._publish(key, data, os.replace)
+
+    def create(self, key: str, data: bytes) -> None:
+        def link(tmp: str, path: str) -> None:
+            try:
+                os.link(tmp, path)  # fails if the path exists: the filesystem picks one winner
+            except FileExistsError:
+                raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
+            os.unlink(tmp)
+
+        self._publish(key, data, link)
+
+    def _publish(self, key: str, data: bytes, place: Callable[[str, str], None]) -> None:
+        """Write a temp file beside the key, then `place` it under the key's name."""
         path = self._path(key)
         folder = os.path.dirname(path)
         with self._errors(key, "write"):
@@ -75,7 +89,7 @@ class LocalStorage(Storage):
                         # that points at nothing is worse than no manifest.
                         f.flush()
                         os.fsync(f.fileno())
-                os.replace(tmp, path)
+                place(tmp, path)
             except BaseException:
                 try:
                     os.unlink(tmp)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from keygroups.errors import ObjectNotFound, StorageError
+from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import ObjectInfo, Storage, check_key, check_prefix
 
 
@@ -288,6 +288,22 @@ class S3Storage(Storage):
             # The object appears whole at CompleteMultipartUpload, or not at all (s3transfer
             # aborts the upload on failure): the same atomicity as one PUT.
             self.client.upload_fileobj(io.BytesIO(data), self.bucket, full, Config=config)
+
+    def create(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        full = self._key(key)
+        with self._errors(key):
+            try:
+                # A conditional write (AWS S3 since 2024, SeaweedFS, MinIO): 412 if the key
+                # exists, 409 while another conditional write of it is in flight. One PUT:
+                # what is created this way is small (a version's manifest).
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+            except ClientError as e:
+                code = str(e.response.get("Error", {}).get("Code", ""))
+                if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
+                raise
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         check_prefix(prefix)

@@ -1,0 +1,123 @@
+"""Versioned commits (DESIGN.md "version"): every compaction publishes a new version in one
+create-only step; readers keep the version they opened; a failed or losing run leaves the
+previous version as it was."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import reader
+from compactor import job
+from compactor.job import CompactConfig, compact
+from compactor.sources import open_source
+from compactor.verify import verify
+from keyfill.cli import main
+from keyfill.synth.generate import GeneratorConfig, generate
+from keygroups import compacted
+from keygroups.storage import open_storage
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    src = str(tmp_path_factory.mktemp("versions") / "src")
+    generate(
+        GeneratorConfig(
+            out=src, records=6_000, keys=150, partitions=3, chunk_records=1_000, skew=1.0, rate=100.0, seed=5
+        ),
+        progress=False,
+    )
+    return src
+
+
+def keys_of(events) -> list[tuple[int, int]]:
+    return [
+        (p, o)
+        for ev in events
+        if isinstance(ev, reader.Records)
+        for p, o in zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
+    ]
+
+
+def source_keys(src: str) -> list[tuple[int, int]]:
+    source = open_source(src)
+    out = []
+    for chunk in source.list_chunks():
+        batch = source.read(chunk)
+        out += zip(batch.column("partition").to_pylist(), batch.column("offset").to_pylist())
+    return sorted(out)
+
+
+def test_a_reader_keeps_the_version_it_opened_while_an_overwrite_commits(spark, source, tmp_path):
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=source, dest=dest, groups=4, slice_duration="20s"), spark)
+    with reader.replay(dest, threads=3, batch_size=50, queue_batches=2) as events:
+        it = iter(events)
+        first = [next(it) for _ in range(5)]
+        assert events.manifest.version == 1
+        r = compact(CompactConfig(source=source, dest=dest, groups=2, slice_duration="1m", overwrite=True), spark)
+        assert r.version == 2
+        rest = list(it)
+    got = keys_of(first + rest)
+    assert sorted(got) == source_keys(source) and len(set(got)) == len(got)  # version 1, whole, once
+    latest = compacted.load_manifest(open_storage(dest))
+    assert (latest.version, latest.groups, latest.parent) == (2, 2, 1)
+
+
+def test_a_failed_overwrite_leaves_the_previous_version_and_a_rerun_commits(spark, source, tmp_path):
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=source, dest=dest, groups=3, slice_duration="30s"), spark)
+    store = open_storage(dest)
+    before = compacted.load_manifest(store)
+    new = dict(source=source, dest=dest, groups=5, slice_duration="10s", overwrite=True)
+    with pytest.raises(Exception, match="injected failure"):
+        compact(CompactConfig(**new, fail_after_files=2), spark)
+    assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
+    assert verify(open_source(source), store).ok  # the failed run's files are invisible
+    with reader.replay(dest, threads=2) as events:
+        assert sorted(keys_of(events)) == source_keys(source)
+    assert compact(CompactConfig(**new), spark).version == 2  # invariant 5: a re-run succeeds
+    assert compacted.load_manifest(store).groups == 5 and verify(open_source(source), store).ok
+
+
+def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, source, tmp_path, monkeypatch):
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=source, dest=dest, groups=3, slice_duration="30s"), spark)
+    store = open_storage(dest)
+    rewrite = job.run_rewrite
+    rival = CompactConfig(source=source, dest=dest, groups=4, slice_duration="1m", overwrite=True)
+
+    def rewrite_then_lose_the_race(*args, **kwargs):
+        written = rewrite(*args, **kwargs)
+        monkeypatch.setattr(job, "run_rewrite", rewrite)
+        assert compact(rival, spark).version == 2  # the rival commits while this run is writing
+        return written
+
+    monkeypatch.setattr(job, "run_rewrite", rewrite_then_lose_the_race)
+    with pytest.raises(compacted.CommitConflict, match="another compaction committed version 2") as err:
+        compact(CompactConfig(source=source, dest=dest, groups=6, slice_duration="10s", overwrite=True), spark)
+    assert store.url_for(compacted.version_key(2)) in str(err.value)
+    assert compacted.versions(store) == [1, 2]
+    winner = compacted.load_manifest(store)
+    assert winner.groups == 4 and winner.parent == 1  # the rival's version, untouched by the loser
+    assert verify(open_source(source), store).ok
+
+
+def test_versions_command_lists_every_commit(spark, source, tmp_path, capsys):
+    dest = str(tmp_path / "c")
+    for groups in (2, 3):
+        compact(CompactConfig(source=source, dest=dest, groups=groups, slice_duration="1m", overwrite=True), spark)
+    capsys.readouterr()
+    assert main(["versions", dest, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["version"], r["parent"], r["kind"], r["records"]) for r in rows] == [
+        (1, None, "compact", 6_000),
+        (2, 1, "compact", 6_000),
+    ]
+    assert rows[0]["archive"] != rows[1]["archive"] and rows[0]["created_ms"] <= rows[1]["created_ms"]
+    assert main(["versions", dest]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and out[2].split()[:3] == ["2", out[2].split()[1], "compact"]
+    assert main(["versions", str(tmp_path / "nothing")]) == 2
+    assert "no committed version" in capsys.readouterr().err
