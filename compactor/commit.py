@@ -112,6 +112,7 @@ def write_manifest(
         run=run,
         assignment=assignment_key,
         index_runs=[[0, run]],
+        runs=[run],
     )
     manifest.archive = compacted.content_id(manifest)
     compacted.commit(dest, manifest)

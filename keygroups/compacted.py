@@ -266,6 +266,7 @@ class Manifest:
     run: str = ""  # the run that wrote this version's new files
     assignment: str = ""  # key of the key assignment
     index_runs: list[list] = field(default_factory=list)  # [first slice, run]: who wrote the index from there on
+    runs: list[str] = field(default_factory=list)  # the runs whose segment files this version reads
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -295,8 +296,8 @@ class Manifest:
                 f"{name}: a count, offset or time that is not a whole number, or group lists that do "
                 "not match the group count"
             )
-        if not m.archive or not m.assignment or (m.slices and not m.index_runs):
-            raise FormatError(f"{name}: no archive id, assignment or index")
+        if not m.archive or not m.assignment or (m.slices and not (m.index_runs and m.runs)):
+            raise FormatError(f"{name}: no archive id, assignment, index or runs")
         return m
 
 
@@ -328,7 +329,7 @@ def content_id(manifest: Manifest) -> str:
     return hashlib.sha256(dumps(content)).hexdigest()[:16]
 
 
-_VERSION_FIELDS = {"archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs"}
+_VERSION_FIELDS = {"archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs", "runs"}
 
 
 def versions(store: Storage) -> list[int]:

@@ -104,7 +104,7 @@ def canonical_files(url: str) -> dict:
             rows = pq.read_table(io.BytesIO(store.read(o.key))).to_pylist()
             out[plain(o.key)] = [{k: plain(v) if k == "file" else v for k, v in r.items()} for r in rows]
     doc = json.loads(store.read(compacted.version_key(m.version)))
-    for k in ("run", "created_ms", "assignment", "index_runs"):
+    for k in ("run", "created_ms", "assignment", "index_runs", "runs"):
         doc.pop(k)
     doc["source"].pop("url")
     out["manifest"] = doc

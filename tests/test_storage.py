@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -467,6 +468,15 @@ def test_of_writers_racing_to_create_a_key_exactly_one_wins(store: Storage, tria
         s.create("v/1.json", b"late")
     s.create("v/2.json", b"next")
     assert s.read("v/2.json") == b"next"
+
+
+def test_listings_carry_each_object_s_last_modified_time(store: Storage) -> None:
+    s = fresh(store)
+    before = time.time() * 1000
+    s.write("a", b"1")
+    [info] = s.list()
+    # S3 reports whole seconds: allow the second the write started in, and clock skew of 5 s
+    assert before - 6_000 <= info.modified_ms <= time.time() * 1000 + 5_000
 
 
 def test_readers_never_see_partial_writes(store: Storage) -> None:

@@ -12,6 +12,7 @@ import reader
 from compactor import job
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
+from compactor.vacuum import plan_vacuum as vacuum_plan
 from compactor.verify import verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
@@ -121,3 +122,45 @@ def test_versions_command_lists_every_commit(spark, source, tmp_path, capsys):
     assert len(out) == 3 and out[2].split()[:3] == ["2", out[2].split()[1], "compact"]
     assert main(["versions", str(tmp_path / "nothing")]) == 2
     assert "no committed version" in capsys.readouterr().err
+
+
+def test_vacuum_keeps_what_retained_versions_name_and_deletes_the_rest(spark, source, tmp_path, capsys):
+    dest = tmp_path / "c"
+    url = str(dest)
+    compact(CompactConfig(source=source, dest=url, groups=3, slice_duration="30s"), spark)
+    with pytest.raises(Exception, match="injected failure"):  # a failed run leaves files no version names
+        compact(CompactConfig(source=source, dest=url, groups=5, overwrite=True, fail_after_files=2), spark)
+    compact(CompactConfig(source=source, dest=url, groups=2, slice_duration="1m", overwrite=True), spark)
+    (dest / "notes.txt").write_text("the team's\n")
+    store = open_storage(url)
+    v1, v2 = (compacted.load_manifest(store, v) for v in (1, 2))
+    before = {o.key for o in store.list()}
+    failed = {
+        k
+        for k in before
+        if compacted.is_archive_key(k) and not k.startswith(compacted.VERSIONS) and v1.run not in k and v2.run not in k
+    }
+    assert failed  # the failed run's segment files and assignment
+
+    # Within the window, version 1 was the latest a moment ago: a reader may have it open.
+    plan = vacuum_plan(store, retain_ms=3_600_000)
+    assert (plan.retained, plan.expired, plan.files) == ([1, 2], [], [])
+    assert plan.kept_young == len(failed)
+    # An hour on, version 1 has expired: its files and the failed run's go, nothing else.
+    plan = vacuum_plan(store, retain_ms=3_600_000, now_ms=v2.created_ms + 3_600_001)
+    assert (plan.retained, plan.expired) == ([2], [1])
+    assert plan.files[0] == compacted.version_key(1)  # invisible before its files go
+    assert set(plan.files) == {k for k in before if v1.run in k} | {compacted.version_key(1)} | failed
+    assert main(["vacuum", url, "--retain", "0s"]) == 0  # a dry run lists ...
+    out = capsys.readouterr().out
+    assert "would delete" in out and store.url_for(compacted.version_key(1)) in out
+    assert {o.key for o in store.list()} == before  # ... and deletes nothing
+    assert main(["vacuum", url, "--retain", "0s", "--delete"]) == 0
+    assert f"deleting {len(plan.files)} files" in capsys.readouterr().out
+    after = {o.key for o in store.list()}
+    assert after == before - set(plan.files) and "notes.txt" in after
+    assert compacted.versions(store) == [2] and verify(open_source(source), store).ok
+    with reader.replay(url, threads=2) as events:
+        assert sorted(keys_of(events)) == source_keys(source)
+    assert main(["vacuum", url, "--retain", "0s", "--delete"]) == 0  # nothing left to do
+    assert capsys.readouterr().out.startswith("deleting 0 files")

@@ -10,7 +10,7 @@ import argparse
 import re
 import sys
 
-from keyfill.cli import compact, generate, handoff, inspect_source, replay, verify, versions
+from keyfill.cli import compact, generate, handoff, inspect_source, replay, vacuum, verify, versions
 from keyfill.cli.compact import add_compact_arguments, add_source_options, compact_config, print_compact_result
 from keyfill.cli.verify import print_verify_report
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "groups once, then replay it in parallel with per-key order and lockstep event time.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (generate, inspect_source, compact, verify, replay, handoff, versions):
+    for command in (generate, inspect_source, compact, verify, replay, handoff, versions, vacuum):
         command.add(sub)
     return parser
 

@@ -4,7 +4,7 @@ same thing on all of them."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from keygroups.errors import InvalidKey
 
@@ -13,6 +13,7 @@ from keygroups.errors import InvalidKey
 class ObjectInfo:
     key: str
     size: int
+    modified_ms: int = field(default=0, compare=False)  # last modified, epoch ms (vacuum judges age by it)
 
 
 # Temp files of in-flight local writes start with this; list() hides them and keys may not

@@ -113,7 +113,8 @@ class LocalStorage(Storage):
                         if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
                             walk(entry.path, key + "/")
                     elif not entry.name.startswith(TMP_PREFIX) and key.startswith(prefix):
-                        out.append(ObjectInfo(key, entry.stat().st_size))
+                        st = entry.stat()
+                        out.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
                 except FileNotFoundError:  # deleted while we were looking
                     continue
 

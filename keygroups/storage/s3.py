@@ -314,7 +314,8 @@ class S3Storage(Storage):
             for page in pages:
                 for obj in page.get("Contents", ()):
                     if not obj["Key"].endswith("/"):  # folder markers made by consoles
-                        out.append(ObjectInfo(obj["Key"][len(root) :], obj["Size"]))
+                        modified = int(obj["LastModified"].timestamp() * 1000) if "LastModified" in obj else 0
+                        out.append(ObjectInfo(obj["Key"][len(root) :], obj["Size"], modified))
         # S3 lists in UTF-8 byte order, but not every S3-compatible server does.
         out.sort(key=lambda o: o.key)
         return out

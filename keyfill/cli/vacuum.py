@@ -1,0 +1,51 @@
+"""`keyfill vacuum`: delete what no retained version of a compacted archive needs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "vacuum",
+        help="delete files no retained version of a compacted archive needs (dry run unless --delete)",
+        description="Commits never delete: an --overwrite or a failed run leaves files behind. vacuum keeps the "
+        "latest version and every version that was still the latest within --retain (a reader may have opened it "
+        "then), and lists every other file of the archive layout: files of expired versions, and files no version "
+        "names (failed runs) once they are older than --retain, so a compaction still running keeps its files. "
+        "Files keyfill did not write are never touched. Nothing is deleted without --delete.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("url", help="compacted archive")
+    p.add_argument(
+        "--retain", default="7d", help="keep versions that were the latest within this long ago (e.g. 12h, 7d, 0s)"
+    )
+    p.add_argument("--delete", action="store_true", help="delete the files listed (default: only list them)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from compactor.slicing import parse_duration
+    from compactor.vacuum import plan_vacuum, vacuum
+    from keyfill.cli.args import mb
+    from keygroups.errors import OptionError
+    from keygroups.storage import open_storage
+
+    try:
+        retain_ms = 0 if args.retain.strip() in ("0", "0s") else parse_duration(args.retain)
+    except OptionError:
+        raise OptionError(f"--retain {args.retain!r}: expected a duration like 0s, 12h, 7d") from None
+    store = open_storage(args.url)
+    plan = plan_vacuum(store, retain_ms)
+    for key in plan.files:
+        print(store.url_for(key))
+    verb = "deleting" if args.delete else "would delete (dry run; pass --delete)"
+    print(
+        f"{verb} {len(plan.files):,} files, {mb(plan.bytes)}; keeping versions "
+        f"{', '.join(map(str, plan.retained))}"
+        + (f"; expiring versions {', '.join(map(str, plan.expired))}" if plan.expired else "")
+        + (f"; {plan.kept_young} unnamed files younger than {args.retain} kept" if plan.kept_young else "")
+    )
+    if args.delete:
+        vacuum(store, plan)
+    return 0
