@@ -159,7 +159,7 @@ def warm_up_compiled(root: str) -> None:
     from reader.flink_keyby import consumer_indexes
 
     store = open_storage(root)
-    key = next(o.key for o in store.list("slices/") if o.key.endswith(".avro"))
+    key = next(o.key for o in store.list("groups/") if o.key.endswith(".avro"))
     consumer_indexes(envelope.decode_avro(store.read(key))[1], 4, key_type="bytes")
 
 
@@ -246,7 +246,7 @@ def run_ceiling(label: str, store: Storage, threads: int, decode: bool, expect: 
     from keygroups import envelope
 
     t = time.perf_counter()
-    files = [o for o in store.list("slices/") if o.key.endswith(".avro")]
+    files = [o for o in store.list("groups/") if o.key.endswith(".avro")]
 
     def one(key: str) -> int:
         data = store.read(key)
