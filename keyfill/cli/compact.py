@@ -103,6 +103,11 @@ def print_compact_result(r, as_json: bool) -> None:
         f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
         f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
     )
+    if r.withheld:
+        print(
+            f"  {r.withheld:,} records of slices not sealed yet left out: the hand-off offsets point at them "
+            "(`keyfill handoff`); --seal-all publishes them"
+        )
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items())
     print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
 
