@@ -59,7 +59,9 @@ def write_manifest(
     parent + 1; CommitConflict if another writer got there first)."""
     metas = slice_metas(plan, pieces)
     piece_index.write_index(dest, piece_index.slice_table(metas), pieces, run)
-    group_records = group_sums(assignment, "records", groups)
+    group_records = np.bincount(
+        pieces.column("group").to_numpy(), weights=pieces.column("records").to_numpy(), minlength=groups
+    ).astype(np.int64)  # what was written: the assignment's counts include an unsealed tail
     group_bytes = group_sums(assignment, "bytes", groups)
     group_file_bytes = np.bincount(
         pieces.column("group").to_numpy(), weights=pieces.column("length").to_numpy(), minlength=groups
@@ -82,6 +84,7 @@ def write_manifest(
             "target_file_bytes": cfg.target_file_bytes,
             "null_keys": cfg.null_keys,
             "allow_gaps": cfg.allow_gaps,
+            "seal_all": cfg.seal_all,
         },
         topic=topic,
         groups=groups,
@@ -105,6 +108,7 @@ def write_manifest(
             "end_ms": filled[-1].end_ms if filled else None,
         },
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
+        running_max={str(p): m for p, m in sorted(plan.running_max.items())},
         gaps=plan.gaps,
         version=(parent or 0) + 1,
         parent=parent,

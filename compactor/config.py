@@ -33,6 +33,7 @@ class CompactConfig:
     block_bytes: int = DEFAULT_BLOCK_BYTES
     target_file_bytes: int = DEFAULT_TARGET_BYTES
     allow_gaps: bool = False
+    seal_all: bool = False  # publish every slice, sealed or not (a topic that will not grow)
     overwrite: bool = False
     threads: int = 16
     null_keys: str = "partition"
@@ -86,3 +87,4 @@ class CompactResult:
     get_bytes: int = 0
     phases: dict[str, float] = field(default_factory=dict)
     version: int = 1  # the version committed
+    withheld: int = 0  # source records of unsealed slices, left for a later compaction

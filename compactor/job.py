@@ -109,7 +109,11 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms)
     t = phase("statistics", t)
 
-    plan = plan_slices(stats.chunks, cfg.slice_duration_ms, allow_gaps=cfg.allow_gaps, name=source.store.url_for)
+    plan = plan_slices(
+        stats.chunks, cfg.slice_duration_ms, allow_gaps=cfg.allow_gaps, seal_all=cfg.seal_all, name=source.store.url_for
+    )
+    if plan.withheld:
+        log.info("%d records of unsealed slices left for a later compaction (see --seal-all)", plan.withheld)
     groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
     assignment = packed_assignment(stats.totals, groups)
     assignment_key = compacted.assignment_key(run)
@@ -154,4 +158,5 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         get_bytes=compacted.GET_BYTES,
         phases=phases,
         version=manifest.version,
+        withheld=plan.withheld,
     )

@@ -35,8 +35,17 @@ def _load_assignment(dest: Storage, key: str) -> KeyAssignment:
 
 
 def _decode_task(
-    source: SourceArchive, chunks: list[SourceChunk], dest: Storage, assignment_key: str, duration_ms: int, base: int
+    source: SourceArchive,
+    chunks: list[SourceChunk],
+    dest: Storage,
+    assignment_key: str,
+    duration_ms: int,
+    base: int,
+    published: int,
 ):
+    """Tags each record with its slice and group; drops records of slices past the
+    `published` ones (unsealed: left for a later compaction)."""
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assignment = _load_assignment(dest, assignment_key)
         for rows in batches:
@@ -45,6 +54,11 @@ def _decode_task(
                 batch = read_checked(source, chunk)
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 slices, order_ts = record_slices(ts, row["prefix_max"], duration_ms, base)
+                sealed = slices < published  # the rest is left for a later compaction (slicing.py)
+                if not sealed.all():
+                    batch, ts, slices, order_ts = batch.filter(sealed), ts[sealed], slices[sealed], order_ts[sealed]
+                    if not batch.num_rows:
+                        continue
                 grp = assignment.group_of(batch.column("key"), batch.column("partition").to_numpy())
                 if (grp == MISSING).any():
                     raise CompactionError(
@@ -170,7 +184,7 @@ def run_rewrite(
     spark.sparkContext.setJobDescription("keyfill compact: rewrite")
     frame = chunk_frame(spark, chunks, plan.prefix_max)
     records = frame.mapInArrow(
-        _decode_task(source, chunks, dest, assignment_key, cfg.slice_duration_ms, plan.base), RECORD_SCHEMA
+        _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices), RECORD_SCHEMA
     )
     written = (
         records.repartition(groups, "grp")

@@ -10,6 +10,14 @@ order too (DESIGN.md, invariant 3).
 Tasks see one chunk at a time. The running maximum of a chunk's records is the larger of
 the chunk's own running maximum and the maximum of all earlier chunks of the partition (its
 `prefix_max`), which the driver knows from the statistics pass.
+
+Sealing: a slice is published only once no later source record can belong to it. A later
+record of partition p lands at or after the slice of p's running maximum so far, so slices
+before the earliest of those slices over all partitions (the *seal*) are complete. Records
+from the seal on are left for a later compaction, and the hand-off offsets point at each
+partition's first one, so a live consumer (or the next append) starts exactly there: a
+lagging partition can never deliver a record into a slice whose watermark was emitted.
+`seal_all` publishes every slice instead (a topic that will not grow).
 """
 
 from __future__ import annotations
@@ -99,18 +107,26 @@ class SlicePlan:
     slices: int
     prefix_max: dict[str, int]  # chunk key -> max timestamp of the partition's earlier chunks
     ranges: dict[int, list[PartitionRange]]  # slice -> partition ranges, by partition
-    handoff: dict[int, int]  # partition -> next offset after the archive
+    handoff: dict[int, int]  # partition -> first offset not in the archive
     gaps: list[str] = field(default_factory=list)
+    running_max: dict[int, int] = field(default_factory=dict)  # partition -> max timestamp below its hand-off
+    withheld: int = 0  # records of unsealed slices, left for a later compaction
 
     def bounds(self, s: int) -> tuple[int, int]:
         return (self.base + s) * self.duration_ms, (self.base + s + 1) * self.duration_ms
 
 
 def plan_slices(
-    chunks: list[ChunkStats], duration_ms: int, *, allow_gaps: bool = False, name=lambda key: key
+    chunks: list[ChunkStats],
+    duration_ms: int,
+    *,
+    allow_gaps: bool = False,
+    seal_all: bool = False,
+    name=lambda key: key,
 ) -> SlicePlan:
     """Slice boundaries, per-slice partition ranges and each chunk's prefix max, from the
-    statistics pass alone. `name` turns a chunk key into a URL for error messages."""
+    statistics pass alone: the sealed slices only, unless `seal_all`. `name` turns a chunk
+    key into a URL for error messages."""
     by_partition: dict[int, list[ChunkStats]] = {}
     for c in chunks:
         by_partition.setdefault(c.partition, []).append(c)
@@ -118,6 +134,7 @@ def plan_slices(
     per_slice: dict[int, dict[int, list[Run]]] = {}  # absolute slice -> partition -> runs
     gaps: list[str] = []
     handoff: dict[int, int] = {}
+    final_max: dict[int, int] = {}
     for p, cs in sorted(by_partition.items()):
         cs.sort(key=lambda c: c.first_offset)
         running = NO_PREFIX
@@ -143,10 +160,29 @@ def plan_slices(
                 per_slice.setdefault(s, {}).setdefault(p, []).append(run)
             running = max(running, cur.max_timestamp)
         handoff[p] = cs[-1].last_offset + 1
+        final_max[p] = running
 
     if not per_slice:
         raise SlicingError("the source archive holds no records")
     base = min(per_slice)
+    seal = max(per_slice) + 1 if seal_all else min(m // duration_ms for m in final_max.values())
+    if seal <= base:
+        lagging = min(final_max, key=lambda p: final_max[p])
+        raise SlicingError(
+            f"no slice is sealed yet: partition {lagging}'s running maximum is still in the first slice "
+            f"(starting {base * duration_ms} ms), so a later record could belong to it. Compact when more data has "
+            "arrived, use a shorter --slice-duration, or pass --seal-all if the topic will not grow"
+        )
+    withheld = 0
+    running_max: dict[int, int] = {}
+    for s in sorted(per_slice):
+        if s < seal:
+            for p, runs in per_slice[s].items():
+                running_max[p] = max(running_max.get(p, NO_PREFIX), max(r.max_timestamp for r in runs))
+            continue
+        for p, runs in per_slice.pop(s).items():
+            handoff[p] = min(handoff[p], runs[0].first_offset)
+            withheld += sum(r.records for r in runs)
     ranges: dict[int, list[PartitionRange]] = {}
     for s, parts in per_slice.items():
         ranges[s - base] = [
@@ -163,9 +199,11 @@ def plan_slices(
     return SlicePlan(
         duration_ms=duration_ms,
         base=base,
-        slices=max(per_slice) - base + 1,
+        slices=seal - base,
         prefix_max=prefix,
         ranges=ranges,
         handoff=handoff,
         gaps=gaps,
+        running_max=running_max,
+        withheld=withheld,
     )

@@ -5,15 +5,17 @@ Checks, each reported by name:
 - manifest: present, of this format version, totals consistent with the index;
 - checksums: every segment file's size, and every piece's byte range, CRC-32C and record
   count, match the piece index; the pieces of a file tile it after its header;
-- exactly once: per partition, the compacted records equal the source records as a
-  multiset (count and the sum of 64-bit record fingerprints) and their offsets equal the
+- exactly once: per partition, the compacted records equal the source records below
+  the hand-off offset as a multiset (count and the sum of 64-bit record fingerprints) and their offsets equal the
   source's offsets (no gap, no overlap, no duplicate);
 - key order: in every segment file each key's records (null keys: per partition) are in
   offset order, and every key lives in exactly the group the assignment gives it;
 - slice bounds: every record of slice s lies inside the slice's offset range for its
   partition, ranges of successive slices follow each other, and running-maximum
   timestamps fall inside [start, end) of their slice;
-- hand-off: the manifest's next offset per partition is the source's last offset + 1.
+- hand-off: the manifest's hand-off offset per partition is the source's first record
+  whose running-maximum slice is not published (sealing, `compactor.slicing`), or its
+  last offset + 1.
 
 The same audit runs on Spark for archives too large for one process: `compactor.verify_spark`.
 """
@@ -75,19 +77,35 @@ class VerifyReport:
 class _PartitionDigest:
     offsets: list[np.ndarray] = field(default_factory=list)
     tags: list[np.ndarray] = field(default_factory=list)  # source: timestamps; archive: slice start
-    fingerprint: int = 0  # sum mod 2**64
+    fps: list[np.ndarray] = field(default_factory=list)
 
     def add(self, offsets: np.ndarray, tags: np.ndarray, fps: np.ndarray) -> None:
         self.offsets.append(offsets)
         self.tags.append(tags)
-        self.fingerprint = (self.fingerprint + int(fps.sum(dtype=np.uint64))) % (1 << 64)
+        self.fps.append(fps)
 
-    def by_offset(self) -> tuple[np.ndarray, np.ndarray]:
+    def by_offset(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Offsets, tags and record fingerprints, in offset order."""
         if not self.offsets:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        o, t = np.concatenate(self.offsets), np.concatenate(self.tags)
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        o, t, f = np.concatenate(self.offsets), np.concatenate(self.tags), np.concatenate(self.fps)
         order = np.argsort(o, kind="stable")
-        return o[order], t[order]
+        return o[order], t[order], f[order]
+
+
+def _sum(fps: np.ndarray) -> int:
+    return int(fps.sum(dtype=np.uint64))
+
+
+def expected_handoff(offsets: np.ndarray, ts: np.ndarray, manifest: compacted.Manifest) -> int:
+    """A partition's first offset whose running-maximum slice is not published (sealing,
+    compactor/slicing.py), or the offset after its last: where its hand-off must be.
+    `offsets`, `ts`: the partition's whole source, in offset order."""
+    if not len(offsets):
+        return 0
+    slices = np.maximum.accumulate(ts) // manifest.slice_duration_ms - manifest.base
+    later = np.flatnonzero(slices >= manifest.slices)
+    return int(offsets[later[0]]) if later.size else int(offsets[-1]) + 1
 
 
 def _digest(batches: list[pa.RecordBatch], tags: list[np.ndarray] | None = None) -> dict[int, _PartitionDigest]:
@@ -295,9 +313,14 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     report.records = sum(b.num_rows for b in out_batches)
     del out_batches
 
-    # exactly once, partition by partition
+    # exactly once, partition by partition: the source below its hand-off
+    expected: dict[int, int] = {}
     for p in sorted(set(src) | set(dst)):
-        (ao, ts), (bo, start) = src.get(p, _PartitionDigest()).by_offset(), dst.get(p, _PartitionDigest()).by_offset()
+        ao, ts, afp = src.get(p, _PartitionDigest()).by_offset()
+        expected[p] = expected_handoff(ao, ts, manifest)
+        below = ao < manifest.handoff.get(str(p), expected[p])
+        ao, ts, afp = ao[below], ts[below], afp[below]
+        bo, start, bfp = dst.get(p, _PartitionDigest()).by_offset()
         if len(ao) != len(bo):
             report.fail("exactly_once", f"partition {p}: source has {len(ao)} records, archive {len(bo)}")
         elif not np.array_equal(ao, bo):
@@ -305,7 +328,7 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
             diff = np.flatnonzero(ao != bo)[0]
             extra = f"; offset {bo[dup[0]]} twice" if dup.size else ""
             report.fail("exactly_once", f"partition {p}: offsets differ first at source offset {ao[diff]}{extra}")
-        elif src[p].fingerprint != dst[p].fingerprint:
+        elif _sum(afp) != _sum(bfp):
             report.fail("exactly_once", f"partition {p}: same offsets but record contents differ")
         else:  # each record sits in the slice its partition's running maximum timestamp names
             d = manifest.slice_duration_ms
@@ -318,7 +341,7 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
                 )
 
     metadata_checks(report, manifest, metas)
-    handoff_checks(report, manifest, {p: int(max(o.max() for o in d.offsets)) for p, d in src.items()})
+    handoff_checks(report, manifest, {p: o for p, o in expected.items() if p in src})
     return report
 
 
@@ -346,8 +369,13 @@ def metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: l
         report.fail("manifest", f"files hold {report.records} records, manifest says {manifest.totals['records']}")
 
 
-def handoff_checks(report: VerifyReport, manifest: compacted.Manifest, last_offsets: dict[int, int]) -> None:
-    for p, last in sorted(last_offsets.items()):
+def handoff_checks(report: VerifyReport, manifest: compacted.Manifest, expected: dict[int, int]) -> None:
+    """`expected`: per source partition, its first record not in a published slice (or the
+    offset after its last record)."""
+    for p, want in sorted(expected.items()):
         got = manifest.handoff.get(str(p))
-        if got != last + 1:
-            report.fail("handoff", f"partition {p}: manifest hand-off offset {got}, source's next offset {last + 1}")
+        if got != want:
+            report.fail(
+                "handoff",
+                f"partition {p}: manifest hand-off offset {got}, the source's first unpublished offset is {want}",
+            )

@@ -95,7 +95,29 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
         for r in dst.filter("kind = 1").select("check", "message").toArrow().to_pylist():
             report.fail(r["check"], r["message"])
         records = dst.filter("kind = 0").select("partition", "offset", "slice_start", F.col("fp").alias("afp"))
-        joined = src.join(records, on=["partition", "offset"], how="full_outer").persist(StorageLevel.MEMORY_AND_DISK)
+        # The source below each partition's hand-off is what the archive must hold (sealing).
+        handoffs = spark.createDataFrame(
+            [(int(p), int(o)) for p, o in manifest.handoff.items()], "partition int, handoff long"
+        )
+        d = manifest.slice_duration_ms
+        w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
+        src = src.withColumn("runmax", F.max("ts").over(w)).persist(StorageLevel.MEMORY_AND_DISK)
+        expected = (
+            src.groupBy("partition")
+            .agg(
+                F.min(F.when(F.floor(F.col("runmax") / d) - manifest.base >= manifest.slices, F.col("offset"))).alias(
+                    "unpublished"
+                ),
+                (F.max("offset") + 1).alias("after"),
+            )
+            .toArrow()
+            .to_pylist()
+        )
+        below = src.join(F.broadcast(handoffs), on="partition", how="left").filter(
+            F.col("handoff").isNull() | (F.col("offset") < F.col("handoff"))
+        )
+        joined = below.drop("handoff", "runmax").join(records, on=["partition", "offset"], how="full_outer")
+        joined = joined.persist(StorageLevel.MEMORY_AND_DISK)
         report.records = records.count()
 
         def each(check: str, frame, message) -> None:
@@ -124,8 +146,6 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
             joined.filter("fp != afp"),
             lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source",
         )
-        d = manifest.slice_duration_ms
-        w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
         runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
         each(
             "slice_bounds",
@@ -135,11 +155,12 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
                 f"{r['slice_start']}, its running maximum timestamp says otherwise"
             ),
         )
-        last = src.groupBy("partition").agg(F.max("offset").alias("last")).toArrow().to_pylist()
     finally:
         dst.unpersist()
+        src.unpersist()
         if joined is not None:
             joined.unpersist()
     metadata_checks(report, manifest, metas)
-    handoff_checks(report, manifest, {r["partition"]: r["last"] for r in last})
+    firsts = {r["partition"]: r["after"] if r["unpublished"] is None else r["unpublished"] for r in expected}
+    handoff_checks(report, manifest, firsts)
     return report

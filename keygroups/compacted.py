@@ -252,10 +252,12 @@ class Manifest:
     base: int  # absolute slice number of slice 0: slice s covers [(base+s)*d, (base+s+1)*d)
     slices: int
     group_records: list[int]
-    group_payload_bytes: list[int]
+    group_payload_bytes: list[int]  # packing weights: the statistics pass's, an unsealed tail included
     group_file_bytes: list[int]  # bytes of each group's pieces
     totals: dict  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
-    handoff: dict[str, int]  # partition (as a JSON string key) -> next offset after the archive
+    handoff: dict[str, int]  # partition (as a JSON string key) -> first offset not in the archive
+    # partition -> the largest timestamp below its hand-off: the running maximum an append continues from
+    running_max: dict[str, int] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
     # The version: which archive it is, where its files are, how it came to be.
     archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
@@ -288,6 +290,7 @@ class Manifest:
             )
         m = cls(**d)
         numbers = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
+        numbers += list(m.running_max.values())
         numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
         numbers += [start for start, _ in m.index_runs]
         lists = (m.group_records, m.group_payload_bytes, m.group_file_bytes)

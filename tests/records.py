@@ -109,3 +109,18 @@ def canonical_files(url: str) -> dict:
     doc["source"].pop("url")
     out["manifest"] = doc
     return out
+
+
+def below_handoff(table, url: str):
+    """The source records a compacted archive must hold: those below each partition's
+    hand-off offset (the rest are in slices not sealed yet, compactor/slicing.py)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from keygroups import compacted
+    from keygroups.storage import open_storage
+
+    handoff = {int(p): o for p, o in compacted.load_manifest(open_storage(url)).handoff.items()}
+    parts = table.column("partition").to_numpy()
+    limit = np.array([handoff.get(int(p), 0) for p in parts.tolist()], np.int64)
+    return table.filter(pa.array(table.column("offset").to_numpy() < limit))

@@ -60,7 +60,7 @@ def stats_for(parts, duration):
 @given(parts=partitions(), duration=st.integers(1, 300), bound=st.integers(0, 200))
 def test_slices_follow_the_running_maximum_and_keep_watermarks_safe(parts, duration, bound):
     chunks = stats_for(parts, duration)
-    plan = plan_slices(chunks, duration)
+    plan = plan_slices(chunks, duration, seal_all=True)
     for p, (ts, cuts) in parts.items():
         # brute force: slice of every record from its partition's running maximum
         expect = np.maximum.accumulate(ts) // duration - plan.base
@@ -90,16 +90,53 @@ def test_slices_follow_the_running_maximum_and_keep_watermarks_safe(parts, durat
     assert all(plan.bounds(s)[1] - plan.bounds(s)[0] == duration for s in range(plan.slices))
 
 
+@settings(max_examples=500, deadline=None)
+@given(parts=partitions(), duration=st.integers(1, 300), data=st.data())
+def test_sealed_slices_are_final_whatever_the_source_adds_later(parts, duration, data):
+    """Compact a prefix of every partition (a lagging partition: a short prefix), then the
+    whole source at once: the slices the prefix published are exactly the whole source's
+    slices, and the hand-off points at each partition's first unpublished record."""
+    prefix = {}
+    for p, (ts, cuts) in parts.items():
+        k = data.draw(st.integers(1, len(ts)), label=f"prefix of partition {p}")
+        inside = [c for c in cuts if c < k]
+        prefix[p] = (ts[:k], [*inside, k])
+    whole = plan_slices(stats_for(parts, duration), duration, seal_all=True)
+    try:
+        plan = plan_slices(stats_for(prefix, duration), duration)
+    except SlicingError as e:
+        assert "no slice is sealed yet" in str(e)
+        first_max = min(int(np.max(ts)) for ts, _ in prefix.values()) // duration
+        assert first_max == whole.base  # a partition's running maximum is still in the first slice
+        return
+    assert plan.base == whole.base and 0 < plan.slices <= whole.slices
+    for s in range(plan.slices):  # invariant 7: as if the grown source had been compacted at once
+        assert plan.ranges.get(s, []) == whole.ranges.get(s, [])
+    withheld = 0
+    for p, (ts, _) in prefix.items():
+        slices = np.maximum.accumulate(ts) // duration - plan.base  # the prefix is a prefix: same running max
+        published = slices < plan.slices
+        assert (np.diff(published.astype(int)) <= 0).all()  # published records come first
+        n = int(published.sum())
+        assert plan.handoff[p] == 1000 * p + n
+        if n:
+            assert plan.running_max[p] == int(ts[:n].max())
+        withheld += len(ts) - n
+        # the partition's last running maximum is at or past the seal: nothing later can land before it
+        assert int(np.max(ts)) // duration - plan.base >= plan.slices
+    assert plan.withheld == withheld
+
+
 def test_overlap_and_gaps_are_named():
     ts = np.arange(10, dtype=np.int64)
     a = ChunkStats("a.avro", "t", 0, 0, 4, 5, 0, 4, chunk_runs(np.arange(5), ts[:5], 3))
     b = ChunkStats("b.avro", "t", 0, 4, 8, 5, 5, 9, chunk_runs(np.arange(4, 9), ts[5:], 3))
     with pytest.raises(SlicingError, match="b.avro.*overlap.*a.avro"):
-        plan_slices([a, b], 3)
+        plan_slices([a, b], 3, seal_all=True)
     c = ChunkStats("c.avro", "t", 0, 7, 11, 5, 5, 9, chunk_runs(np.arange(7, 12), ts[5:], 3))
     with pytest.raises(SlicingError, match="5..6 missing.*--allow-gaps"):
-        plan_slices([a, c], 3)
-    assert plan_slices([a, c], 3, allow_gaps=True).gaps
+        plan_slices([a, c], 3, seal_all=True)
+    assert plan_slices([a, c], 3, allow_gaps=True, seal_all=True).gaps
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
-from tests.records import archive_metas
+from tests.records import archive_metas, below_handoff
 
 JITTER_MS = 4_000
 
@@ -52,7 +52,7 @@ def archive(spark, tmp_path_factory):
     )
     dest = str(root / "compacted")
     compact(CompactConfig(source=src, dest=dest, groups=6, slice_duration="20s"), spark)
-    return dest, source_table(src)
+    return dest, below_handoff(source_table(src), dest)
 
 
 def identity(table: pa.Table) -> list[tuple]:

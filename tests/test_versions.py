@@ -52,12 +52,14 @@ def source_keys(src: str) -> list[tuple[int, int]]:
 
 def test_a_reader_keeps_the_version_it_opened_while_an_overwrite_commits(spark, source, tmp_path):
     dest = str(tmp_path / "c")
-    compact(CompactConfig(source=source, dest=dest, groups=4, slice_duration="20s"), spark)
+    compact(CompactConfig(seal_all=True, source=source, dest=dest, groups=4, slice_duration="20s"), spark)
     with reader.replay(dest, threads=3, batch_size=50, queue_batches=2) as events:
         it = iter(events)
         first = [next(it) for _ in range(5)]
         assert events.manifest.version == 1
-        r = compact(CompactConfig(source=source, dest=dest, groups=2, slice_duration="1m", overwrite=True), spark)
+        r = compact(
+            CompactConfig(seal_all=True, source=source, dest=dest, groups=2, slice_duration="1m", overwrite=True), spark
+        )
         assert r.version == 2
         rest = list(it)
     got = keys_of(first + rest)
@@ -68,10 +70,10 @@ def test_a_reader_keeps_the_version_it_opened_while_an_overwrite_commits(spark, 
 
 def test_a_failed_overwrite_leaves_the_previous_version_and_a_rerun_commits(spark, source, tmp_path):
     dest = str(tmp_path / "c")
-    compact(CompactConfig(source=source, dest=dest, groups=3, slice_duration="30s"), spark)
+    compact(CompactConfig(seal_all=True, source=source, dest=dest, groups=3, slice_duration="30s"), spark)
     store = open_storage(dest)
     before = compacted.load_manifest(store)
-    new = dict(source=source, dest=dest, groups=5, slice_duration="10s", overwrite=True)
+    new = dict(seal_all=True, source=source, dest=dest, groups=5, slice_duration="10s", overwrite=True)
     with pytest.raises(Exception, match="injected failure"):
         compact(CompactConfig(**new, fail_after_files=2), spark)
     assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
@@ -84,10 +86,10 @@ def test_a_failed_overwrite_leaves_the_previous_version_and_a_rerun_commits(spar
 
 def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, source, tmp_path, monkeypatch):
     dest = str(tmp_path / "c")
-    compact(CompactConfig(source=source, dest=dest, groups=3, slice_duration="30s"), spark)
+    compact(CompactConfig(seal_all=True, source=source, dest=dest, groups=3, slice_duration="30s"), spark)
     store = open_storage(dest)
     rewrite = job.run_rewrite
-    rival = CompactConfig(source=source, dest=dest, groups=4, slice_duration="1m", overwrite=True)
+    rival = CompactConfig(seal_all=True, source=source, dest=dest, groups=4, slice_duration="1m", overwrite=True)
 
     def rewrite_then_lose_the_race(*args, **kwargs):
         written = rewrite(*args, **kwargs)
@@ -97,7 +99,10 @@ def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, sour
 
     monkeypatch.setattr(job, "run_rewrite", rewrite_then_lose_the_race)
     with pytest.raises(compacted.CommitConflict, match="another compaction committed version 2") as err:
-        compact(CompactConfig(source=source, dest=dest, groups=6, slice_duration="10s", overwrite=True), spark)
+        compact(
+            CompactConfig(seal_all=True, source=source, dest=dest, groups=6, slice_duration="10s", overwrite=True),
+            spark,
+        )
     assert store.url_for(compacted.version_key(2)) in str(err.value)
     assert compacted.versions(store) == [1, 2]
     winner = compacted.load_manifest(store)
@@ -108,7 +113,10 @@ def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, sour
 def test_versions_command_lists_every_commit(spark, source, tmp_path, capsys):
     dest = str(tmp_path / "c")
     for groups in (2, 3):
-        compact(CompactConfig(source=source, dest=dest, groups=groups, slice_duration="1m", overwrite=True), spark)
+        compact(
+            CompactConfig(seal_all=True, source=source, dest=dest, groups=groups, slice_duration="1m", overwrite=True),
+            spark,
+        )
     capsys.readouterr()
     assert main(["versions", dest, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -127,10 +135,12 @@ def test_versions_command_lists_every_commit(spark, source, tmp_path, capsys):
 def test_vacuum_keeps_what_retained_versions_name_and_deletes_the_rest(spark, source, tmp_path, capsys):
     dest = tmp_path / "c"
     url = str(dest)
-    compact(CompactConfig(source=source, dest=url, groups=3, slice_duration="30s"), spark)
+    compact(CompactConfig(seal_all=True, source=source, dest=url, groups=3, slice_duration="30s"), spark)
     with pytest.raises(Exception, match="injected failure"):  # a failed run leaves files no version names
-        compact(CompactConfig(source=source, dest=url, groups=5, overwrite=True, fail_after_files=2), spark)
-    compact(CompactConfig(source=source, dest=url, groups=2, slice_duration="1m", overwrite=True), spark)
+        compact(
+            CompactConfig(seal_all=True, source=source, dest=url, groups=5, overwrite=True, fail_after_files=2), spark
+        )
+    compact(CompactConfig(seal_all=True, source=source, dest=url, groups=2, slice_duration="1m", overwrite=True), spark)
     (dest / "notes.txt").write_text("the team's\n")
     store = open_storage(url)
     v1, v2 = (compacted.load_manifest(store, v) for v in (1, 2))

@@ -48,6 +48,12 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-gaps", action="store_true", help="accept offset gaps between chunks (compacted topics), reporting them"
     )
+    p.add_argument(
+        "--seal-all",
+        action="store_true",
+        help="publish every slice, also those a lagging partition could still add records to (a topic that will "
+        "not grow); by default they are left out and the hand-off offsets point at their first records",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing compacted archive at DEST")
     p.add_argument("--threads", type=positive_int, default=16, help="I/O threads per task")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -69,6 +75,7 @@ def compact_config(args: argparse.Namespace):
         block_bytes=args.block_bytes,
         target_file_bytes=args.target_file_bytes,
         allow_gaps=args.allow_gaps,
+        seal_all=args.seal_all,
         overwrite=args.overwrite,
         threads=args.threads,
     )
@@ -96,6 +103,11 @@ def print_compact_result(r, as_json: bool) -> None:
         f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
         f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
     )
+    if r.withheld:
+        print(
+            f"  {r.withheld:,} records of slices not sealed yet left out: the hand-off offsets point at them "
+            "(`keyfill handoff`); --seal-all publishes them"
+        )
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items())
     print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
 
