@@ -226,8 +226,7 @@ def largest_slice_bytes(url: str) -> int:
 
     store = open_storage(url)
     m = compacted.load_manifest(store)
-    slices = m.slices
-    return max(PieceIndex(store, slices, m.index_runs).slice_rows(0, slices).column("bytes").to_pylist(), default=1)
+    return max(PieceIndex.of(store, m).slice_rows(0, m.slices).column("bytes").to_pylist(), default=1)
 
 
 def objects_bound(url: str, target: int) -> tuple[int, int, int]:

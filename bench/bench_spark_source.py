@@ -86,11 +86,7 @@ def write_template(url: str, path: str) -> None:
     store = open_storage(url)
     manifest = compacted.load_manifest(store)
     biggest = max(
-        (
-            p
-            for m in PieceIndex(store, manifest.slices, manifest.index_runs).metas(0, manifest.slices)
-            for p in m.pieces
-        ),
+        (p for m in PieceIndex.of(store, manifest).metas(0, manifest.slices) for p in m.pieces),
         key=lambda p: p.records,
     )
     header = store.read_range(biggest.file, 0, biggest.file_header)

@@ -35,9 +35,10 @@ def slice_metas(plan: SlicePlan, pieces: pa.Table) -> list[SliceMeta]:
     return metas
 
 
-def group_sums(assignment: pa.Table, column: str, groups: int) -> np.ndarray:
+def group_sums(table: pa.Table, column: str, groups: int) -> np.ndarray:
+    """`column` summed per group (the table's `group` column): of the assignment, or of the pieces."""
     return np.bincount(
-        assignment.column("group").to_numpy(), weights=assignment.column(column).to_numpy(), minlength=groups
+        table.column("group").to_numpy(), weights=table.column(column).to_numpy(), minlength=groups
     ).astype(np.int64)
 
 
@@ -59,13 +60,9 @@ def write_manifest(
     parent + 1; CommitConflict if another writer got there first)."""
     metas = slice_metas(plan, pieces)
     piece_index.write_index(dest, piece_index.slice_table(metas), pieces, run)
-    group_records = np.bincount(
-        pieces.column("group").to_numpy(), weights=pieces.column("records").to_numpy(), minlength=groups
-    ).astype(np.int64)  # what was written: the assignment's counts include an unsealed tail
+    group_records = group_sums(pieces, "records", groups)  # what was written: the assignment's include an unsealed tail
     group_bytes = group_sums(assignment, "bytes", groups)
-    group_file_bytes = np.bincount(
-        pieces.column("group").to_numpy(), weights=pieces.column("length").to_numpy(), minlength=groups
-    ).astype(np.int64)
+    group_file_bytes = group_sums(pieces, "length", groups)
     sizes = file_sizes(pieces)
     filled = [m for m in metas if m.records]
     manifest = Manifest(

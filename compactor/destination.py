@@ -32,7 +32,7 @@ def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> 
     existing = dest.list()
     if not existing:
         return None
-    committed = compacted.versions(dest)
+    committed = compacted.version_numbers(o.key for o in existing)
     legacy = any(o.key == compacted.LEGACY_MANIFEST for o in existing)
     if committed or legacy:
         if not overwrite:

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.commit import file_sizes, group_sums, write_manifest
+from compactor.commit import file_sizes, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
 from compactor.destination import check_destination, remove_legacy
 from compactor.rewrite import run_rewrite
@@ -139,7 +139,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     remove_legacy(dest)
     phase("commit", t)
 
-    group_bytes = group_sums(assignment, "bytes", groups)
+    group_bytes = np.asarray(manifest.group_payload_bytes)  # as the manifest sums them
     return CompactResult(
         dest=dest.url,
         records=manifest.totals["records"],

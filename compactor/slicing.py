@@ -174,12 +174,7 @@ def plan_slices(
             "arrived, use a shorter --slice-duration, or pass --seal-all if the topic will not grow"
         )
     withheld = 0
-    running_max: dict[int, int] = {}
-    for s in sorted(per_slice):
-        if s < seal:
-            for p, runs in per_slice[s].items():
-                running_max[p] = max(running_max.get(p, NO_PREFIX), max(r.max_timestamp for r in runs))
-            continue
+    for s in [s for s in per_slice if s >= seal]:
         for p, runs in per_slice.pop(s).items():
             handoff[p] = min(handoff[p], runs[0].first_offset)
             withheld += sum(r.records for r in runs)
@@ -196,6 +191,10 @@ def plan_slices(
             )
             for p, runs in sorted(parts.items())
         ]
+    running_max: dict[int, int] = {}
+    for rs in ranges.values():
+        for r in rs:
+            running_max[r.partition] = max(running_max.get(r.partition, NO_PREFIX), r.max_timestamp)
     return SlicePlan(
         duration_ms=duration_ms,
         base=base,

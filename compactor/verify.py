@@ -255,7 +255,7 @@ def plan_audit(source: SourceArchive, dest: Storage) -> tuple[VerifyReport, Audi
     report = VerifyReport(source=source.url, dest=dest.url)
     try:
         manifest = compacted.load_manifest(dest)
-        metas = PieceIndex(dest, manifest.slices, manifest.index_runs).metas(0, manifest.slices)
+        metas = PieceIndex.of(dest, manifest).metas(0, manifest.slices)
     except compacted.FormatError as exc:
         report.fail("manifest", str(exc))
         report.not_run = [c for c in CHECKS if c != "manifest"]  # nothing to check them against

@@ -319,10 +319,6 @@ class CommitConflict(KeyfillError, RuntimeError):
     """Another compaction committed the version this one was about to."""
 
 
-def write_json(store: Storage, key: str, obj: Any) -> None:
-    store.write(key, dumps(obj))
-
-
 def content_id(manifest: Manifest) -> str:
     """16 hex digits of the SHA-256 of what the archive holds (source, configuration,
     slices, groups, totals, hand-off), not of where its files are: a full compaction's
@@ -335,14 +331,17 @@ def content_id(manifest: Manifest) -> str:
 _VERSION_FIELDS = {"archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs", "runs"}
 
 
+_VERSION_KEY = re.compile(rf"{VERSIONS}/([0-9]{{20}})\.json")
+
+
+def version_numbers(keys) -> list[int]:
+    """The version numbers among these keys (a listing's), ascending."""
+    return sorted(int(m[1]) for m in map(_VERSION_KEY.fullmatch, keys) if m)
+
+
 def versions(store: Storage) -> list[int]:
     """The committed version numbers, ascending."""
-    out = []
-    for o in store.list(VERSIONS + "/"):
-        m = re.fullmatch(rf"{VERSIONS}/([0-9]{{20}})\.json", o.key)
-        if m:
-            out.append(int(m[1]))
-    return sorted(out)
+    return version_numbers(o.key for o in store.list(VERSIONS + "/"))
 
 
 def load_manifest(store: Storage, version: int | None = None) -> Manifest:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from keygroups.compacted import INDEX, PartitionRange, Piece, SliceMeta, index_run
+from keygroups.compacted import INDEX, Manifest, PartitionRange, Piece, SliceMeta, index_run
 from keygroups.errors import FormatError
 from keygroups.storage import ObjectNotFound, Storage
 
@@ -226,8 +226,16 @@ class PieceIndex:
     def __post_init__(self) -> None:
         self._files: dict[str, pq.ParquetFile] = {}
 
+    @classmethod
+    def of(cls, store: Storage, manifest: Manifest) -> PieceIndex:
+        """The index of the version `manifest` describes."""
+        return cls(store, manifest.slices, manifest.index_runs)
+
+    def _key(self, kind: str, start: int) -> str:
+        return index_key(kind, start, index_run(self.runs, start))
+
     def _file(self, kind: str, start: int) -> pq.ParquetFile:
-        key = index_key(kind, start, index_run(self.runs, start))
+        key = self._key(kind, start)
         if key not in self._files:
             try:
                 source = _RangedObject(self.store, key)
@@ -266,5 +274,8 @@ class PieceIndex:
         """Slices [first, end) with their pieces; every slice must have its index row."""
         metas = slice_metas(self.slice_rows(first, end), self.piece_rows(first, end))
         if [m.slice for m in metas] != list(range(first, end)):
-            raise FormatError(f"{self.store.url}: slices {first}..{end - 1} are not all in the slice index")
+            raise FormatError(
+                f"{self.store.url_for(self._key('slices', file_start(first)))}: slices {first}..{end - 1} "
+                "are not all in the slice index"
+            )
         return metas

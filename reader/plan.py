@@ -21,14 +21,13 @@ class ReplayPlan:
     def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
         self.store = store
         self.manifest = manifest
-        self.index = PieceIndex(store, manifest.slices, manifest.index_runs)
+        self.index = PieceIndex.of(store, manifest)
         self.threads = threads
         self.group_bytes = np.asarray(manifest.group_file_bytes, dtype=np.int64)
         if len(self.group_bytes):
             self.thread_of_group = keygroups.assign_threads(self.group_bytes, threads)
         else:
             self.thread_of_group = np.zeros(0, np.int32)
-        self._blocks: dict[int, list[compacted.SliceMeta]] = {}
         self._by_group: dict[int, dict[int, list[compacted.Piece]]] = {}  # block -> group -> pieces
         self._by_thread: dict[int, list[dict[int, list[compacted.Piece]]]] = {}  # block -> thread -> slice -> pieces
         self._lock = threading.Lock()
@@ -44,7 +43,7 @@ class ReplayPlan:
         """Group g's pieces in block b (SLICES_PER_ROW_GROUP slices), in slice order."""
         by_group = self._by_group.get(b)
         if by_group is None:
-            by_group = self._load(b)[1]
+            by_group = self._load(b)[0]
         return by_group.get(g, [])
 
     def thread_pieces(self, b: int, t: int) -> dict[int, list[compacted.Piece]]:
@@ -52,15 +51,13 @@ class ReplayPlan:
         a thread walks these, not every slice's every piece."""
         by_thread = self._by_thread.get(b)
         if by_thread is None:
-            by_thread = self._load(b)[2]
+            by_thread = self._load(b)[1]
         return by_thread[t]
 
-    def _load(
-        self, b: int
-    ) -> tuple[list[compacted.SliceMeta], dict[int, list[compacted.Piece]], list[dict[int, list[compacted.Piece]]]]:
+    def _load(self, b: int) -> tuple[dict[int, list[compacted.Piece]], list[dict[int, list[compacted.Piece]]]]:
         with self._lock:
-            if b in self._blocks:
-                return self._blocks[b], self._by_group[b], self._by_thread[b]
+            if b in self._by_group:
+                return self._by_group[b], self._by_thread[b]
             first = b * SLICES_PER_ROW_GROUP
             block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
             self._check(block)
@@ -71,15 +68,15 @@ class ReplayPlan:
                 for p in meta.pieces:
                     by_group.setdefault(p.group, []).append(p)
                     by_thread[thread_of[p.group]].setdefault(p.slice, []).append(p)
-            blocks, groups, threads = dict(self._blocks), dict(self._by_group), dict(self._by_thread)
-            blocks[b], groups[b], threads[b] = block, by_group, by_thread
+            groups, threads = dict(self._by_group), dict(self._by_thread)
+            groups[b], threads[b] = by_group, by_thread
             # Threads do not wait for each other, so they may be blocks apart: drop the blocks
             # loaded longest ago (dicts keep insertion order), never the one just loaded.
-            for old in list(blocks)[: max(0, len(blocks) - CACHED_BLOCKS)]:
-                del blocks[old], groups[old], threads[old]
+            for old in list(groups)[: max(0, len(groups) - CACHED_BLOCKS)]:
+                del groups[old], threads[old]
             # replaced whole: readers never see half
-            self._blocks, self._by_group, self._by_thread = blocks, groups, threads
-            return block, by_group, by_thread
+            self._by_group, self._by_thread = groups, threads
+            return by_group, by_thread
 
     def _check(self, block: list[compacted.SliceMeta]) -> None:
         """Every index row of a block, once when it is loaded, before any GET it leads to."""

@@ -179,10 +179,9 @@ class _Planner:
         self._store: Storage | None = None
         self._manifest: compacted.Manifest | None = None
         self._index: PieceIndex | None = None
-        self._fingerprint: str | None = None
 
     def __getstate__(self) -> dict:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_fingerprint": None}
+        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None}
 
     @property
     def store(self) -> Storage:
@@ -207,16 +206,14 @@ class _Planner:
     @property
     def index(self) -> PieceIndex:
         if self._index is None:
-            self._index = PieceIndex(self.store, self.manifest.slices, self.manifest.index_runs)
+            self._index = PieceIndex.of(self.store, self.manifest)
         return self._index
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the archive in every offset, so a checkpoint cannot silently resume
-        against a recompacted archive (equal inputs and config give equal manifests)."""
-        if self._fingerprint is None:
-            self._fingerprint = self.manifest.archive
-        return self._fingerprint
+        """The archive's id, in every offset, so a checkpoint cannot silently resume against a
+        recompacted archive (equal inputs and config give equal ids)."""
+        return self.manifest.archive
 
     def offset(self, s: int) -> dict:
         return {"slice": s, "archive": self.fingerprint}

@@ -28,7 +28,7 @@ def archive_metas(store):
     from keygroups.piece_index import PieceIndex
 
     manifest = compacted.load_manifest(store)
-    return PieceIndex(store, manifest.slices, manifest.index_runs).metas(0, manifest.slices)
+    return PieceIndex.of(store, manifest).metas(0, manifest.slices)
 
 
 def read_pieces(store):
