@@ -71,19 +71,22 @@ def synthetic_file(first: int, groups: int, rng: np.random.Generator) -> tuple[p
     ps = np.repeat(s, groups)
     pg = np.tile(np.arange(groups, dtype=np.int32), n)
     seg = ps // 600
-    files = pa.array([f"groups/{g:05d}/{q:010d}.avro" for g, q in zip(pg.tolist(), seg.tolist())])
+    files = pa.array([f"groups/{g:05d}/{q:010d}-{RUN}.avro" for g, q in zip(pg.tolist(), seg.tolist())])
     flat = length.reshape(-1)
+    header = 400
     pieces = pa.table(
         {
             "slice": ps,
             "group": pg,
             "file": files,
-            "offset": np.cumsum(flat) - flat,
+            "offset": np.cumsum(flat) - flat + header,
             "length": flat,
             "records": records.reshape(-1),
             "min_timestamp": ps * 10_000,
             "max_timestamp": ps * 10_000 + 9_999,
             "crc32c": rng.integers(0, 2**32, size=ps.size, dtype=np.uint32),
+            "file_header": np.full(ps.size, header, np.int32),
+            "file_bytes": np.full(ps.size, header + int(flat.sum()), np.int64),  # bounds every offset (synthetic)
         }
     )
     return slices, pieces
