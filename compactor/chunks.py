@@ -1,27 +1,55 @@
 """Source chunks as the Spark passes see them: a small DataFrame of chunk indexes (the
-chunks themselves travel in the task closure), and a read that refuses empty chunks."""
+chunks themselves travel in the task closure), and a read that refuses empty chunks and,
+for an append, drops what the archive already holds."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope
 
-CHUNK_COLUMNS = "idx int, prefix_max long"
+CHUNK_COLUMNS = "idx int, prefix_max long, from_offset long"
 
 
-def chunk_frame(spark, chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None):
-    """One row per chunk: its index and the running maximum timestamp of its partition
-    before it (the rewrite pass needs it to slice the chunk's records)."""
+def chunk_frame(
+    spark, chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
+):
+    """One row per chunk: its index, the running maximum timestamp of its partition before it
+    (the rewrite pass needs it to slice the chunk's records), and the first offset to read
+    (an append's hand-off; 0 for a full compaction)."""
     sc = spark.sparkContext
     parallel = max(1, min(len(chunks), sc.defaultParallelism * 4))
-    rows = [(i, (prefix_max or {}).get(c.key, 0)) for i, c in enumerate(chunks)]
+    rows = [(i, (prefix_max or {}).get(c.key, 0), (handoff or {}).get(c.partition, 0)) for i, c in enumerate(chunks)]
     return spark.createDataFrame(sc.parallelize(rows, parallel), CHUNK_COLUMNS)
 
 
-def read_checked(source: SourceArchive, chunk: SourceChunk) -> pa.RecordBatch:
+def read_checked(source: SourceArchive, chunk: SourceChunk, from_offset: int = 0) -> pa.RecordBatch:
+    """The chunk's records from `from_offset` on (possibly none: a chunk straddling an
+    append's hand-off whose later records are all below it)."""
     batch = source.read(chunk)
     if batch.num_rows == 0:
         raise envelope.CorruptFile(f"{source.store.url_for(chunk.key)}: chunk holds no records")
+    if from_offset and batch.column("offset")[0].as_py() < from_offset:
+        batch = batch.filter(pc.greater_equal(batch.column("offset"), from_offset))
     return batch
+
+
+def chunks_from(chunks: list[SourceChunk], handoff: dict[int, int]) -> list[SourceChunk]:
+    """The chunks that may hold offsets at or past each partition's hand-off: what an append
+    reads. A chunk ends before the next one of its partition starts, so only the one
+    straddling the hand-off is read in part (its last offset may be unknown until read)."""
+    by_partition: dict[int, list[SourceChunk]] = {}
+    for c in sorted(chunks, key=lambda c: (c.partition, c.first_offset)):
+        by_partition.setdefault(c.partition, []).append(c)
+    out = []
+    for p, cs in by_partition.items():
+        start = handoff.get(p, 0)
+        for c, nxt in zip(cs, [*cs[1:], None]):
+            below = (c.last_offset is not None and c.last_offset < start) or (
+                nxt is not None and nxt.first_offset <= start
+            )
+            if not below:
+                out.append(c)
+    return out

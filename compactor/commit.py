@@ -11,18 +11,20 @@ from compactor.config import CompactConfig, CompactionError
 from compactor.slicing import SlicePlan
 from keygroups import compacted, piece_index
 from keygroups.compacted import Manifest, SliceMeta
+from keygroups.piece_index import PieceIndex
 from keygroups.storage import Storage
 
 
 def slice_metas(plan: SlicePlan, pieces: pa.Table) -> list[SliceMeta]:
-    """Every slice's bounds, partition ranges, records and bytes (empty slices too)."""
+    """Bounds, partition ranges, records and bytes of every slice this run published (empty
+    slices too)."""
     s = pieces.column("slice").to_numpy()
     records = np.bincount(s, weights=pieces.column("records").to_numpy(), minlength=plan.slices).astype(np.int64)
     nbytes = np.bincount(s, weights=pieces.column("length").to_numpy(), minlength=plan.slices).astype(np.int64)
-    if len(records) > plan.slices:
-        raise CompactionError(f"the rewrite wrote slice {len(records) - 1}; the plan has {plan.slices} slices")
+    if len(records) > plan.slices or records[: plan.first].any():
+        raise CompactionError(f"the rewrite wrote slices outside {plan.first}..{plan.slices - 1}")
     metas = []
-    for i in range(plan.slices):
+    for i in range(plan.first, plan.slices):
         start, end = plan.bounds(i)
         ranges = plan.ranges.get(i, [])
         expected = sum(r.records for r in ranges)
@@ -55,34 +57,53 @@ def write_manifest(
     run: str,
     assignment_key: str,
     parent: int | None,
+    continues: Manifest | None = None,
 ) -> Manifest:
     """The index first, the version last: the archive is visible from then on (as version
-    parent + 1; CommitConflict if another writer got there first)."""
+    parent + 1; CommitConflict if another writer got there first). `continues`: the version
+    an append grows (its totals carry on, its index's last file is rewritten with the new
+    slices)."""
     metas = slice_metas(plan, pieces)
-    piece_index.write_index(dest, piece_index.slice_table(metas), pieces, run)
-    group_records = group_sums(pieces, "records", groups)  # what was written: the assignment's include an unsealed tail
+    index_slices, index_pieces = piece_index.slice_table(metas), pieces
+    index_runs = [[0, run]]
+    if continues is not None:  # the index file holding the first new slice gets the old rows too
+        start = piece_index.file_start(plan.first)
+        old = PieceIndex.of(dest, continues)
+        index_slices = pa.concat_tables(
+            [old.slice_rows(start, plan.first), index_slices.cast(piece_index.SLICE_SCHEMA)]
+        )
+        index_pieces = pa.concat_tables([old.piece_rows(start, plan.first), pieces.cast(piece_index.PIECE_SCHEMA)])
+        index_runs = [e for e in continues.index_runs if e[0] < start] + [[start, run]]
+    piece_index.write_index(dest, index_slices, index_pieces, run)
+    prior = continues or _EMPTY
+    # what was written: the assignment's counts include an unsealed tail
+    group_records = group_sums(pieces, "records", groups) + np.asarray(prior.group_records or 0, np.int64)
     group_bytes = group_sums(assignment, "bytes", groups)
-    group_file_bytes = group_sums(pieces, "length", groups)
+    group_file_bytes = group_sums(pieces, "length", groups) + np.asarray(prior.group_file_bytes or 0, np.int64)
     sizes = file_sizes(pieces)
     filled = [m for m in metas if m.records]
+    t = prior.totals
+    config = {
+        "groups": groups,
+        "slice_duration": cfg.slice_duration,
+        "slice_duration_ms": cfg.slice_duration_ms,
+        "codec": cfg.codec,
+        "block_bytes": cfg.block_bytes,
+        "target_file_bytes": cfg.target_file_bytes,
+        "null_keys": cfg.null_keys,
+        "allow_gaps": cfg.allow_gaps,
+        "seal_all": cfg.seal_all,
+        "idle_after": cfg.idle_after,
+    }
     manifest = Manifest(
-        source={
+        source=prior.source
+        or {
             "url": source_url,
             "format": cfg.source_format,
             "key_field": cfg.key_field,
             "timestamp_field": cfg.timestamp_field,
         },
-        config={
-            "groups": groups,
-            "slice_duration": cfg.slice_duration,
-            "slice_duration_ms": cfg.slice_duration_ms,
-            "codec": cfg.codec,
-            "block_bytes": cfg.block_bytes,
-            "target_file_bytes": cfg.target_file_bytes,
-            "null_keys": cfg.null_keys,
-            "allow_gaps": cfg.allow_gaps,
-            "seal_all": cfg.seal_all,
-        },
+        config=config,
         topic=topic,
         groups=groups,
         slice_duration_ms=cfg.slice_duration_ms,
@@ -94,30 +115,45 @@ def write_manifest(
         totals={
             "records": int(group_records.sum()),
             "payload_bytes": int(group_bytes.sum()),
-            "file_bytes": sum(sizes),
-            "files": len(sizes),
-            "largest_file_bytes": max(sizes, default=0),
-            "pieces": pieces.num_rows,
+            "file_bytes": t.get("file_bytes", 0) + sum(sizes),
+            "files": t.get("files", 0) + len(sizes),
+            "largest_file_bytes": max([t.get("largest_file_bytes", 0), *sizes]),
+            "pieces": t.get("pieces", 0) + pieces.num_rows,
             "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
             "partitions": len(plan.handoff),
             "slices": plan.slices,
-            "empty_slices": plan.slices - len(filled),
-            "end_ms": filled[-1].end_ms if filled else None,
+            "empty_slices": t.get("empty_slices", 0) + len(metas) - len(filled),
+            "end_ms": filled[-1].end_ms if filled else t.get("end_ms"),
+            "made_late": t.get("made_late", 0) + plan.made_late,
         },
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         running_max={str(p): m for p, m in sorted(plan.running_max.items())},
-        gaps=plan.gaps,
+        gaps=[*prior.gaps, *plan.gaps],
         version=(parent or 0) + 1,
         parent=parent,
-        kind="compact",
+        kind="compact" if continues is None else "append",
         run=run,
         assignment=assignment_key,
-        index_runs=[[0, run]],
-        runs=[run],
+        index_runs=index_runs,
+        runs=[*prior.runs, run],
     )
-    manifest.archive = compacted.content_id(manifest)
+    manifest.archive = compacted.content_id(manifest) if continues is None else continues.archive
     compacted.commit(dest, manifest)
     return manifest
+
+
+class _Nothing:
+    """What a full compaction continues from: nothing."""
+
+    source: dict = {}
+    group_records: list = []
+    group_file_bytes: list = []
+    totals: dict = {}
+    gaps: list = []
+    runs: list = []
+
+
+_EMPTY = _Nothing()
 
 
 def file_sizes(pieces: pa.Table) -> list[int]:

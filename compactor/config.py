@@ -34,7 +34,9 @@ class CompactConfig:
     target_file_bytes: int = DEFAULT_TARGET_BYTES
     allow_gaps: bool = False
     seal_all: bool = False  # publish every slice, sealed or not (a topic that will not grow)
+    idle_after: str | None = None  # a partition this far behind the newest does not hold the seal back
     overwrite: bool = False
+    append: bool = False  # continue the archive at DEST from its hand-off offsets
     threads: int = 16
     null_keys: str = "partition"
     fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
@@ -53,10 +55,18 @@ class CompactConfig:
         if self.block_bytes < 1024:
             raise OptionError("--block-bytes must be at least 1024")
         parse_duration(self.slice_duration)
+        if self.idle_after is not None:
+            parse_duration(self.idle_after, option="--idle-after")
+        if self.append and self.overwrite:
+            raise OptionError("--append and --overwrite exclude each other: one grows the archive, one replaces it")
 
     @property
     def slice_duration_ms(self) -> int:
         return parse_duration(self.slice_duration)
+
+    @property
+    def idle_after_ms(self) -> int | None:
+        return None if self.idle_after is None else parse_duration(self.idle_after, option="--idle-after")
 
     def open_source(self) -> SourceArchive:
         return open_source(
@@ -88,3 +98,9 @@ class CompactResult:
     phases: dict[str, float] = field(default_factory=dict)
     version: int = 1  # the version committed
     withheld: int = 0  # source records of unsealed slices, left for a later compaction
+    kind: str = "compact"  # or "append"
+    first_slice: int = 0  # the first slice this run published (an append's: the parent's slice count)
+    new_records: int = 0  # records this run published
+    new_keys: int = 0  # keys this run placed
+    made_late: int = 0  # records of idle partitions this run placed after their own slice (--idle-after)
+    idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back

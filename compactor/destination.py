@@ -19,11 +19,11 @@ from keygroups.storage import Storage, StorageError, overlapping
 log = logging.getLogger("keyfill.compact")
 
 
-def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> int | None:
+def check_destination(source: SourceArchive, dest: Storage, overwrite: bool, append: bool = False) -> int | None:
     """Refuse what would destroy data, before any work: an archive without --overwrite, a
     destination holding foreign files, or a destination and source inside one another
     (the source's listing would find the archive, or a vacuum would delete the source).
-    Returns the latest committed version, which the new one follows."""
+    Returns the latest committed version, which the new one follows (and an append grows)."""
     if overlapping(source.store, dest):
         raise StorageError(
             f"source {source.url} and destination {dest.url} overlap (one lies inside the other); "
@@ -35,9 +35,15 @@ def check_destination(source: SourceArchive, dest: Storage, overwrite: bool) -> 
     committed = compacted.version_numbers(o.key for o in existing)
     legacy = any(o.key == compacted.LEGACY_MANIFEST for o in existing)
     if committed or legacy:
-        if not overwrite:
+        if not (overwrite or append):
             raise StorageError(
-                f"{dest.url}: a compacted archive exists here; pass --overwrite to replace it with a new version"
+                f"{dest.url}: a compacted archive exists here; pass --append to grow it with the source's new records, "
+                "or --overwrite to replace it with a new version"
+            )
+        if append and not committed:
+            raise StorageError(
+                f"{dest.url}: holds an archive of an older format, which cannot be appended to; compact the source "
+                "again with --overwrite"
             )
         return committed[-1] if committed else None
     # Only a run's files (named by a run id) may be here: any other name is not ours to build on.

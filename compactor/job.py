@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactor.append import continuation, continuing, extend_assignment
+from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
 from compactor.destination import check_destination, remove_legacy
@@ -31,7 +33,7 @@ from compactor.slicing import plan_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.statistics import run_statistics
 from keygroups import compacted, envelope
-from keygroups.assignment import ASSIGNMENT_SCHEMA, write_assignment
+from keygroups.assignment import ASSIGNMENT_SCHEMA, load_assignment, write_assignment
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
 
@@ -99,28 +101,51 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
 
     source = cfg.open_source()
     dest = open_storage(cfg.dest, threads=cfg.threads)
-    parent = check_destination(source, dest, cfg.overwrite)
+    parent = check_destination(source, dest, cfg.overwrite, append=cfg.append)
+    grows = compacted.load_manifest(dest, parent) if cfg.append and parent is not None else None
+    if grows is not None:
+        cfg = continuing(cfg, grows, source)
+        log.info("appending to version %d of %s from its hand-off offsets", grows.version, dest.url)
+    elif cfg.append:
+        log.info("no archive at %s yet: --append starts it with a full compaction", dest.url)
     run = compacted.new_run()
     t = time.perf_counter()
     topic, chunks = list_topic_chunks(source, cfg.topic)
+    start = continuation(grows) if grows is not None else None
+    if start is not None:
+        chunks = chunks_from(chunks, start.handoff)
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
     t = phase("list", t)
 
-    stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms)
+    stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms, start.handoff if start else None)
     t = phase("statistics", t)
 
     plan = plan_slices(
-        stats.chunks, cfg.slice_duration_ms, allow_gaps=cfg.allow_gaps, seal_all=cfg.seal_all, name=source.store.url_for
+        stats.chunks,
+        cfg.slice_duration_ms,
+        allow_gaps=cfg.allow_gaps,
+        seal_all=cfg.seal_all,
+        idle_after_ms=cfg.idle_after_ms,
+        after=start,
+        name=source.store.url_for,
     )
     if plan.withheld:
         log.info("%d records of unsealed slices left for a later compaction (see --seal-all)", plan.withheld)
-    groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
-    assignment = packed_assignment(stats.totals, groups)
+    new_keys = 0
+    if grows is not None:
+        groups = grows.groups
+        assignment, new_keys = extend_assignment(load_assignment(dest, grows.assignment), stats.totals, groups)
+    else:
+        groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
+        assignment = packed_assignment(stats.totals, groups)
+        new_keys = assignment.num_rows
     assignment_key = compacted.assignment_key(run)
     write_assignment(dest, assignment_key, assignment)
     t = phase("packing", t)
 
-    pieces = run_rewrite(spark, cfg, groups, source, chunks, dest, plan, run, assignment_key)
+    pieces = run_rewrite(
+        spark, cfg, groups, source, chunks, dest, plan, run, assignment_key, start.handoff if start else None
+    )
     t = phase("rewrite", t)
 
     manifest = write_manifest(
@@ -135,6 +160,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         run=run,
         assignment_key=assignment_key,
         parent=parent,
+        continues=grows,
     )
     remove_legacy(dest)
     phase("commit", t)
@@ -159,4 +185,10 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         phases=phases,
         version=manifest.version,
         withheld=plan.withheld,
+        kind=manifest.kind,
+        first_slice=plan.first,
+        new_records=int(pieces.column("records").to_numpy().sum()) if pieces.num_rows else 0,
+        new_keys=new_keys,
+        made_late=plan.made_late,
+        idle=plan.idle,
     )

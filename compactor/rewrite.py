@@ -51,7 +51,9 @@ def _decode_task(
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
-                batch = read_checked(source, chunk)
+                batch = read_checked(source, chunk, row["from_offset"])
+                if not batch.num_rows:
+                    continue
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 slices, order_ts = record_slices(ts, row["prefix_max"], duration_ms, base)
                 sealed = slices < published  # the rest is left for a later compaction (slicing.py)
@@ -174,15 +176,17 @@ def run_rewrite(
     plan: SlicePlan,
     run: str,
     assignment_key: str,
+    handoff: dict[int, int] | None = None,
 ) -> pa.Table:
     """The pieces written (PIECE_SCHEMA rows), in files named by `run`.
 
     Records are shuffled by group, so one task sees a group's records of every slice in
     order and cuts its segment files at slice boundaries near the target size (files of
     exactly the sizes the layout promises, no small tails from split groups). A task holds
-    one piece and one file in memory at most; Spark spills the sort."""
+    one piece and one file in memory at most; Spark spills the sort. `handoff`: for an
+    append, each partition's first offset to write."""
     spark.sparkContext.setJobDescription("keyfill compact: rewrite")
-    frame = chunk_frame(spark, chunks, plan.prefix_max)
+    frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
     records = frame.mapInArrow(
         _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices), RECORD_SCHEMA
     )

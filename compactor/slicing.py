@@ -18,6 +18,18 @@ from the seal on are left for a later compaction, and the hand-off offsets point
 partition's first one, so a live consumer (or the next append) starts exactly there: a
 lagging partition can never deliver a record into a slice whose watermark was emitted.
 `seal_all` publishes every slice instead (a topic that will not grow).
+
+Idle partitions: a partition whose running maximum is more than `idle_after` behind the
+newest partition's does not hold the seal back (Flink's idleness, decided on event time so
+equal input gives equal archives). When such a partition later delivers records whose
+running maximum falls in a slice already published, an append places them in its first
+slice: they are *made late* (their timestamps are behind the watermark already emitted),
+counted by the compaction and checked by verify. Without `idle_after` no record is ever
+made late, and an idle partition holds the seal until it moves.
+
+Appends (`Continuation`): the next compaction reads each partition from its hand-off on and
+continues its running maximum, so sealed slices come out exactly as if the grown source had
+been compacted at once (DESIGN.md, invariant 7).
 """
 
 from __future__ import annotations
@@ -34,11 +46,11 @@ NO_PREFIX = np.iinfo(np.int64).min
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def parse_duration(text: str) -> int:
+def parse_duration(text: str, option: str = "--slice-duration") -> int:
     """'10m', '1h', '90s', '500ms', '1d' -> milliseconds."""
     m = re.fullmatch(r"\s*(\d+)\s*(ms|s|min|m|h|d)\s*", text)
     if not m or int(m[1]) == 0:
-        raise OptionError(f"--slice-duration {text!r}: expected a positive duration like 500ms, 90s, 10m, 1h, 1d")
+        raise OptionError(f"{option} {text!r}: expected a positive duration like 500ms, 90s, 10m, 1h, 1d")
     return int(m[1]) * _UNITS[m[2]]
 
 
@@ -100,6 +112,18 @@ class SlicingError(KeyfillError, ValueError):
     """Chunks of a partition overlap, or leave a gap where none is allowed."""
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """What an append continues from: the parent version's slice grid, its published slice
+    count (the append's first slice) and, per partition, its hand-off offset and the
+    running maximum of the records below it."""
+
+    base: int
+    slices: int
+    handoff: dict[int, int]
+    running_max: dict[int, int]
+
+
 @dataclass
 class SlicePlan:
     duration_ms: int
@@ -111,6 +135,9 @@ class SlicePlan:
     gaps: list[str] = field(default_factory=list)
     running_max: dict[int, int] = field(default_factory=dict)  # partition -> max timestamp below its hand-off
     withheld: int = 0  # records of unsealed slices, left for a later compaction
+    first: int = 0  # the first slice this plan publishes (an append's: the parent's slice count)
+    made_late: int = 0  # records of idle partitions placed after their own running maximum's slice
+    idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back
 
     def bounds(self, s: int) -> tuple[int, int]:
         return (self.base + s) * self.duration_ms, (self.base + s + 1) * self.duration_ms
@@ -122,56 +149,85 @@ def plan_slices(
     *,
     allow_gaps: bool = False,
     seal_all: bool = False,
+    idle_after_ms: int | None = None,
+    after: Continuation | None = None,
     name=lambda key: key,
 ) -> SlicePlan:
     """Slice boundaries, per-slice partition ranges and each chunk's prefix max, from the
-    statistics pass alone: the sealed slices only, unless `seal_all`. `name` turns a chunk
-    key into a URL for error messages."""
-    by_partition: dict[int, list[ChunkStats]] = {}
+    statistics pass alone: the sealed slices only, unless `seal_all`. With `after`, the
+    chunks hold each partition's records from its hand-off on, and the plan publishes the
+    slices from `after.slices` on. `name` turns a chunk key into a URL for error messages."""
+    by_partition: dict[int, list[ChunkStats]] = {p: [] for p in (after.handoff if after else {})}
     for c in chunks:
         by_partition.setdefault(c.partition, []).append(c)
+    first = after.slices if after else 0
+    # An append places nothing before its first slice: records whose running maximum is behind
+    # it (an idle partition's, or a new partition's) are lifted into it, made late.
+    floor = (after.base + after.slices) * duration_ms if after else NO_PREFIX
     prefix: dict[str, int] = {}
     per_slice: dict[int, dict[int, list[Run]]] = {}  # absolute slice -> partition -> runs
     gaps: list[str] = []
     handoff: dict[int, int] = {}
     final_max: dict[int, int] = {}
+    made_late = 0
     for p, cs in sorted(by_partition.items()):
         cs.sort(key=lambda c: c.first_offset)
-        running = NO_PREFIX
+        true_max = after.running_max.get(p, NO_PREFIX) if after else NO_PREFIX
+        start = after.handoff.get(p) if after else None
         for prev, cur in zip([None, *cs], cs):
-            if prev is not None:
-                if cur.first_offset <= prev.last_offset:
+            prev_last = prev.last_offset if prev is not None else (None if start is None else start - 1)
+            prev_name = name(prev.key) if prev is not None else f"the archive's hand-off ({start})"
+            if prev_last is not None:
+                if cur.first_offset <= prev_last:
                     raise SlicingError(
-                        f"{name(cur.key)}: offsets {cur.first_offset}..{cur.last_offset} overlap "
-                        f"{name(prev.key)} ({prev.first_offset}..{prev.last_offset})"
+                        f"{name(cur.key)}: offsets {cur.first_offset}..{cur.last_offset} overlap {prev_name}"
+                        + (f" ({prev.first_offset}..{prev.last_offset})" if prev is not None else "")
                     )
-                if cur.first_offset != prev.last_offset + 1:
+                if cur.first_offset != prev_last + 1:
                     gap = (
-                        f"partition {p}: offsets {prev.last_offset + 1}..{cur.first_offset - 1} missing "
-                        f"between {name(prev.key)} and {name(cur.key)}"
+                        f"partition {p}: offsets {prev_last + 1}..{cur.first_offset - 1} missing "
+                        f"between {prev_name} and {name(cur.key)}"
                     )
                     if not allow_gaps:
                         raise SlicingError(gap + " (pass --allow-gaps if the topic is compacted)")
                     gaps.append(gap)
+            running = max(true_max, floor)
             prefix[cur.key] = running
             floor_slice = None if running == NO_PREFIX else running // duration_ms
+            true_slice = None if true_max == NO_PREFIX else true_max // duration_ms
             for run in cur.runs:
                 s = run.local_slice if floor_slice is None else max(run.local_slice, floor_slice)
+                if after and (run.local_slice if true_slice is None else max(run.local_slice, true_slice)) < s:
+                    made_late += run.records  # its own running maximum is in a published slice
                 per_slice.setdefault(s, {}).setdefault(p, []).append(run)
-            running = max(running, cur.max_timestamp)
-        handoff[p] = cs[-1].last_offset + 1
-        final_max[p] = running
+            true_max = max(true_max, cur.max_timestamp)
+        handoff[p] = cs[-1].last_offset + 1 if cs else after.handoff[p]
+        final_max[p] = max(true_max, floor)
 
-    if not per_slice:
+    if not per_slice and not after:
         raise SlicingError("the source archive holds no records")
-    base = min(per_slice)
-    seal = max(per_slice) + 1 if seal_all else min(m // duration_ms for m in final_max.values())
-    if seal <= base:
-        lagging = min(final_max, key=lambda p: final_max[p])
-        raise SlicingError(
+    base = after.base if after else min(per_slice)
+    newest = max(final_max.values())
+    idle = sorted(p for p, m in final_max.items() if idle_after_ms is not None and m < newest - idle_after_ms)
+    holding = {p: m for p, m in final_max.items() if p not in idle}
+    if seal_all:
+        seal = max([*per_slice, base + first - 1]) + 1
+    else:
+        seal = min(m // duration_ms for m in holding.values())
+    if seal <= base + first:
+        lagging = min(holding, key=lambda p: holding[p])
+        if after:
+            raise NothingSealed(
+                f"no new slice is sealed: partition {lagging}'s running maximum is still in the archive's next slice "
+                f"(starting {(base + first) * duration_ms} ms), so a later record could belong to it. Append when "
+                "more data has arrived, declare quiet partitions idle with --idle-after, or pass --seal-all if the "
+                "topic will not grow"
+            )
+        raise NothingSealed(
             f"no slice is sealed yet: partition {lagging}'s running maximum is still in the first slice "
             f"(starting {base * duration_ms} ms), so a later record could belong to it. Compact when more data has "
-            "arrived, use a shorter --slice-duration, or pass --seal-all if the topic will not grow"
+            "arrived, use a shorter --slice-duration, declare quiet partitions idle with --idle-after, or pass "
+            "--seal-all if the topic will not grow"
         )
     withheld = 0
     for s in [s for s in per_slice if s >= seal]:
@@ -191,7 +247,7 @@ def plan_slices(
             )
             for p, runs in sorted(parts.items())
         ]
-    running_max: dict[int, int] = {}
+    running_max: dict[int, int] = dict(after.running_max) if after else {}
     for rs in ranges.values():
         for r in rs:
             running_max[r.partition] = max(running_max.get(r.partition, NO_PREFIX), r.max_timestamp)
@@ -205,4 +261,11 @@ def plan_slices(
         gaps=gaps,
         running_max=running_max,
         withheld=withheld,
+        first=first,
+        made_late=made_late,
+        idle=idle,
     )
+
+
+class NothingSealed(SlicingError):
+    """No slice (or, for an append, no new slice) is sealed yet: nothing to publish."""

@@ -29,7 +29,9 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
-                batch = read_checked(source, chunk)
+                batch = read_checked(source, chunk, row["from_offset"])
+                if not batch.num_rows:
+                    continue  # straddles an append's hand-off: nothing new
                 offsets = batch.column("offset").to_numpy()
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 weights = envelope.record_bytes(batch)
@@ -67,11 +69,18 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
     return run
 
 
-def run_statistics(spark, source: SourceArchive, chunks: list[SourceChunk], duration_ms: int) -> Statistics:
+def run_statistics(
+    spark, source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, handoff: dict[int, int] | None = None
+) -> Statistics:
+    """`handoff`: for an append, each partition's first offset to count (the archive holds the rest)."""
     from pyspark.sql import functions as F
 
     spark.sparkContext.setJobDescription("keyfill compact: statistics")
-    stats = chunk_frame(spark, chunks).mapInArrow(_stats_task(source, chunks, duration_ms), STATS_SCHEMA).persist()
+    stats = (
+        chunk_frame(spark, chunks, handoff=handoff)
+        .mapInArrow(_stats_task(source, chunks, duration_ms), STATS_SCHEMA)
+        .persist()
+    )
     try:
         totals = (
             stats.filter("kind = 0")

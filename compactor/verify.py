@@ -315,34 +315,60 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
 
     # exactly once, partition by partition: the source below its hand-off
     expected: dict[int, int] = {}
+    made_late = 0
     for p in sorted(set(src) | set(dst)):
         ao, ts, afp = src.get(p, _PartitionDigest()).by_offset()
         expected[p] = expected_handoff(ao, ts, manifest)
         below = ao < manifest.handoff.get(str(p), expected[p])
         ao, ts, afp = ao[below], ts[below], afp[below]
         bo, start, bfp = dst.get(p, _PartitionDigest()).by_offset()
-        if len(ao) != len(bo):
-            report.fail("exactly_once", f"partition {p}: source has {len(ao)} records, archive {len(bo)}")
-        elif not np.array_equal(ao, bo):
-            dup = np.flatnonzero(np.diff(bo) == 0)
-            diff = np.flatnonzero(ao != bo)[0]
-            extra = f"; offset {bo[dup[0]]} twice" if dup.size else ""
-            report.fail("exactly_once", f"partition {p}: offsets differ first at source offset {ao[diff]}{extra}")
-        elif _sum(afp) != _sum(bfp):
-            report.fail("exactly_once", f"partition {p}: same offsets but record contents differ")
-        else:  # each record sits in the slice its partition's running maximum timestamp names
-            d = manifest.slice_duration_ms
-            wrong = np.flatnonzero(np.maximum.accumulate(ts) // d * d != start)
-            if wrong.size:
-                report.fail(
-                    "slice_bounds",
-                    f"partition {p}: offset {ao[wrong[0]]} is in the slice starting at "
-                    f"{start[wrong[0]]}, its running maximum timestamp says otherwise",
-                )
+        made_late += partition_checks(report, p, manifest, (ao, ts, afp), (bo, start, bfp))
 
+    late_check(report, manifest, made_late)
     metadata_checks(report, manifest, metas)
     handoff_checks(report, manifest, {p: o for p, o in expected.items() if p in src})
     return report
+
+
+def partition_checks(report: VerifyReport, p: int, manifest: compacted.Manifest, source, archive) -> int:
+    """One partition: the source's records below the hand-off (offsets, timestamps,
+    fingerprints) against the archive's (offsets, slice starts, fingerprints), in offset
+    order. Returns how many records sit after their own running maximum's slice (made late)."""
+    ao, ts, afp = source
+    bo, start, bfp = archive
+    if len(ao) != len(bo):
+        report.fail("exactly_once", f"partition {p}: source has {len(ao)} records, archive {len(bo)}")
+    elif not np.array_equal(ao, bo):
+        dup = np.flatnonzero(np.diff(bo) == 0)
+        diff = np.flatnonzero(ao != bo)[0]
+        extra = f"; offset {bo[dup[0]]} twice" if dup.size else ""
+        report.fail("exactly_once", f"partition {p}: offsets differ first at source offset {ao[diff]}{extra}")
+    elif _sum(afp) != _sum(bfp):
+        report.fail("exactly_once", f"partition {p}: same offsets but record contents differ")
+    else:  # each record sits in the slice its partition's running maximum timestamp names, or later: made late
+        d = manifest.slice_duration_ms
+        own = np.maximum.accumulate(ts) // d * d
+        wrong = np.flatnonzero(own > start)
+        if wrong.size:
+            report.fail(
+                "slice_bounds",
+                f"partition {p}: offset {ao[wrong[0]]} is in the slice starting at "
+                f"{start[wrong[0]]}, before the slice of its running maximum timestamp ({own[wrong[0]]})",
+            )
+        return int((own < start).sum())
+    return 0
+
+
+def late_check(report: VerifyReport, manifest: compacted.Manifest, made_late: int) -> None:
+    """Records placed after their own slice: only an append places them (records of idle or
+    new partitions, --idle-after), and it counts every one in the manifest."""
+    counted = manifest.totals.get("made_late", 0)
+    if made_late != counted:
+        report.fail(
+            "slice_bounds",
+            f"{made_late} records sit in a slice after their running maximum timestamp's; the manifest counts "
+            f"{counted} made late by appends (--idle-after)",
+        )
 
 
 def metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: list[SliceMeta]) -> None:

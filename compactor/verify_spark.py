@@ -7,7 +7,15 @@ import numpy as np
 import pyarrow as pa
 
 from compactor.sources import SourceArchive
-from compactor.verify import MAX_REPORTED, FileChecker, VerifyReport, handoff_checks, metadata_checks, plan_audit
+from compactor.verify import (
+    MAX_REPORTED,
+    FileChecker,
+    VerifyReport,
+    handoff_checks,
+    late_check,
+    metadata_checks,
+    plan_audit,
+)
 from keygroups import envelope
 from keygroups.storage import Storage
 
@@ -147,19 +155,22 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
             lambda r: f"partition {r['partition']} offset {r['offset']}: record contents differ from the source",
         )
         runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
+        own = F.floor(F.col("runmax") / d) * d
         each(
             "slice_bounds",
-            runmax.filter(F.floor(F.col("runmax") / d) * d != F.col("slice_start")),
+            runmax.filter(own > F.col("slice_start")),
             lambda r: (
                 f"partition {r['partition']}: offset {r['offset']} is in the slice starting at "
-                f"{r['slice_start']}, its running maximum timestamp says otherwise"
+                f"{r['slice_start']}, before the slice of its running maximum timestamp"
             ),
         )
+        made_late = runmax.filter(own < F.col("slice_start")).count()
     finally:
         dst.unpersist()
         src.unpersist()
         if joined is not None:
             joined.unpersist()
+    late_check(report, manifest, made_late)
     metadata_checks(report, manifest, metas)
     firsts = {r["partition"]: r["after"] if r["unpublished"] is None else r["unpublished"] for r in expected}
     handoff_checks(report, manifest, firsts)

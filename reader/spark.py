@@ -5,9 +5,8 @@
     stream = spark.readStream.format("keyfill").load("s3://bucket/compacted")
     table = spark.read.format("keyfill").load("s3://bucket/compacted")
 
-A streaming offset is a slice position, `{"slice": n, "archive": <manifest fingerprint>}`:
-every micro-batch holds whole slices
-and never part of one, so the micro-batch boundary is the reader's barrier made
+A streaming offset is a slice position, `{"slice": n, "archive": <id>, "version": v}`:
+every micro-batch holds whole slices and never part of one, so the micro-batch boundary is the reader's barrier made
 cluster-wide. Spark's watermark (the largest event time seen, minus the delay) then moves
 once per batch, at a slice end, and a record is late in the replay only if it was late in
 its own Kafka partition with the same delay (DESIGN.md invariant 3).
@@ -17,6 +16,12 @@ with the `numPartitions` option). Each reads its groups' pieces of the batch's s
 group at a time in slice order, as coalesced ranged GETs (`reader.coalesce`), so a key's
 records stay in order within its Spark partition and across batches. Spark's watermark
 moves between micro-batches only, so the order of groups inside a batch changes nothing.
+
+A streaming query follows the archive as it grows: each trigger looks for a newer version
+(one LIST of `_versions/`), and appended slices come in later micro-batches. Offsets stay
+valid across appends (an append keeps the archive id and only adds slices after the last);
+a recompacted or overwritten archive has another id, which fails the query with
+ArchiveChanged instead of mixing two archives' slices.
 
 Planning (`latestOffset`, `partitions`) runs in one long-lived driver-side Python process
 and reads only the index rows of the slices it plans; `read()` runs on a pickled copy in
@@ -171,8 +176,8 @@ class KeyfillDataSource(DataSource):
 
 
 class _Planner:
-    """Driver-side view of the archive: the manifest, and index rows as planning needs them
-    (the archive is immutable once its manifest exists)."""
+    """Driver-side view of the archive: the manifest of the version being planned, and index
+    rows as planning needs them (a version never changes; `refresh` moves to a newer one)."""
 
     def __init__(self, opts: Options):
         self.opts = opts
@@ -189,9 +194,6 @@ class _Planner:
             self._store = open_storage(self.opts.path)
         return self._store
 
-    def load(self) -> compacted.Manifest:
-        return self.manifest
-
     @property
     def manifest(self) -> compacted.Manifest:
         if self._manifest is None:
@@ -201,6 +203,17 @@ class _Planner:
                     f"option startingSlice={self.opts.starting_slice}: {self.store.url} has "
                     f"{self._manifest.slices} slices"
                 )
+        return self._manifest
+
+    def refresh(self) -> compacted.Manifest:
+        """Move to the latest version if one was committed since: an append's slices become
+        plannable. A newer version of another archive is loaded too; `position` then refuses
+        the query's offsets."""
+        current = self.manifest
+        latest = compacted.versions(self.store)
+        if latest and latest[-1] > current.version:
+            self._manifest = compacted.load_manifest(self.store, latest[-1])
+            self._index = None
         return self._manifest
 
     @property
@@ -216,7 +229,7 @@ class _Planner:
         return self.manifest.archive
 
     def offset(self, s: int) -> dict:
-        return {"slice": s, "archive": self.fingerprint}
+        return {"slice": s, "archive": self.fingerprint, "version": self.manifest.version}
 
     def position(self, offset: dict) -> int:
         """The slice of an offset of this archive."""
@@ -225,6 +238,11 @@ class _Planner:
                 f"{self.store.url}: the query's checkpoint holds offsets of archive {offset.get('archive')}, but this "
                 f"archive is {self.fingerprint} (recompacted since?). Restart the query with a new checkpoint "
                 "location, or point it at the archive it started on."
+            )
+        if int(offset["slice"]) > self.manifest.slices:
+            raise ArchiveChanged(
+                f"{self.store.url}: the query's checkpoint is at slice {offset['slice']} of version "
+                f"{offset.get('version')}, but version {self.manifest.version} has {self.manifest.slices} slices"
             )
         return int(offset["slice"])
 
@@ -342,12 +360,14 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Admission control: `maxSlicesPerTrigger` becomes Spark's ReadMaxFiles (a slice counts
     as a file), else `maxBytesPerTrigger` becomes ReadMaxBytes; when both are set both
     apply. A batch always takes at least one slice with records, however large, and empty
-    slices are free (they ride along). The archive never grows, so Trigger.AvailableNow's
-    target is simply its last slice."""
+    slices are free (they ride along). Each trigger first moves to the latest version, so a
+    running query picks up appends; Trigger.AvailableNow's target is the last slice of the
+    version that was latest when the query started."""
 
     def __init__(self, opts: Options):
         self.planner = _Planner(opts)
         self.opts = opts
+        self.available_now = False
 
     def initialOffset(self) -> dict:
         return self.planner.offset(self.opts.starting_slice)
@@ -360,10 +380,12 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.planner.load()  # the target is the end of this immutable archive: load it now
+        self.available_now = True  # the target: the end of the version latest now
+        self.planner.refresh()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        slices = self.planner.manifest.slices
+        manifest = self.planner.manifest if self.available_now else self.planner.refresh()
+        slices = manifest.slices
         first = self.planner.position(start)
         max_slices = max_bytes = max_rows = None
         if not isinstance(limit, ReadAllAvailable):
@@ -403,8 +425,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.read(partition)
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: offsets are positions in an immutable archive (and Spark may
-        skip this call for the last batch of an AvailableNow run)."""
+        """Nothing to release: offsets are positions in versions that never change (and Spark
+        may skip this call for the last batch of an AvailableNow run)."""
 
     def stop(self) -> None:
         pass

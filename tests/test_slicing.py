@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from compactor.slicing import (
     ChunkStats,
+    Continuation,
+    NothingSealed,
     SlicingError,
     chunk_runs,
     parse_duration,
@@ -125,6 +127,88 @@ def test_sealed_slices_are_final_whatever_the_source_adds_later(parts, duration,
         # the partition's last running maximum is at or past the seal: nothing later can land before it
         assert int(np.max(ts)) // duration - plan.base >= plan.slices
     assert plan.withheld == withheld
+
+
+def stats_between(parts, lo, hi, duration):
+    """ChunkStats of each partition's records [lo[p], hi[p]) (positions), cut where the source's
+    chunks are cut: what an append's statistics pass sees from the hand-off on."""
+    chunks = []
+    for p, (ts, cuts) in parts.items():
+        bounds = sorted({lo[p], hi[p], *[c for c in cuts if lo[p] < c < hi[p]]})
+        for a, b in zip(bounds, bounds[1:]):
+            offs = np.arange(a, b, dtype=np.int64) + 1000 * p
+            chunks.append(
+                ChunkStats(
+                    f"p{p}-{a}",
+                    "t",
+                    p,
+                    int(offs[0]),
+                    int(offs[-1]),
+                    b - a,
+                    int(ts[a:b].min()),
+                    int(ts[a:b].max()),
+                    chunk_runs(offs, ts[a:b], duration),
+                )
+            )
+    return chunks
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=partitions(), duration=st.integers(1, 300), idle=st.sampled_from([None, 0, 50, 400]), data=st.data())
+def test_appends_publish_every_record_once_in_slices_of_the_whole_source(parts, duration, idle, data):
+    """The source grows in k steps (each partition by its own amount: lagging and idle
+    partitions), each step appended to the last plan. Without idleness every published
+    slice equals the one-shot compaction's (invariant 7); with it, a record is placed after
+    its own running maximum's slice only when counted as made late, and only into the first
+    slice of its append. Every record is published at most once, in offset order, and the
+    hand-off points right after what was published."""
+    k = data.draw(st.integers(1, 5), label="appends")
+    ends = {}
+    for p, (ts, _) in parts.items():  # every partition present from the first compaction on
+        ends[p] = sorted(data.draw(st.lists(st.integers(1, len(ts)), min_size=k, max_size=k), label=f"ends {p}"))
+    whole = plan_slices(stats_for(parts, duration), duration, seal_all=True)
+    after, slice_of, made_late, first_slices = None, {}, 0, []
+    for step in range(k + 1):
+        last = step == k
+        hi = {p: len(ts) if last else ends[p][step] for p, (ts, _) in parts.items()}
+        lo = {p: (after.handoff[p] - 1000 * p if after else 0) for p in parts}
+        lo = {p: min(lo[p], hi[p]) for p in parts}
+        chunks = stats_between(parts, lo, hi, duration)
+        try:
+            plan = plan_slices(chunks, duration, seal_all=last, idle_after_ms=idle, after=after)
+        except NothingSealed:
+            continue
+        first_slices.append(plan.first)
+        assert plan.first == (after.slices if after else 0) and plan.slices > plan.first
+        for s, ranges in plan.ranges.items():
+            assert plan.first <= s < plan.slices
+            for r in ranges:
+                for o in range(r.first_offset, r.last_offset + 1):
+                    assert o not in slice_of  # published once
+                    slice_of[o] = s
+        made_late += plan.made_late
+        for p in parts:  # published records are a prefix of each partition; the hand-off follows it
+            assert plan.handoff[p] == 1000 * p + sum(1 for o in slice_of if o // 1000 == p)
+        after = Continuation(plan.base, plan.slices, plan.handoff, plan.running_max)
+        if idle is None:
+            for s in range(plan.first, plan.slices):
+                assert plan.ranges.get(s, []) == whole.ranges.get(s, [])
+    if after is None:
+        return
+    late = 0
+    for p, (ts, _) in parts.items():
+        own = np.maximum.accumulate(ts) // duration - whole.base
+        got = [slice_of.get(1000 * p + i) for i in range(len(ts))]
+        assert None not in got  # the last append sealed everything: all published
+        assert all(a <= b for a, b in zip(got, got[1:]))  # offset order: slices never go back
+        for i, s in enumerate(got):
+            assert s >= own[i]
+            if s > own[i]:
+                late += 1
+                assert s in first_slices  # lifted into the first slice of its append
+    assert late == made_late
+    if idle is None:
+        assert made_late == 0
 
 
 def test_overlap_and_gaps_are_named():

@@ -5,6 +5,7 @@ a batch computation over the source, admission control and clear errors."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter, defaultdict
 
@@ -221,6 +222,7 @@ def test_a_corrupt_file_fails_the_query_naming_it(spark, archive, tmp_path):
 
 
 def test_option_errors_name_the_option(spark, tmp_path):
+    reader.spark.register(spark)  # also when run alone
     with pytest.raises(Exception, match="maxSlicesPerTrigger"):
         (
             stream(spark, str(tmp_path), maxSlicesPerTrigger="lots")
@@ -413,3 +415,73 @@ def test_a_checkpoint_of_another_archive_is_refused_naming_both(spark, archive, 
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url}))
     with pytest.raises(reader.spark.ArchiveChanged):
         rdr.partitions({"slice": 0, "archive": "0" * 16}, rdr.initialOffset())
+
+
+def test_a_running_query_picks_up_appends_exactly_once(spark, tmp_path):
+    """A query with a processing-time trigger follows the archive: two appends committed
+    while it runs arrive in later micro-batches, and its sink holds every record of the
+    grown source below the final hand-off exactly once."""
+    from test_append import copy_share
+
+    from compactor.sources.envelope import build_index
+
+    reader.spark.register(spark)
+    full, src, dest = str(tmp_path / "full"), str(tmp_path / "src"), str(tmp_path / "c")
+    generate(
+        GeneratorConfig(out=full, records=9_000, keys=200, partitions=3, chunk_records=500, rate=100.0, seed=4),
+        progress=False,
+    )
+    assert min(len(v) for v in build_index(open_storage(full)).chunks.values()) >= 3  # each share adds chunks
+    copy_share(full, src, 1 / 3)
+    compact(CompactConfig(source=src, dest=dest, groups=4, slice_duration="10s"), spark)
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    q = (
+        stream(spark, dest)
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", ck)
+        .trigger(processingTime="1 second")
+        .start()
+    )
+
+    def caught_up(version: int) -> int:
+        """Wait until the sink holds everything `version` published; its row count."""
+        want = compacted.load_manifest(open_storage(dest), version).totals["records"]
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            q.processAllAvailable()
+            got = spark.read.parquet(out).count() if os.path.exists(out) else 0
+            if got >= want:
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"the query did not reach version {version} ({want} records)")
+
+    try:
+        assert caught_up(1) == compacted.load_manifest(open_storage(dest), 1).totals["records"]
+        for share, version in ((2 / 3, 2), (1.0, 3)):
+            copy_share(full, src, share)
+            r = compact(CompactConfig(source=src, dest=dest, append=True, seal_all=share == 1.0), spark)
+            assert r.version == version
+            caught_up(version)
+        batches = q.lastProgress["batchId"]
+    finally:
+        q.stop()
+    assert batches >= 2  # the appends came in later micro-batches
+    assert identity(spark.read.parquet(out).toArrow()) == identity(source_table(src))
+
+
+def test_a_running_query_refuses_an_archive_replaced_under_it(archive, tmp_path):
+    """The planner moves to a newer version on each trigger; one of another archive (an
+    overwrite with other groups or slices) fails the query instead of mixing the two."""
+    url, _ = archive
+    local, copy = open_storage(url), open_storage(str(tmp_path / "copy"))
+    for info in local.list(""):
+        copy.write(info.key, local.read(info.key))
+    rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": copy.url}))
+    start = rdr.initialOffset()
+    assert start["version"] == 1 and rdr.latestOffset(start, ReadAllAvailable())["slice"] > 0
+    doc = compacted.load_manifest(copy).to_json()
+    doc["version"], doc["archive"] = 2, "f" * 16
+    copy.create(compacted.version_key(2), compacted.dumps(doc))
+    with pytest.raises(reader.spark.ArchiveChanged, match="recompacted since"):
+        rdr.latestOffset(start, ReadAllAvailable())

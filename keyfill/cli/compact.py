@@ -31,7 +31,9 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
         "of payload, a power of two)",
     )
     p.add_argument(
-        "--slice-duration", default="1m", help="event-time length of a slice (the watermark step): 500ms, 90s, 10m, 1h"
+        "--slice-duration",
+        default="1m",
+        help="event-time length of a slice (the watermark step): 500ms, 90s, 10m, 1h (--append: the archive's)",
     )
     p.add_argument(
         "--target-file-bytes",
@@ -53,6 +55,19 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="publish every slice, also those a lagging partition could still add records to (a topic that will "
         "not grow); by default they are left out and the hand-off offsets point at their first records",
+    )
+    p.add_argument(
+        "--idle-after",
+        metavar="DURATION",
+        help="a partition whose running maximum is this far behind the newest partition's does not hold sealing "
+        "back (like Flink's idleness, on event time); its later records behind the published slices are placed in "
+        "the next append's first slice and counted as made late. Default: no partition is idle",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="grow the archive at DEST with the source's records from its hand-off offsets on, as a new version "
+        "(keeps its groups, slices and identity; starts it when DEST is empty)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing compacted archive at DEST")
     p.add_argument("--threads", type=positive_int, default=16, help="I/O threads per task")
@@ -76,7 +91,9 @@ def compact_config(args: argparse.Namespace):
         target_file_bytes=args.target_file_bytes,
         allow_gaps=args.allow_gaps,
         seal_all=args.seal_all,
+        idle_after=args.idle_after,
         overwrite=args.overwrite,
+        append=args.append,
         threads=args.threads,
     )
 
@@ -87,8 +104,14 @@ def print_compact_result(r, as_json: bool) -> None:
     if as_json:
         print(json.dumps(asdict(r), indent=2))
         return
-    rate = r.records / r.seconds if r.seconds else 0.0
-    print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}, version {r.version}")
+    rate = r.new_records / r.seconds if r.seconds else 0.0
+    if r.kind == "append":
+        print(
+            f"appended {r.new_records:,} records ({r.new_keys:,} new keys) as slices {r.first_slice}..{r.slices - 1} "
+            f"of {r.dest}, version {r.version}; the archive now holds {r.records:,} records ({mb(r.payload_bytes)})"
+        )
+    else:
+        print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}, version {r.version}")
     print(
         f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.pieces:,} pieces in {r.files} files, "
         f"{mb(r.file_bytes)}"
@@ -108,6 +131,10 @@ def print_compact_result(r, as_json: bool) -> None:
             f"  {r.withheld:,} records of slices not sealed yet left out: the hand-off offsets point at them "
             "(`keyfill handoff`); --seal-all publishes them"
         )
+    if r.idle:
+        print(f"  partitions {', '.join(map(str, r.idle))} idle (--idle-after): they did not hold sealing back")
+    if r.made_late:
+        print(f"  {r.made_late:,} records of idle or new partitions placed after their own slice: made late")
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items())
     print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
 

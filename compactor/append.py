@@ -1,0 +1,118 @@
+"""What an append (`keyfill compact --append`) takes from the version it continues: the
+layout, where each partition resumes, and the key assignment, which it extends.
+
+An append reads only the source records from the hand-off offsets on, so its cost follows
+the new data, not the archive. It keeps the archive's groups, slice grid and identity
+(`Manifest.archive`): readers and Spark queries follow it as the same archive, grown.
+
+Existing keys keep their group (a key's records stay in one group across versions, so a
+reader's per-key order needs nothing new); new keys are placed where the appended part's
+group loads stay lowest (`keygroups.place`, started from the loads the existing keys bring
+to the appended part).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compactor.config import DEFAULT_SLICE_DURATION, CompactConfig
+from compactor.slicing import Continuation
+from compactor.sources import SourceArchive
+from keygroups import compacted
+from keygroups.assignment import ASSIGNMENT_SCHEMA, MISSING, KeyAssignment
+from keygroups.errors import OptionError
+
+
+def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArchive) -> CompactConfig:
+    """`cfg` with the archive's layout; refuses an append the archive cannot take."""
+    url = parent.source.get("url")
+    where = f"{source.store.url_for('')}"
+    if parent.config.get("seal_all"):
+        raise OptionError(
+            f"version {parent.version} of the archive was compacted with --seal-all (every slice published: no later "
+            "record can be placed without making it late); compact the grown source again with --overwrite"
+        )
+    if url != source.url or parent.source.get("format") != cfg.source_format:
+        raise OptionError(
+            f"--append: the archive was compacted from {url} ({parent.source.get('format')}), not {where} "
+            f"({cfg.source_format}); an append continues the same source"
+        )
+    if cfg.topic not in (None, parent.topic):
+        raise OptionError(f"--topic {cfg.topic}: the archive holds topic {parent.topic}")
+    if cfg.groups not in (None, parent.groups):
+        raise OptionError(f"--groups {cfg.groups}: an append keeps the archive's {parent.groups} groups")
+    if cfg.slice_duration != DEFAULT_SLICE_DURATION and cfg.slice_duration_ms != parent.slice_duration_ms:
+        raise OptionError(
+            f"--slice-duration {cfg.slice_duration}: an append keeps the archive's slices of "
+            f"{parent.config['slice_duration']}"
+        )
+    c = parent.config
+    return dataclasses.replace(
+        cfg,
+        groups=parent.groups,
+        slice_duration=c["slice_duration"],
+        topic=parent.topic,
+        key_field=parent.source.get("key_field"),
+        timestamp_field=parent.source.get("timestamp_field"),
+        codec=c["codec"],
+        block_bytes=c["block_bytes"],
+        target_file_bytes=c["target_file_bytes"],
+        null_keys=c["null_keys"],
+        allow_gaps=cfg.allow_gaps or c["allow_gaps"],
+    )
+
+
+def continuation(parent: compacted.Manifest) -> Continuation:
+    return Continuation(
+        base=parent.base,
+        slices=parent.slices,
+        handoff={int(p): o for p, o in parent.handoff.items()},
+        running_max={int(p): m for p, m in parent.running_max.items()},
+    )
+
+
+def extend_assignment(old: pa.Table, totals: pa.Table, groups: int) -> tuple[pa.Table, int]:
+    """The assignment with the append's keys: existing keys keep their group, new ones are
+    placed onto the appended part's loads. Per-key records and bytes add up what the
+    statistics passes counted (packing weights: a withheld tail is counted by the
+    compaction that left it and again by the one that publishes it). Returns the table and
+    the number of new keys."""
+    import keygroups
+
+    known = KeyAssignment.from_table(old)
+    grp = known.group_of(totals.column("key"), totals.column("null_part").to_numpy())
+    totals = totals.append_column("group", pa.array(grp, pa.int32()))
+    existing = pa.array(grp != MISSING)
+    weights = totals.column("bytes").to_numpy()
+    loads = np.bincount(grp[grp != MISSING], weights=weights[grp != MISSING], minlength=groups).astype(np.int64)
+    new = totals.filter(pc.invert(existing)).sort_by([("null_part", "ascending"), ("key", "ascending")])
+    if new.num_rows:
+        placed = keygroups.place(new.column("bytes").to_numpy(), loads)
+        new = new.set_column(new.schema.get_field_index("group"), "group", pa.array(placed, pa.int32()))
+    added = pa.concat_tables([totals.filter(existing), new])
+    null_part = added.column("null_part").to_numpy()
+    added = pa.table(
+        {
+            "key": added.column("key"),
+            "null_key_partition": pa.array(null_part, pa.int32(), mask=null_part < 0),
+            "group": added.column("group"),
+            "records": added.column("records"),
+            "bytes": added.column("bytes"),
+        },
+        schema=ASSIGNMENT_SCHEMA,
+    )
+    merged = (
+        pa.concat_tables([old.cast(ASSIGNMENT_SCHEMA), added])
+        .group_by(["key", "null_key_partition"], use_threads=False)
+        .aggregate([("group", "min"), ("records", "sum"), ("bytes", "sum")])
+        .rename_columns({"group_min": "group", "records_sum": "records", "bytes_sum": "bytes"})
+    )
+    merged = merged.sort_by([("null_key_partition", "ascending"), ("key", "ascending")])
+    merged = merged.select(ASSIGNMENT_SCHEMA.names).cast(ASSIGNMENT_SCHEMA)
+    if merged.num_rows != old.num_rows + new.num_rows or int(pc.sum(pc.is_null(merged.column("group"))).as_py()):
+        raise AssertionError("assignment merge lost or duplicated keys")
+    return merged, new.num_rows

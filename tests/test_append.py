@@ -1,0 +1,329 @@
+"""Appends (`keyfill compact --append`, DESIGN.md invariant 7): a source that grows in steps,
+each appended as a new version, replays (across checkpoints taken on older versions) to
+exactly the grown source, per-key order kept, no record made late that was not late in its
+own partition (or counted as made late by --idle-after), watermarks monotone; and the
+appended archive's slices are the one-shot compaction's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_reader import check_invariants, hypothesis_settings, run, running_max_before, source_table
+
+import reader
+from compactor import job
+from compactor.job import CompactConfig, compact
+from compactor.slicing import NothingSealed
+from compactor.sources import open_source
+from compactor.sources.envelope import write_chunk
+from compactor.verify import verify
+from keygroups import compacted
+from keygroups.errors import OptionError
+from keygroups.storage import open_storage
+from tests.records import archive_metas, below_handoff, envelope_records
+
+
+@st.composite
+def growing_source(draw):
+    """Per partition: timestamps and keys in offset order (idle stretches, a hot key, null
+    keys), and k+1 growth points: each step adds the records up to its point (a partition
+    may lag or not grow at all in a step)."""
+    keys = [None, b"hot"] + [b"k%d" % i for i in range(draw(st.integers(1, 10)))]
+    k = draw(st.integers(1, 5))
+    parts = {}
+    for p in range(draw(st.integers(1, 4))):
+        n = draw(st.integers(2, 60))
+        steps = np.array(draw(st.lists(st.sampled_from([0, 1, 10, 500, 5_000, 30_000]), min_size=n, max_size=n)))
+        ts = np.cumsum(steps) - np.array(draw(st.lists(st.integers(0, 8_000), min_size=n, max_size=n)))
+        ks = [keys[i] for i in draw(st.lists(st.integers(0, len(keys) - 1), min_size=n, max_size=n))]
+        ends = sorted(draw(st.lists(st.integers(1, n), min_size=k, max_size=k)))  # present from the start
+        parts[p] = (ts.tolist(), ks, [*ends, n])
+    return parts, draw(st.sampled_from(["1s", "10s", "1m"])), draw(st.sampled_from([None, "1m"]))
+
+
+def grow(store, parts, written: dict[int, int], step: int) -> None:
+    """Write each partition's records up to its point for `step`, as new chunk files (a
+    chunk per step and partition, split in two where there are many)."""
+    for p, (ts, ks, ends) in parts.items():
+        a, b = written.get(p, 0), ends[step]
+        for lo, hi in ((a, (a + b) // 2), ((a + b) // 2, b)) if b - a > 8 else ((a, b),):
+            if hi > lo:
+                write_chunk(store, envelope_records(p, range(lo, hi), ts[lo:hi], ks[lo:hi]), "t", codec="null")
+        written[p] = b
+
+
+def made_late(url: str) -> set[tuple[int, int]]:
+    """(partition, offset) of the records an append placed after their own running
+    maximum's slice."""
+    store = open_storage(url)
+    manifest = compacted.load_manifest(store)
+    table = source_table(url_src[url])
+    out = set()
+    placed = {}
+    for meta in archive_metas(store):
+        for r in meta.partitions:
+            for o in range(r.first_offset, r.last_offset + 1):
+                placed[(r.partition, o)] = meta.slice
+    parts = table.column("partition").to_numpy()
+    for p in np.unique(parts).tolist():
+        t = table.filter(pa.array(parts == p)).sort_by("offset")
+        ts = t.column("timestamp").cast(pa.int64()).to_numpy()
+        own = np.maximum.accumulate(ts) // manifest.slice_duration_ms - manifest.base
+        for o, s in zip(t.column("offset").to_pylist(), own.tolist()):
+            if (p, o) in placed and placed[(p, o)] > s:
+                out.add((p, o))
+    return out
+
+
+url_src: dict[str, str] = {}
+
+
+def read_some(events, limit: int) -> list:
+    got = []
+    for ev in events:
+        got.append(ev)
+        if len(got) >= limit:
+            break
+    return got
+
+
+@hypothesis_settings(6)
+@given(case=growing_source(), data=st.data())
+def test_an_appended_history_replays_as_the_grown_source_across_versions(spark, tmp_path_factory, case, data):
+    parts, duration, idle = case
+    root = tmp_path_factory.mktemp("append")
+    src = open_storage(str(root / "src"))
+    dest = str(root / "c")
+    url_src[dest] = src.url
+    written: dict[int, int] = {}
+    events, state, bound = [], None, data.draw(st.sampled_from([0, 2_000]))
+    steps = len(next(iter(parts.values()))[2])
+    committed = 0
+    for step in range(steps):
+        grow(src, parts, written, step)
+        last = step == steps - 1
+        cfg = CompactConfig(
+            source=src.url, dest=dest, groups=3, slice_duration=duration, idle_after=idle, append=True, seal_all=last
+        )
+        try:
+            r = compact(cfg, spark)
+        except NothingSealed:
+            continue
+        committed += 1
+        assert r.version == committed and r.kind == ("compact" if committed == 1 else "append")
+        report = verify(open_source(src.url), open_storage(dest))
+        assert report.ok, report.violations
+        # Read on from a checkpoint taken on an older version (the archive id is kept).
+        with reader.replay(
+            dest, threads=data.draw(st.integers(1, 16)), batch_size=7, watermark_bound_ms=bound, resume=state
+        ) as ev:
+            events += read_some(ev, data.draw(st.integers(1, 25)))
+            state = ev.checkpoint()  # perhaps at this version's end: resumed on the next one
+    with reader.replay(dest, threads=data.draw(st.integers(1, 16)), watermark_bound_ms=bound, resume=state) as ev:
+        events += run(ev)[0]
+    manifest = compacted.load_manifest(open_storage(dest))
+    assert manifest.version == committed and [r for r in manifest.runs] and len(manifest.runs) == committed
+    table = source_table(src.url)
+    assert below_handoff(table, dest).num_rows == table.num_rows  # the last append sealed everything
+    before = running_max_before(table)
+    late = made_late(dest)
+    assert len(late) == manifest.totals["made_late"]
+    if idle is None:
+        assert not late
+    for key in late:  # counted as made late by --idle-after: allowed behind the watermark
+        before[key] = (before[key][0], np.iinfo(np.int64).max)
+    check_invariants(events, table, before, bound)
+    if idle is None:  # invariant 7: the slices of the one-shot compaction of the grown source
+        one = str(root / "one")
+        compact(CompactConfig(source=src.url, dest=one, groups=3, slice_duration=duration, seal_all=True), spark)
+        got = [(m.slice, m.start_ms, m.records, m.partitions) for m in archive_metas(open_storage(dest))]
+        want = [(m.slice, m.start_ms, m.records, m.partitions) for m in archive_metas(open_storage(one))]
+        assert got == want
+
+
+@pytest.fixture(scope="module")
+def full_source(tmp_path_factory):
+    """A generated source whose chunk files the tests below copy over in steps."""
+    from keyfill.synth.generate import GeneratorConfig, generate
+
+    src = str(tmp_path_factory.mktemp("grown") / "full")
+    generate(
+        GeneratorConfig(
+            out=src, records=12_000, keys=300, partitions=3, chunk_records=1_000, skew=1.1, rate=100.0, seed=8
+        ),
+        progress=False,
+    )
+    return src
+
+
+def copy_share(full: str, dest: str, share: float) -> None:
+    """Copy the first `share` of each partition's chunk files of `full` to `dest` (a source
+    that grows by new chunk files, as an archiving connector writes them)."""
+    import os
+    import shutil
+
+    for root, _, files in os.walk(full):
+        names = sorted(f for f in files if f.endswith(".avro"))
+        rel = os.path.relpath(root, full)
+        for f in names[: round(len(names) * share)]:
+            os.makedirs(os.path.join(dest, rel), exist_ok=True)
+            if not os.path.exists(os.path.join(dest, rel, f)):
+                shutil.copy(os.path.join(root, f), os.path.join(dest, rel, f))
+
+
+def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source, tmp_path):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    copy_share(full_source, src, 0.5)
+    first = compact(CompactConfig(source=src, dest=dest, slice_duration="10s"), spark)
+    store = open_storage(dest)
+    v1 = compacted.load_manifest(store)
+    old_files = {o.key: o.size for o in store.list("groups/")}
+    copy_share(full_source, src, 1.0)
+    r = compact(CompactConfig(source=src, dest=dest, append=True), spark)
+    v2 = compacted.load_manifest(store)
+    assert (r.kind, r.version, r.first_slice) == ("append", 2, v1.slices) and v2.slices > v1.slices
+    assert (v2.archive, v2.groups, v2.slice_duration_ms, v2.parent) == (v1.archive, v1.groups, 10_000, 1)
+    assert v2.runs == [*v1.runs, v2.run] and r.new_records == v2.totals["records"] - v1.totals["records"]
+    assert r.new_records + first.records + r.withheld == 12_000
+    # the old version's files are untouched, and it stays readable as it was
+    assert {k: s for k, s in ((o.key, o.size) for o in store.list("groups/")) if k in old_files} == old_files
+    assert compacted.load_manifest(store, 1) == v1
+    from keygroups.assignment import load_assignment
+
+    a2 = {(r["key"], r["null_key_partition"]): r["group"] for r in load_assignment(store, v2.assignment).to_pylist()}
+    a1 = load_assignment(store, v1.assignment).to_pylist()
+    assert all(a2[(r["key"], r["null_key_partition"])] == r["group"] for r in a1)  # existing keys stay
+    assert len(a2) >= len(a1)
+    assert verify(open_source(src), store).ok
+    from compactor.verify_spark import verify_spark
+
+    assert verify_spark(open_source(src), store, spark).ok
+
+
+@pytest.mark.parametrize("fail", ["rewrite", "index", "commit"])
+def test_a_killed_append_leaves_the_previous_version_and_a_rerun_commits(
+    spark, full_source, tmp_path, monkeypatch, fail
+):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    copy_share(full_source, src, 0.4)
+    compact(CompactConfig(source=src, dest=dest, groups=4, slice_duration="10s"), spark)
+    store = open_storage(dest)
+    before = compacted.load_manifest(store)
+    copy_share(full_source, src, 0.8)
+    cfg = CompactConfig(source=src, dest=dest, append=True)
+    if fail == "rewrite":
+        cfg = CompactConfig(source=src, dest=dest, append=True, fail_after_files=1)
+    elif fail == "index":
+        from compactor import commit as commit_module
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected failure writing the index")
+
+        monkeypatch.setattr(commit_module.piece_index, "write_index", broken)
+    else:
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected failure before the version object")
+
+        monkeypatch.setattr(compacted, "commit", broken)
+    with pytest.raises(Exception, match="injected failure"):
+        compact(cfg, spark)
+    monkeypatch.undo()
+    assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
+    assert verify(open_source(src), store).ok  # version 1 against the grown source: still exact
+    with reader.replay(dest, threads=3) as ev:
+        assert sum(e.batch.num_rows for e in ev if isinstance(e, reader.Records)) == before.totals["records"]
+    r = compact(CompactConfig(source=src, dest=dest, append=True), spark)
+    assert r.version == 2 and verify(open_source(src), store).ok
+
+
+def test_of_two_appends_racing_exactly_one_commits(spark, full_source, tmp_path, monkeypatch):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    copy_share(full_source, src, 0.5)
+    compact(CompactConfig(source=src, dest=dest, groups=4, slice_duration="10s"), spark)
+    copy_share(full_source, src, 1.0)
+    store = open_storage(dest)
+    rewrite = job.run_rewrite
+    cfg = CompactConfig(source=src, dest=dest, append=True)
+
+    def rewrite_then_lose_the_race(*args, **kwargs):
+        written = rewrite(*args, **kwargs)
+        monkeypatch.setattr(job, "run_rewrite", rewrite)
+        assert compact(cfg, spark).version == 2  # the rival append commits while this one writes
+        return written
+
+    monkeypatch.setattr(job, "run_rewrite", rewrite_then_lose_the_race)
+    with pytest.raises(compacted.CommitConflict, match="another compaction committed version 2"):
+        compact(cfg, spark)
+    assert compacted.versions(store) == [1, 2]
+    report = verify(open_source(src), store)
+    assert report.ok and report.records == compacted.load_manifest(store).totals["records"]
+
+
+def test_a_quiet_partition_holds_sealing_back_unless_declared_idle(spark, tmp_path):
+    """Partitions 0 and 1 move on; partition 2 stops at 30 s. An append seals nothing new
+    (naming partition 2) until --idle-after declares it idle; its records that come later,
+    behind the published slices, go into the next append's first slice, counted made late."""
+    src, dest = open_storage(str(tmp_path / "src")), str(tmp_path / "c")
+    minute = 60_000
+    for p in (0, 1):
+        write_chunk(
+            src,
+            envelope_records(p, range(40), [i * 3_000 for i in range(40)], [b"a%d" % (i % 5) for i in range(40)]),
+            "t",
+        )
+    write_chunk(src, envelope_records(2, range(10), [i * 3_000 for i in range(10)], [b"q"] * 10), "t")
+    cfg = dict(source=src.url, dest=dest, groups=2, slice_duration="10s")
+    first = compact(CompactConfig(**cfg), spark)
+    assert first.slices == 2  # partition 2's running maximum (27 s) is in slice 2: slices 0, 1 are sealed
+    for p in (0, 1):
+        write_chunk(src, envelope_records(p, range(40, 80), [i * 3_000 for i in range(40, 80)], [b"a1"] * 40), "t")
+    with pytest.raises(NothingSealed, match="partition 2.*--idle-after"):
+        compact(CompactConfig(**cfg, append=True), spark)
+    r = compact(CompactConfig(**cfg, append=True, idle_after="1m"), spark)
+    assert r.idle == [2] and r.made_late == 0 and r.slices == 23  # partitions 0 and 1 reach 237 s
+    # partition 2 wakes up with records of 30..40 s, long published: made late, into slice 23
+    write_chunk(src, envelope_records(2, range(10, 14), [30_000, 33_000, 36_000, 4 * minute], [b"q"] * 4), "t")
+    for p in (0, 1):
+        write_chunk(src, envelope_records(p, range(80, 100), [i * 3_000 for i in range(80, 100)], [b"a2"] * 20), "t")
+    r = compact(CompactConfig(**cfg, append=True, idle_after="1m"), spark)
+    assert r.made_late == 3 and r.first_slice == 23
+    store = open_storage(dest)
+    manifest = compacted.load_manifest(store)
+    assert manifest.totals["made_late"] == 3
+    placed = {(r.partition, r.first_offset): m.slice for m in archive_metas(store) for r in m.partitions}
+    assert placed[(2, 10)] == 23
+    report = verify(open_source(src.url), store)
+    assert report.ok, report.violations
+
+
+def test_append_refuses_what_it_cannot_continue(spark, full_source, tmp_path):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    copy_share(full_source, src, 0.5)
+    compact(CompactConfig(source=src, dest=dest, groups=4, slice_duration="10s"), spark)
+    with pytest.raises(OptionError, match="--groups 5: an append keeps the archive's 4 groups"):
+        compact(CompactConfig(source=src, dest=dest, groups=5, append=True), spark)
+    with pytest.raises(OptionError, match="--slice-duration 1h: an append keeps the archive's slices of 10s"):
+        compact(CompactConfig(source=src, dest=dest, slice_duration="1h", append=True), spark)
+    with pytest.raises(OptionError, match="--append and --overwrite"):
+        CompactConfig(source=src, dest=dest, append=True, overwrite=True)
+    other = str(tmp_path / "other")
+    copy_share(full_source, other, 1.0)
+    with pytest.raises(OptionError, match=f"compacted from {src}.*not {other}"):
+        compact(CompactConfig(source=other, dest=dest, append=True), spark)
+    sealed = str(tmp_path / "sealed")
+    compact(CompactConfig(source=src, dest=sealed, groups=4, slice_duration="10s", seal_all=True), spark)
+    with pytest.raises(OptionError, match="--seal-all"):
+        compact(CompactConfig(source=src, dest=sealed, append=True), spark)
+    assert compacted.versions(open_storage(dest)) == [1]
+    copy_share(full_source, src, 1.0)
+    from test_cli import run as keyfill
+
+    out = keyfill("compact", src, dest, "--append", "--master", "local[2]")
+    assert out.returncode == 0 and "appended" in out.stdout, out.stderr
+    out = keyfill("compact", src, dest, "--append", "--master", "local[2]")  # nothing new since
+    assert out.returncode == 2 and "no new slice is sealed" in out.stderr
+    assert compacted.versions(open_storage(dest)) == [1, 2]
