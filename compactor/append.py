@@ -30,7 +30,6 @@ from keygroups.errors import OptionError
 def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArchive) -> CompactConfig:
     """`cfg` with the archive's layout; refuses an append the archive cannot take."""
     url = parent.source.get("url")
-    where = f"{source.store.url_for('')}"
     if parent.config.get("seal_all"):
         raise OptionError(
             f"version {parent.version} of the archive was compacted with --seal-all (every slice published: no later "
@@ -38,7 +37,7 @@ def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArc
         )
     if url != source.url or parent.source.get("format") != cfg.source_format:
         raise OptionError(
-            f"--append: the archive was compacted from {url} ({parent.source.get('format')}), not {where} "
+            f"--append: the archive was compacted from {url} ({parent.source.get('format')}), not {source.url} "
             f"({cfg.source_format}); an append continues the same source"
         )
     if cfg.topic not in (None, parent.topic):

@@ -201,6 +201,19 @@ def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source,
     from compactor.verify_spark import verify_spark
 
     assert verify_spark(open_source(src), store, spark).ok
+    # once version 1 is out of the retention window, vacuum removes what only it named (its
+    # version object, assignment and the index pair the append rewrote), not its segments
+    from compactor.vacuum import plan_vacuum, vacuum
+
+    plan = plan_vacuum(store, retain_ms=1, now_ms=v2.created_ms + 10)
+    assert plan.expired == [1] and set(plan.files) == {
+        compacted.version_key(1),
+        v1.assignment,
+        *(f"index/{0:010d}-{v1.run}.{kind}.parquet" for kind in ("slices", "pieces")),
+    }
+    vacuum(store, plan)
+    assert set(old_files) <= {o.key for o in store.list("groups/")}
+    assert verify(open_source(src), store).ok
 
 
 @pytest.mark.parametrize("fail", ["rewrite", "index", "commit"])
