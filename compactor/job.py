@@ -131,7 +131,6 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     )
     if plan.withheld:
         log.info("%d records of unsealed slices left for a later compaction (see --seal-all)", plan.withheld)
-    new_keys = 0
     if grows is not None:
         groups = grows.groups
         assignment, new_keys = extend_assignment(load_assignment(dest, grows.assignment), stats.totals, groups)

@@ -174,8 +174,8 @@ def copy_share(full: str, dest: str, share: float) -> None:
                 shutil.copy(os.path.join(root, f), os.path.join(dest, rel, f))
 
 
-def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source, tmp_path):
-    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source, tmp_path, storage_url):
+    src, dest = str(tmp_path / "src"), storage_url
     copy_share(full_source, src, 0.5)
     first = compact(CompactConfig(source=src, dest=dest, slice_duration="10s"), spark)
     store = open_storage(dest)
