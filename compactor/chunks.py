@@ -29,9 +29,9 @@ def read_checked(source: SourceArchive, chunk: SourceChunk, from_offset: int = 0
     """The chunk's records from `from_offset` on (possibly none: a chunk straddling an
     append's hand-off whose later records are all below it)."""
     batch = source.read(chunk)
-    if batch.num_rows == 0:
+    if batch.num_rows == 0 and source.contiguous:  # a Kafka segment may hold only markers
         raise envelope.CorruptFile(f"{source.store.url_for(chunk.key)}: chunk holds no records")
-    if from_offset and batch.column("offset")[0].as_py() < from_offset:
+    if from_offset and batch.num_rows and batch.column("offset")[0].as_py() < from_offset:
         batch = batch.filter(pc.greater_equal(batch.column("offset"), from_offset))
     return batch
 

@@ -124,6 +124,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         stats.chunks,
         cfg.slice_duration_ms,
         allow_gaps=cfg.allow_gaps,
+        expect_gaps=not source.contiguous,
         seal_all=cfg.seal_all,
         idle_after_ms=cfg.idle_after_ms,
         after=start,

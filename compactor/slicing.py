@@ -148,6 +148,7 @@ def plan_slices(
     duration_ms: int,
     *,
     allow_gaps: bool = False,
+    expect_gaps: bool = False,
     seal_all: bool = False,
     idle_after_ms: int | None = None,
     after: Continuation | None = None,
@@ -156,7 +157,9 @@ def plan_slices(
     """Slice boundaries, per-slice partition ranges and each chunk's prefix max, from the
     statistics pass alone: the sealed slices only, unless `seal_all`. With `after`, the
     chunks hold each partition's records from its hand-off on, and the plan publishes the
-    slices from `after.slices` on. `name` turns a chunk key into a URL for error messages."""
+    slices from `after.slices` on. `expect_gaps`: the source's offsets skip by nature (Kafka
+    segments: transaction markers, aborted data), so gaps between chunks are neither errors
+    nor recorded. `name` turns a chunk key into a URL for error messages."""
     by_partition: dict[int, list[ChunkStats]] = {p: [] for p in (after.handoff if after else {})}
     for c in chunks:
         by_partition.setdefault(c.partition, []).append(c)
@@ -183,7 +186,7 @@ def plan_slices(
                         f"{name(cur.key)}: offsets {cur.first_offset}..{cur.last_offset} overlap {prev_name}"
                         + (f" ({prev.first_offset}..{prev.last_offset})" if prev is not None else "")
                     )
-                if cur.first_offset != prev_last + 1:
+                if cur.first_offset != prev_last + 1 and not expect_gaps:
                     gap = (
                         f"partition {p}: offsets {prev_last + 1}..{cur.first_offset - 1} missing "
                         f"between {prev_name} and {name(cur.key)}"

@@ -2,7 +2,9 @@
 
 - `envelope`: keyfill's own partition-ordered archive (`compactor.sources.envelope`);
 - `kafka-connect`: the Kafka Connect S3 sink's AvroFormat layout
-  (`compactor.sources.kafka_connect`).
+  (`compactor.sources.kafka_connect`);
+- `kafka-segments`: Kafka's own log segments, a broker's log directory
+  (`compactor.sources.kafka_segments`).
 
 Each yields `SourceChunk`s and reads them as envelope records (`compactor.sources.base`).
 """
@@ -12,10 +14,15 @@ from __future__ import annotations
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from compactor.sources.envelope import EnvelopeSource
 from compactor.sources.kafka_connect import KafkaConnectSource
+from compactor.sources.kafka_segments import KafkaSegmentsSource
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
 
-FORMATS: dict[str, type[SourceArchive]] = {"envelope": EnvelopeSource, "kafka-connect": KafkaConnectSource}
+FORMATS: dict[str, type[SourceArchive]] = {
+    "envelope": EnvelopeSource,
+    "kafka-connect": KafkaConnectSource,
+    "kafka-segments": KafkaSegmentsSource,
+}
 
 __all__ = ["FORMATS", "ArchiveError", "SourceArchive", "SourceChunk", "open_source"]
 

@@ -40,6 +40,9 @@ class SourceArchive(ABC):
     """A source archive; picklable, so Spark tasks can read chunks themselves."""
 
     store: Storage
+    # Whether consecutive records of a partition have consecutive offsets (gaps are then
+    # missing data, refused without --allow-gaps), and whether every chunk holds records.
+    contiguous = True
 
     @property
     def url(self) -> str:

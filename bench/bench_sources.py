@@ -1,0 +1,134 @@
+"""Decode speed of the source formats into Arrow, one thread (records/s per core), measured
+in the same run against keyfill's envelope decoder (the baseline: what the statistics and
+rewrite passes read today) and against kafka-python's reader (the library a Kafka segment
+decoder would otherwise use).
+
+    python -m bench.bench_sources                  # 500K records
+    python -m bench.bench_sources --records 2000000
+
+The same records (a key of ~10 bytes, a value of ~100, one header) are written once as an
+envelope chunk (snappy) and as Kafka log segments of ~1 MB batches per codec, by
+kafka-python's batch builder, offsets assigned as a broker does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import struct
+import time
+
+import numpy as np
+
+
+def records(n: int, seed: int = 1) -> list[tuple[int, bytes | None, bytes, list]]:
+    rng = np.random.default_rng(seed)
+    ts = 1_767_225_600_000 + np.cumsum(rng.integers(0, 5, n)) - rng.integers(0, 2_000, n)
+    keys = rng.integers(0, 100_000, n)
+    sizes = rng.integers(60, 140, n)
+    blob = rng.integers(32, 127, int(sizes.sum()), dtype=np.uint8).tobytes()
+    out, at = [], 0
+    for t, k, s in zip(ts.tolist(), keys.tolist(), sizes.tolist()):
+        out.append((t, b"user%d" % k, blob[at : at + s], [("source", b"web")]))
+        at += s
+    return out
+
+
+def kafka_segment(recs, codec: int, batch_records: int = 8_000) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    parts = []
+    for base in range(0, len(recs), batch_records):
+        b = DefaultRecordBatchBuilder(
+            magic=2,
+            compression_type=codec,
+            is_transactional=False,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            batch_size=1 << 30,
+        )
+        for i, (ts, key, value, headers) in enumerate(recs[base : base + batch_records]):
+            b.append(i, timestamp=ts, key=key, value=value, headers=headers)
+        buf = bytearray(b.build())
+        buf[0:8] = struct.pack(">q", base)
+        parts.append(bytes(buf))
+    return b"".join(parts)
+
+
+def best_rate(fn, n: int, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        got = fn()
+        times.append(time.perf_counter() - t)
+        assert got == n, (got, n)
+    return n / statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=500_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--library-records", type=int, default=100_000, help="records kafka-python's reader decodes")
+    args = ap.parse_args()
+
+    from kafka.record.memory_records import MemoryRecords
+
+    from compactor.sources.kafka_batches import decode_segment
+    from keygroups import envelope
+
+    recs = records(args.records)
+    batch = envelope.batch_from_records(
+        [
+            {
+                "partition": 0,
+                "offset": i,
+                "timestamp": t,
+                "key": k,
+                "value": v,
+                "headers": [{"key": hk, "value": hv} for hk, hv in h],
+            }
+            for i, (t, k, v, h) in enumerate(recs)
+        ]
+    )
+    avro = envelope.encode_avro(batch, codec="snappy")
+    n = args.records
+    rows = [
+        (
+            "envelope Avro, snappy (baseline)",
+            len(avro),
+            best_rate(lambda: envelope.decode_avro(avro)[1].num_rows, n, args.rounds),
+        )
+    ]
+    segments = {}
+    for name, codec in (("none", 0), ("gzip", 1), ("snappy", 2), ("lz4", 3), ("zstd", 4)):
+        seg = segments[name] = kafka_segment(recs, codec)
+        decode_segment(seg, 0, name=name)  # warm: compile once
+        rows.append(
+            (
+                f"kafka-segments, {name}",
+                len(seg),
+                best_rate(lambda seg=seg: decode_segment(seg, 0, name="s").num_rows, n, args.rounds),
+            )
+        )
+    m = args.library_records
+    lib_seg = kafka_segment(recs[:m], 3)
+
+    def library() -> int:
+        count, mr = 0, MemoryRecords(lib_seg)
+        while mr.has_next():
+            for r in mr.next_batch():
+                count += r.offset >= 0 and len(r.headers) >= 0  # touch what a decoder must produce
+        return count
+
+    rows.append(("kafka-python reader, lz4 (library)", len(lib_seg), best_rate(library, m, 1)))
+    base = rows[0][2]
+    print(f"\n{n:,} records (key ~10 B, value ~100 B, 1 header), one thread, median of {args.rounds} rounds")
+    print(f"{'decoder':<40} {'MB':>8} {'records/s':>12} {'vs envelope':>12}")
+    for label, size, rate in rows:
+        print(f"{label:<40} {size / 1e6:>8.1f} {rate / 1e6:>10.2f}M {rate / base:>11.2f}x")
+
+
+if __name__ == "__main__":
+    main()
