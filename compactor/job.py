@@ -105,6 +105,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     grows = compacted.load_manifest(dest, parent) if cfg.append and parent is not None else None
     if grows is not None:
         cfg = continuing(cfg, grows, source)
+        source = cfg.open_source()  # with the archive's key and timestamp fields
         log.info("appending to version %d of %s from its hand-off offsets", grows.version, dest.url)
     elif cfg.append:
         log.info("no archive at %s yet: --append starts it with a full compaction", dest.url)
