@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
+from compactor.sources import SourceArchive
 from compactor.sources.envelope import ArchiveIndex, build_index, read_chunk
 from keygroups.envelope import record_bytes
 from keygroups.storage import Storage
@@ -104,6 +105,12 @@ def inspect_archive(
         for t in pool.map(lambda c: _key_volumes(read_chunk(store, c)), chunks):
             partials.append(t)
             bar.update(1)
+    _add_heaviest(summary, partials, top)
+    return summary
+
+
+def _add_heaviest(summary: ArchiveSummary, partials: list[pa.Table], top: int) -> None:
+    """Payload bytes, distinct keys and the heaviest keys, from per-chunk key volumes."""
     merged = (
         pa.concat_tables(partials)
         .group_by("key", use_threads=False)
@@ -126,4 +133,61 @@ def inspect_archive(
         )
         for i in best
     ]
+
+
+def inspect_source(source: SourceArchive, *, top: int = 10, progress: bool = False, threads: int = 8) -> ArchiveSummary:
+    """Any source format: formats without per-chunk statistics in their headers (Kafka
+    segments, Kafka Connect) are read once, chunk by chunk, for counts, offsets, times and
+    key volumes together."""
+    from tqdm import tqdm
+
+    chunks = source.list_chunks()
+
+    def one(chunk):
+        b = source.read(chunk)
+        ts = b.column("timestamp").cast(pa.int64()).to_numpy()
+        off = b.column("offset").to_numpy()
+        stats = (b.num_rows, int(off.min()), int(off.max()), int(ts.min()), int(ts.max())) if b.num_rows else None
+        return chunk, stats, _key_volumes(b)
+
+    per: dict[tuple[str, int], list] = {}
+    partials: list[pa.Table] = []
+    with (
+        ThreadPoolExecutor(max_workers=threads) as pool,
+        tqdm(total=len(chunks), unit="chunk", desc="scan", disable=not progress) as bar,
+    ):
+        for chunk, stats, volumes in pool.map(one, chunks):
+            per.setdefault((chunk.topic, chunk.partition), []).append((chunk, stats))
+            partials.append(volumes)
+            bar.update(1)
+    parts = []
+    for (topic, p), items in sorted(per.items()):
+        stats = [s for _, s in items if s]
+        if not stats:
+            continue
+        parts.append(
+            PartitionSummary(
+                topic=topic,
+                partition=p,
+                chunks=len(items),
+                records=sum(s[0] for s in stats),
+                bytes=sum(c.size for c, _ in items),
+                first_offset=min(s[1] for s in stats),
+                last_offset=max(s[2] for s in stats),
+                min_timestamp=min(s[3] for s in stats),
+                max_timestamp=max(s[4] for s in stats),
+            )
+        )
+    summary = ArchiveSummary(
+        url=source.url,
+        partitions=parts,
+        records=sum(p.records for p in parts),
+        chunks=len(chunks),
+        file_bytes=sum(c.size for c in chunks),
+        min_timestamp=min((p.min_timestamp for p in parts), default=0),
+        max_timestamp=max((p.max_timestamp for p in parts), default=0),
+        gaps=[],
+    )
+    if partials:
+        _add_heaviest(summary, partials, top)
     return summary

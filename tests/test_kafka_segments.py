@@ -230,3 +230,20 @@ def test_a_malformed_record_is_named_never_misread(recs, flips):
     else:
         assert got.num_rows == len(recs)  # the batch header says how many; damage elsewhere reads as other bytes
         got.validate(full=True)
+
+
+def test_inspect_reads_a_log_dir(tmp_path, capsys):
+    import json
+
+    from keyfill.cli import main
+
+    expected = write_log_dir(tmp_path / "logs", seed=5)
+    assert main(["inspect", str(tmp_path / "logs"), "--format", "kafka-segments", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["records"] == sum(len(v) for v in expected.values()) and s["chunks"] == 9
+    assert [(p["partition"], p["records"], p["first_offset"], p["last_offset"]) for p in s["partitions"]] == [
+        (p, len(v), v[0][0], v[-1][0]) for p, v in sorted(expected.items())
+    ]
+    assert s["heaviest_keys"] and s["distinct_keys"] <= 60
+    assert main(["inspect", str(tmp_path / "logs"), "--format", "kafka-segments", "--no-progress"]) == 0
+    assert "payments" in capsys.readouterr().out

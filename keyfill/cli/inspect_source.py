@@ -6,6 +6,7 @@ import argparse
 import json
 
 from keyfill.cli.args import iso, mb, positive_int
+from keyfill.cli.compact import add_source_options
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +19,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("url", help="archive root: /path, file:///path or s3://bucket/prefix")
+    add_source_options(p)
     p.add_argument("--top", type=int, default=10, help="heaviest keys to list")
     p.add_argument("--no-scan", action="store_true", help="headers only: skip the key scan")
     p.add_argument("--threads", type=positive_int, default=8, help="parallel reads")
@@ -35,9 +37,21 @@ def run(args: argparse.Namespace) -> int:
     store = open_storage(args.url, threads=args.threads)
     if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):
         return inspect_compacted.run(store, args.json)
-    s = inspect_archive(
-        store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=not (args.no_progress or args.json)
-    )
+    progress = not (args.no_progress or args.json)
+    if args.source_format == "envelope":
+        s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=progress)
+    else:  # no statistics in these formats' headers: one read of every chunk gives them all
+        from compactor.sources import open_source
+        from keyfill.summary import inspect_source
+
+        source = open_source(
+            args.url,
+            format=args.source_format,
+            key_field=args.key_field,
+            timestamp_field=args.timestamp_field,
+            threads=args.threads,
+        )
+        s = inspect_source(source, top=args.top, threads=args.threads, progress=progress)
     if args.json:
         print(json.dumps(s.to_json(), indent=2))
         return 0
