@@ -25,6 +25,7 @@ from compactor.sources import SourceArchive
 from keygroups import compacted
 from keygroups.assignment import ASSIGNMENT_SCHEMA, MISSING, KeyAssignment
 from keygroups.errors import OptionError
+from keygroups.segments import Tail
 
 
 def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArchive) -> CompactConfig:
@@ -115,3 +116,48 @@ def extend_assignment(old: pa.Table, totals: pa.Table, groups: int) -> tuple[pa.
     if merged.num_rows != old.num_rows + new.num_rows or int(pc.sum(pc.is_null(merged.column("group"))).as_py()):
         raise AssertionError("assignment merge lost or duplicated keys")
     return merged, new.num_rows
+
+
+def tails(old_rows: pa.Table, start: int, target_bytes: int) -> dict[int, Tail]:
+    """Each group's last segment file that the append continues (keygroups.segments): one
+    smaller than the target whose pieces all lie in the index file the append rewrites
+    anyway (`old_rows`: its rows, slices `start` on), so continuing it re-points only rows
+    that are rewritten. A group's older tail stays a file of its own: at most one small file
+    per group and index file (4,096 slices), not one per append."""
+    if not old_rows.num_rows:
+        return {}
+    last = old_rows.sort_by([("group", "ascending"), ("slice", "descending")])
+    grp = last.column("group").to_numpy()
+    first_rows = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+    out = {}
+    for row in last.take(pa.array(first_rows)).to_pylist():
+        first_slice = compacted.segment_first_slice(row["file"])
+        if row["file_bytes"] < target_bytes and first_slice >= start:
+            out[row["group"]] = Tail(row["file"], first_slice, row["file_bytes"], row["file_header"])
+    return out
+
+
+def repoint(old_rows: pa.Table, pieces: pa.Table, continued: dict[int, Tail], run: str) -> tuple[pa.Table, list[Tail]]:
+    """The old index rows with the pieces of the tails this run continued moved to their new
+    files (same byte ranges and checksums, the new file's size), and those tails: files
+    this version no longer reads (`Manifest.dropped`)."""
+    new_files = (
+        dict(zip(pieces.column("file").to_pylist(), pieces.column("file_bytes").to_pylist())) if pieces.num_rows else {}
+    )
+    moved = {}
+    for g, t in continued.items():
+        key = compacted.segment_key(g, t.first_slice, run)
+        if key in new_files:  # the group had new records: the writer continued its tail
+            moved[t.key] = (key, new_files[key])
+    if not moved:
+        return old_rows, []
+    files = old_rows.column("file").to_pylist()
+    sizes = old_rows.column("file_bytes").to_pylist()
+    for i, f in enumerate(files):
+        if f in moved:
+            files[i], sizes[i] = moved[f]
+    rows = old_rows.set_column(old_rows.schema.get_field_index("file"), "file", pa.array(files, pa.string()))
+    rows = rows.set_column(
+        rows.schema.get_field_index("file_bytes"), "file_bytes", pa.array(sizes, rows.schema.field("file_bytes").type)
+    )
+    return rows.cast(old_rows.schema), [t for t in continued.values() if t.key in moved]

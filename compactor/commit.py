@@ -7,11 +7,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactor.append import repoint
 from compactor.config import CompactConfig, CompactionError
 from compactor.slicing import SlicePlan
 from keygroups import compacted, piece_index
 from keygroups.compacted import Manifest, SliceMeta
 from keygroups.piece_index import PieceIndex
+from keygroups.segments import Tail
 from keygroups.storage import Storage
 
 
@@ -58,21 +60,28 @@ def write_manifest(
     assignment_key: str,
     parent: int | None,
     continues: Manifest | None = None,
+    old_pieces: pa.Table | None = None,
+    continued: dict[int, Tail] | None = None,
 ) -> Manifest:
     """The index first, the version last: the archive is visible from then on (as version
     parent + 1; CommitConflict if another writer got there first). `continues`: the version
     an append grows (its totals carry on, its index's last file is rewritten with the new
-    slices)."""
+    slices); `old_pieces`: that file's rows (read here when not given), `continued`: the
+    tails the rewrite may have continued (their rows move to the new files)."""
     metas = slice_metas(plan, pieces)
     index_slices, index_pieces = piece_index.slice_table(metas), pieces
     index_runs = [[0, run]]
+    dropped: list[Tail] = []
     if continues is not None:  # the index file holding the first new slice gets the old rows too
         start = piece_index.file_start(plan.first)
         old = PieceIndex.of(dest, continues)
+        if old_pieces is None:
+            old_pieces = old.piece_rows(start, plan.first)
+        old_pieces, dropped = repoint(old_pieces, pieces, continued or {}, run)
         index_slices = pa.concat_tables(
             [old.slice_rows(start, plan.first), index_slices.cast(piece_index.SLICE_SCHEMA)]
         )
-        index_pieces = pa.concat_tables([old.piece_rows(start, plan.first), pieces.cast(piece_index.PIECE_SCHEMA)])
+        index_pieces = pa.concat_tables([old_pieces, pieces.cast(piece_index.PIECE_SCHEMA)])
         index_runs = [e for e in continues.index_runs if e[0] < start] + [[start, run]]
     piece_index.write_index(dest, index_slices, index_pieces, run)
     prior = continues or _EMPTY
@@ -115,8 +124,9 @@ def write_manifest(
         totals={
             "records": int(group_records.sum()),
             "payload_bytes": int(group_bytes.sum()),
-            "file_bytes": t.get("file_bytes", 0) + sum(sizes),
-            "files": t.get("files", 0) + len(sizes),
+            # a continued tail is inside one of this run's files now
+            "file_bytes": t.get("file_bytes", 0) - sum(d.file_bytes for d in dropped) + sum(sizes),
+            "files": t.get("files", 0) - len(dropped) + len(sizes),
             "largest_file_bytes": max([t.get("largest_file_bytes", 0), *sizes]),
             "pieces": t.get("pieces", 0) + pieces.num_rows,
             "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
@@ -136,6 +146,7 @@ def write_manifest(
         assignment=assignment_key,
         index_runs=index_runs,
         runs=[*prior.runs, run],
+        dropped=[d.key for d in dropped],  # this version's only: vacuum reads every version's
     )
     manifest.archive = compacted.content_id(manifest) if continues is None else continues.archive
     compacted.commit(dest, manifest)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.append import continuation, continuing, extend_assignment
+from compactor.append import continuation, continuing, extend_assignment, tails
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
@@ -32,9 +32,10 @@ from compactor.rewrite import run_rewrite
 from compactor.slicing import plan_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.statistics import run_statistics
-from keygroups import compacted, envelope
+from keygroups import compacted, envelope, piece_index
 from keygroups.assignment import ASSIGNMENT_SCHEMA, load_assignment, write_assignment
 from keygroups.errors import OptionError
+from keygroups.piece_index import PieceIndex
 from keygroups.storage import open_storage
 
 __all__ = ["CompactConfig", "CompactResult", "CompactionError", "compact"]
@@ -144,8 +145,13 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     write_assignment(dest, assignment_key, assignment)
     t = phase("packing", t)
 
+    old_pieces, continued = None, {}
+    if grows is not None:  # the rows of the index file the append rewrites, and the tails it may continue
+        index_start = piece_index.file_start(plan.first)
+        old_pieces = PieceIndex.of(dest, grows).piece_rows(index_start, plan.first)
+        continued = tails(old_pieces, index_start, cfg.target_file_bytes)
     pieces = run_rewrite(
-        spark, cfg, groups, source, chunks, dest, plan, run, assignment_key, start.handoff if start else None
+        spark, cfg, groups, source, chunks, dest, plan, run, assignment_key, start.handoff if start else None, continued
     )
     t = phase("rewrite", t)
 
@@ -162,6 +168,8 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         assignment_key=assignment_key,
         parent=parent,
         continues=grows,
+        old_pieces=old_pieces,
+        continued=continued,
     )
     remove_legacy(dest)
     phase("commit", t)

@@ -15,7 +15,7 @@ from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope, piece_index
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
-from keygroups.segments import SegmentWriter
+from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
 RECORD_SCHEMA = (
@@ -100,10 +100,18 @@ def _envelope(batch: pa.RecordBatch) -> pa.RecordBatch:
     )
 
 
-def _write_task(dest: Storage, run_id: str, codec: str, block_bytes: int, target_bytes: int, fail_after: int | None):
+def _write_task(
+    dest: Storage,
+    run_id: str,
+    codec: str,
+    block_bytes: int,
+    target_bytes: int,
+    fail_after: int | None,
+    tails: dict[int, Tail],
+):
     """Each task holds whole groups (sorted by group, slice, then the piece order): one
-    SegmentWriter per group, fed one slice's records at a time; yields the index rows of the
-    pieces written."""
+    SegmentWriter per group (continuing the group's tail, for an append), fed one slice's
+    records at a time; yields the index rows of the pieces written."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer: SegmentWriter | None = None
@@ -145,7 +153,13 @@ def _write_task(dest: Storage, run_id: str, codec: str, block_bytes: int, target
                         if writer is not None:
                             yield from written(close=True)
                         writer = SegmentWriter(
-                            dest, here[0], run_id, codec=codec, block_bytes=block_bytes, target_bytes=target_bytes
+                            dest,
+                            here[0],
+                            run_id,
+                            codec=codec,
+                            block_bytes=block_bytes,
+                            target_bytes=target_bytes,
+                            tail=tails.get(here[0]),
                         )
                     current, rows = here, []
                 rows.append(batch.slice(a, b - a))
@@ -177,6 +191,7 @@ def run_rewrite(
     run: str,
     assignment_key: str,
     handoff: dict[int, int] | None = None,
+    tails: dict[int, Tail] | None = None,
 ) -> pa.Table:
     """The pieces written (PIECE_SCHEMA rows), in files named by `run`.
 
@@ -184,7 +199,8 @@ def run_rewrite(
     order and cuts its segment files at slice boundaries near the target size (files of
     exactly the sizes the layout promises, no small tails from split groups). A task holds
     one piece and one file in memory at most; Spark spills the sort. `handoff`: for an
-    append, each partition's first offset to write."""
+    append, each partition's first offset to write; `tails`: the groups' last files it
+    continues (`compactor.append.tails`)."""
     spark.sparkContext.setJobDescription("keyfill compact: rewrite")
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
     records = frame.mapInArrow(
@@ -194,7 +210,9 @@ def run_rewrite(
         records.repartition(groups, "grp")
         .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
         .mapInArrow(
-            _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files),
+            _write_task(
+                dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files, tails or {}
+            ),
             _SPARK_DDL,
         )
         .toArrow()

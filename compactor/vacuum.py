@@ -9,7 +9,9 @@ the window (a run still writing has files no version names yet: they are young).
 
 Which files a version names follows from its manifest alone, without reading its index:
 its assignment, its index files (one pair per 4,096 slices, named by `index_runs`), and the
-segment files of the runs it reads (`runs`; every segment file carries its run's id).
+segment files of the runs it reads (`runs`; every segment file carries its run's id) but
+for the tails that it or an earlier version stopped reading (`dropped`: an append continued
+them in a file of its own).
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
     expired = [v for v in committed if v not in retained]
     keep_keys, keep_runs = _named_by([manifests[v] for v in retained])
     old_keys, old_runs = _named_by([manifests[v] for v in expired])
+    # A tail dropped by version d is read by the versions before d only (appends never take
+    # a file back): it stays while one of those is retained.
+    oldest = min(retained)
+    gone = {k for v in committed if v <= oldest for k in manifests[v].dropped}
     plan = VacuumPlan(retained, expired)
     doomed_versions, doomed = [], []
     for o in store.list():
@@ -72,9 +78,9 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
             continue
         segment = _RUN_OF_SEGMENT.fullmatch(o.key)
         run = segment[1] if segment else None
-        if run in keep_runs:
+        if run in keep_runs and o.key not in gone:
             continue
-        named_before = o.key in old_keys or run in old_runs
+        named_before = o.key in old_keys or run in old_runs or o.key in gone
         if not named_before and o.modified_ms > now_ms - retain_ms:
             plan.kept_young += 1
             continue

@@ -93,6 +93,11 @@ def segment_key(group: int, first_slice: int, run: str) -> str:
     return f"{GROUPS}/{group:05d}/{first_slice:010d}-{run}.avro"
 
 
+def segment_first_slice(key: str) -> int:
+    """The first slice of a segment file, from its name (`segment_key`)."""
+    return int(key.rpartition("/")[2][:10])
+
+
 def assignment_key(run: str) -> str:
     return f"{ASSIGNMENTS}/{run}.parquet"
 
@@ -269,6 +274,10 @@ class Manifest:
     assignment: str = ""  # key of the key assignment
     index_runs: list[list] = field(default_factory=list)  # [first slice, run]: who wrote the index from there on
     runs: list[str] = field(default_factory=list)  # the runs whose segment files this version reads
+    # segment files of those runs that this version stops reading (and no later one reads):
+    # tails an append continued in a file of its own (keygroups.segments); vacuum deletes them
+    # once no older version is retained. This version's only, so the manifest stays small.
+    dropped: list[str] = field(default_factory=list)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 

@@ -8,19 +8,26 @@ do not depend on which file they land in and equal input gives equal bytes (inva
 A file is closed once it reaches `target_bytes`, so every file but a group's last holds at
 least the target: a group of B bytes has at most ceil(B / target) files, and no group is
 left with several small ones.
+
+An append continues a group's last file when it is smaller than the target (a *tail*): the
+new file starts with the tail's bytes as they are (header, sync marker and blocks), so the
+tail's pieces keep their byte ranges and checksums in it and only their file name changes.
+Without it every append would leave each group one more small file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted, envelope
 from keygroups.compacted import Piece, segment_key
-from keygroups.errors import OptionError
+from keygroups.envelope.framing import read_header
+from keygroups.errors import KeyfillError, OptionError
 from keygroups.storage import Storage
 
 SEGMENT_FORMAT = "keyfill.segment/1"
@@ -29,6 +36,16 @@ DEFAULT_TARGET_BYTES = 64 << 20
 
 def sync_marker(group: int) -> bytes:
     return hashlib.blake2b(f"keyfill group {group}".encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A group's last segment file, smaller than the target: what an append continues."""
+
+    key: str
+    first_slice: int
+    file_bytes: int
+    file_header: int
 
 
 class SegmentWriter:
@@ -44,6 +61,7 @@ class SegmentWriter:
         codec: str = "snappy",
         block_bytes: int = envelope.DEFAULT_BLOCK_BYTES,
         target_bytes: int = DEFAULT_TARGET_BYTES,
+        tail: Tail | None = None,
     ) -> None:
         if target_bytes < 1:
             raise OptionError(f"target_bytes={target_bytes}: must be at least 1")
@@ -58,6 +76,7 @@ class SegmentWriter:
         self._header = 0
         self._last_slice = -1
         self._taken = 0
+        self.tail = tail  # continued by the first file this writer fills, if it fills one
 
     def add(self, s: int, batch: pa.RecordBatch) -> None:
         """Append slice s's records of this group (slices strictly increasing); an empty
@@ -67,6 +86,8 @@ class SegmentWriter:
         self._last_slice = s
         if batch.num_rows == 0:
             return
+        if not self._parts and self.tail is not None:
+            self._continue(self.tail)
         if not self._parts:
             header = envelope.avro_header(
                 codec=self.codec,
@@ -100,6 +121,27 @@ class SegmentWriter:
         self._size += len(blob)
         if self._size >= self.target_bytes:
             self._flush()
+
+    def _continue(self, tail: Tail) -> None:
+        """Start the file with the tail's bytes, after checking they are what the index says
+        (a replaced or cut file would otherwise be carried into the new version)."""
+        name = self.store.url_for(tail.key)
+        data = self.store.read(tail.key)
+        if len(data) != tail.file_bytes:
+            raise compacted.FormatError(f"{name}: {len(data)} bytes, the index says {tail.file_bytes}")
+        try:
+            meta, sync, end = read_header(data[: tail.file_header], name)
+        except KeyfillError as exc:
+            raise compacted.FormatError(str(exc)) from None
+        codec = meta.get("avro.codec", b"null").decode(errors="replace")
+        if end != tail.file_header or sync != self.sync or codec != self.codec:
+            raise compacted.FormatError(
+                f"{name}: not a segment file of group {self.group} with codec {self.codec} "
+                "(its header or sync marker differ)"
+            )
+        self._parts, self._size, self._header = [data], len(data), tail.file_header
+        self._key = segment_key(self.group, tail.first_slice, self.run)
+        self.tail = None
 
     def _flush(self) -> None:
         if self._parts:

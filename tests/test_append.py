@@ -201,19 +201,110 @@ def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source,
     from compactor.verify_spark import verify_spark
 
     assert verify_spark(open_source(src), store, spark).ok
-    # once version 1 is out of the retention window, vacuum removes what only it named (its
-    # version object, assignment and the index pair the append rewrote), not its segments
+    # the append continued every group's small last file in a file of its own: still one
+    # file per group, and version 1's files are what version 2 dropped
+    assert set(v2.dropped) == set(old_files) and v2.totals["files"] == v2.groups == len(files_of(store, v2))
+    # while version 1 may be read, vacuum keeps all; once it is out of the retention window,
+    # vacuum removes what only it named: its version object, assignment, the index pair the
+    # append rewrote, and the tails version 2 dropped
     from compactor.vacuum import plan_vacuum, vacuum
 
+    assert plan_vacuum(store, retain_ms=3_600_000, now_ms=v2.created_ms + 10).files == []
     plan = plan_vacuum(store, retain_ms=1, now_ms=v2.created_ms + 10)
     assert plan.expired == [1] and set(plan.files) == {
         compacted.version_key(1),
         v1.assignment,
         *(f"index/{0:010d}-{v1.run}.{kind}.parquet" for kind in ("slices", "pieces")),
+        *v2.dropped,
     }
     vacuum(store, plan)
-    assert set(old_files) <= {o.key for o in store.list("groups/")}
+    assert {o.key for o in store.list("groups/")} == files_of(store, v2)
     assert verify(open_source(src), store).ok
+
+
+def files_of(store, manifest) -> set[str]:
+    """The segment files a version's index names."""
+    from keygroups.piece_index import PieceIndex
+
+    return set(PieceIndex.of(store, manifest).piece_rows(0, manifest.slices).column("file").to_pylist())
+
+
+def test_appends_continue_each_groups_small_last_file(spark, tmp_path):
+    """Appends leave each group at most ceil(its file bytes / target) files, as a
+    one-shot compaction would (small appends do not pile up small files); older versions'
+    files stay until vacuum, and the last version verifies and replays whole."""
+    from keyfill.synth.generate import GeneratorConfig, generate
+
+    full, src, dest = str(tmp_path / "full"), str(tmp_path / "src"), str(tmp_path / "c")
+    generate(
+        GeneratorConfig(out=full, records=12_000, keys=300, partitions=3, chunk_records=400, skew=1.1, rate=100.0),
+        progress=False,
+    )
+    target = 40_000
+    copy_share(full, src, 0.1)
+    cfg = dict(source=src, dest=dest, groups=4, slice_duration="10s", target_file_bytes=target)
+    compact(CompactConfig(**cfg), spark)
+    store = open_storage(dest)
+    for step in range(2, 11):
+        copy_share(full, src, step / 10)
+        try:
+            compact(CompactConfig(**{**cfg, "groups": None}, append=True), spark)
+        except NothingSealed:  # a step whose chunks hold no new whole slice
+            pass
+    m = compacted.load_manifest(store)
+    assert m.version >= 6 and verify(open_source(src), store).ok
+    named = files_of(store, m)
+    sizes = {o.key: o.size for o in store.list("groups/")}
+    assert m.totals["files"] == len(named) and m.totals["file_bytes"] == sum(sizes[k] for k in named)
+    for g in range(m.groups):
+        mine = sorted((k for k in named if k.startswith(f"groups/{g:05d}/")), key=compacted.segment_first_slice)
+        assert len(mine) <= max(1, -(-sum(sizes[k] for k in mine) // target)), (g, [sizes[k] for k in mine])
+        assert all(sizes[k] >= target for k in mine[:-1])  # every file but the last is full
+    assert any(compacted.load_manifest(store, v).dropped for v in range(2, m.version + 1))
+    for v in range(1, m.version):  # a reader that opened an older version still finds all it names
+        assert files_of(store, compacted.load_manifest(store, v)) <= set(sizes)
+    with reader.replay(dest, threads=3) as ev:
+        assert sum(e.batch.num_rows for e in ev if isinstance(e, reader.Records)) == m.totals["records"]
+
+
+def test_an_append_refuses_a_tail_that_is_not_what_the_index_says(spark, full_source, tmp_path):
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    copy_share(full_source, src, 0.5)
+    compact(CompactConfig(source=src, dest=dest, groups=2, slice_duration="10s"), spark)
+    store = open_storage(dest)
+    before = compacted.load_manifest(store)
+    victim = sorted(o.key for o in store.list("groups/"))[0]
+    store.write(victim, store.read(victim)[:-3])
+    copy_share(full_source, src, 1.0)
+    with pytest.raises(Exception, match=f"{victim}: .* bytes, the index says"):
+        compact(CompactConfig(source=src, dest=dest, append=True), spark)
+    assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
+
+
+def test_tails_are_the_small_last_files_inside_the_rewritten_index_file():
+    from compactor.append import tails
+    from keygroups.piece_index import PIECE_SCHEMA
+
+    def row(s, g, first, size):
+        return dict(
+            slice=s, group=g, file=compacted.segment_key(g, first, "0" * 16), offset=0, length=1, records=1,
+            min_timestamp=0, max_timestamp=0, crc32c=0, file_header=50, file_bytes=size,
+        )  # fmt: skip
+
+    rows = pa.Table.from_pylist(
+        [
+            row(8, 0, 8, 100),  # group 0: an older full file, then a small one from slice 9
+            row(9, 0, 9, 10),
+            row(10, 0, 9, 10),
+            row(9, 1, 3, 10),  # group 1: its last file starts before the index file (slice 8)
+            row(10, 2, 8, 100),  # group 2: its last file is full
+        ],
+        schema=PIECE_SCHEMA,
+    )
+    got = tails(rows, 8, 100)
+    assert list(got) == [0] and got[0].key == compacted.segment_key(0, 9, "0" * 16)
+    assert (got[0].first_slice, got[0].file_bytes, got[0].file_header) == (9, 10, 50)
+    assert tails(rows, 8, 101).keys() == {0, 2} and tails(rows.slice(0, 0), 8, 100) == {}
 
 
 @pytest.mark.parametrize("fail", ["rewrite", "index", "commit"])
