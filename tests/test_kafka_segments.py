@@ -20,6 +20,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
 import reader
+from compactor.chunks import chunks_from, read_checked
 from compactor.job import CompactConfig, compact
 from compactor.sources import ArchiveError, open_source
 from compactor.sources.kafka_batches import decode_segment
@@ -460,11 +461,16 @@ def test_tiered_storage_compacts_verifies_and_replays_exactly_once(spark, tmp_pa
     extras=st.lists(st.tuples(st.integers(0, 8), st.integers(1, 9), st.integers(0, 3)), max_size=4),
     compression=st.booleans(),
     chunk_size=st.integers(50, 3000),
+    handoff=st.integers(0, 300),
 )
-def test_overlapping_uploads_read_each_offset_once(tmp_path_factory, seed, n, cuts, extras, compression, chunk_size):
+def test_overlapping_uploads_read_each_offset_once(
+    tmp_path_factory, seed, n, cuts, extras, compression, chunk_size, handoff
+):
     """Any cover of a partition's log by remote segments, plus any further uploads of
     batch-aligned ranges (leader failovers, retried uploads), in any chunking: every record
-    once, in offset order, each further upload reported as an overlap."""
+    once, in offset order, each further upload reported as an overlap; and an append from
+    any hand-off offset (`chunks_from`, then `read_checked`) reads exactly the records at or
+    past it."""
     rng = random.Random(seed)
     store = open_storage(str(tmp_path_factory.mktemp("tiered")))
     batches, want, log_end, _, _ = partition_batches(rng, 0, n)
@@ -496,6 +502,10 @@ def test_overlapping_uploads_read_each_offset_once(tmp_path_factory, seed, n, cu
     assert len(source.overlaps) >= len(extra)
     chunks = source.list_chunks()
     assert all(a.last_offset < b.first_offset for a, b in zip(chunks, chunks[1:]))
+    appended = [
+        r["offset"] for c in chunks_from(chunks, {0: handoff}) for r in read_checked(source, c, handoff).to_pylist()
+    ]
+    assert appended == [w[0] for w in want if w[0] >= handoff]
 
 
 @settings(max_examples=200, deadline=None)
@@ -556,6 +566,17 @@ def test_bad_tiered_segments_are_named(tmp_path):
     m = parse_manifest(store.read(stem + ".rsm-manifest"), "x.rsm-manifest")
     with pytest.raises(CorruptFile, match=r"seg\.log: 100 bytes, .*: chunk 0 \(bytes 0\.\.\d+\) is missing"):
         segment_bytes(store.read(stem + ".log"), m, "seg.log")
+    # a chunk whose zstd frame is damaged
+
+    def damage_chunk_1(store, stem):
+        m = json.loads(store.read(stem + ".rsm-manifest"))
+        packed = zstandard.ZstdDecompressor().decompress(base64.b64decode(m["chunkIndex"]["transformedChunks"]))
+        first = chunk_sizes_codec(packed, "m")[0]
+        data = bytearray(store.read(stem + ".log"))
+        data[first : first + 4] = b"\0\0\0\0"  # the frame's magic number
+        store.write(stem + ".log", bytes(data))
+
+    raises(*one("frame", whole, damage_chunk_1), CorruptFile, r"\.log: chunk 1 at byte \d+ does not zstd-decompress")
     # an encrypted segment
     enc = Upload(whole.segment, whole.start, whole.end, encrypted=True)
     raises(*one("encrypted", enc), ArchiveError, r"\.rsm-manifest: the segment is encrypted .*does not read encrypted")

@@ -182,7 +182,7 @@ def check_manifest(m: Manifest, key: re.Match, name: str) -> None:
         raise CorruptFile(f"{name}: end offset {m.end} is before start offset {m.start}")
 
 
-def segment_bytes(data: bytes, m: Manifest, name: str) -> bytes:
+def segment_bytes(data: bytes, m: Manifest, name: str) -> bytes | bytearray:
     """The broker's segment from its stored `.log` object: the chunks as the manifest lays
     them out, each zstd-decompressed on its own when the manifest says compression."""
     if len(data) != m.stored_size:
@@ -205,20 +205,23 @@ def segment_bytes(data: bytes, m: Manifest, name: str) -> bytes:
         )
     if not m.compression:
         return data
-    out, pos = [], 0
-    view = memoryview(data)
+    out = bytearray(m.original_size)  # each chunk decompressed in place: half the time of a join
+    view, into, pos, at = memoryview(data), memoryview(out), 0, 0
     for i, (original, stored) in enumerate(m.chunks):
         try:
-            piece = bytes(cramjam.zstd.decompress(view[pos : pos + stored]))
+            got = cramjam.zstd.decompress_into(view[pos : pos + stored], into[at : at + original])
         except (cramjam.DecompressionError, ValueError) as exc:
-            raise CorruptFile(f"{name}: chunk {i} at byte {pos} does not zstd-decompress ({exc})") from None
-        if len(piece) != original:
             raise CorruptFile(
-                f"{name}: chunk {i} at byte {pos} decompresses to {len(piece)} bytes, its manifest says {original}"
+                f"{name}: chunk {i} at byte {pos} does not zstd-decompress into the {original} bytes its manifest "
+                f"says ({exc})"
+            ) from None
+        if got != original:
+            raise CorruptFile(
+                f"{name}: chunk {i} at byte {pos} decompresses to {got} bytes, its manifest says {original}"
             )
-        out.append(piece)
         pos += stored
-    return b"".join(out)
+        at += original
+    return out
 
 
 @dataclass(frozen=True)
