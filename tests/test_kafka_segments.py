@@ -593,6 +593,14 @@ def test_bad_tiered_segments_are_named(tmp_path):
     # a segment holding offsets past the end offset its manifest says
     lying = segment_of(batches, 0, 6, log_end)
     raises(*one("lying", Upload(lying.segment, lying.start, batches[3][0] - 1)), CorruptFile, "past the end offset")
+
+    # a manifest describing another segment than its key names
+    def other_start(store, stem):
+        m = json.loads(store.read(stem + ".rsm-manifest"))
+        m["remoteLogSegmentMetadata"]["startOffset"] = 1
+        store.write(stem + ".rsm-manifest", json.dumps(m).encode())
+
+    raises(*one("misnamed", whole, other_start), CorruptFile, r"\.rsm-manifest: the manifest describes .*, its key")
     # a manifest without its segment object; the same topic under two topic ids
     store, stem = one("nolog", whole, lambda s, k: s.delete(k + ".log"))
     raises(store, stem, ArchiveError, r"\.rsm-manifest: its segment object .*\.log is missing")
@@ -604,14 +612,17 @@ def test_bad_tiered_segments_are_named(tmp_path):
         open_source(store.url, format="kafka-segments").list_chunks()
 
 
-def test_an_unfinished_upload_is_skipped(tmp_path, caplog):
+def test_an_unfinished_upload_is_skipped_and_a_glued_prefix_read(tmp_path, caplog):
+    """A `.log` without its manifest is skipped with a warning; a key prefix without a
+    trailing `/` (`tiered-t-<id>/...`) still reads as topic `t`, which the manifest names."""
     rng = random.Random(9)
     batches, want, log_end, _, _ = partition_batches(rng, 0, 4)
     store = open_storage(str(tmp_path))
     tid = kafka_uuid(rng)
-    upload(store, "", "t", tid, 0, segment_of(batches, 0, 4, log_end), rng)
-    orphan = upload(store, "", "t", tid, 0, segment_of(batches, 2, 4, log_end), rng)
+    upload(store, "tiered-", "t", tid, 0, segment_of(batches, 0, 4, log_end), rng)
+    orphan = upload(store, "tiered-", "t", tid, 0, segment_of(batches, 2, 4, log_end), rng)
     store.delete(orphan + ".rsm-manifest")
     source = open_source(store.url, format="kafka-segments")
-    assert records_of(source) == {0: [w for w in want]}
+    assert {c.topic for c in source.list_chunks()} == {"t"}
+    assert records_of(source) == {0: want}
     assert "no .rsm-manifest beside it" in caplog.text and orphan in caplog.text

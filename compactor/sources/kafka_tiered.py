@@ -171,10 +171,13 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
 
 
 def check_manifest(m: Manifest, key: re.Match, name: str) -> None:
-    """The manifest describes the segment its key names."""
-    said = (m.topic, m.topic_id, m.partition, m.start, m.segment_id)
-    named = (key["topic"], key["topic_id"], int(key["part"]), int(key["start"]), key["segment"])
-    if said != named:
+    """The manifest describes the segment its key names. The key's topic folder may carry the
+    tail of a prefix that does not end in `/` (`<prefix><topic>-<id>`): the topic is the
+    manifest's, which the folder name must end with."""
+    said = (m.topic_id, m.partition, m.start, m.segment_id)
+    named = (key["topic_id"], int(key["part"]), int(key["start"]), key["segment"])
+    if said != named or not key["topic"].endswith(m.topic):
+        said, named = (m.topic, *said), (key["topic"], *named)
         raise CorruptFile(
             f"{name}: the manifest describes {said} (topic, topic id, partition, start, segment id), its key {named}"
         )
