@@ -151,7 +151,9 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
     if txn is not None:
         txn = (_get(txn, "position", name, int), _get(txn, "size", name, int))
     meta = "remoteLogSegmentMetadata"
-    epochs = _get(doc, f"{meta}.segmentLeaderEpochs", name, dict) if "segmentLeaderEpochs" in doc.get(meta, {}) else {}
+    epochs = _get(doc, meta, name, dict).get("segmentLeaderEpochs") or {}
+    if not isinstance(epochs, dict):
+        raise CorruptFile(f"{name}: the manifest's segmentLeaderEpochs is {epochs!r}, not an object")
     try:
         leader_epoch = max((int(e) for e in epochs), default=-1)
     except ValueError:
