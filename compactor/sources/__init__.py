@@ -4,7 +4,8 @@
 - `kafka-connect`: the Kafka Connect S3 sink's AvroFormat layout
   (`compactor.sources.kafka_connect`);
 - `kafka-segments`: Kafka's own log segments, a broker's log directory
-  (`compactor.sources.kafka_segments`).
+  (`compactor.sources.kafka_segments`), or tiered storage as the Aiven
+  RemoteStorageManager uploads it (`compactor.sources.kafka_tiered`).
 
 Each yields `SourceChunk`s and reads them as envelope records (`compactor.sources.base`).
 """

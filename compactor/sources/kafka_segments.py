@@ -7,8 +7,8 @@ Two layouts, told apart by their names:
       <root>/<topic>-<partition>/<base offset, 20 digits>.log      the segment: record batches
       <root>/<topic>-<partition>/<base offset, 20 digits>.txnindex aborted transactions (optional)
 
-- KIP-405 tiered storage as the Aiven RemoteStorageManager uploads it (compression and
-  encryption off, its defaults):
+- KIP-405 tiered storage as the Aiven RemoteStorageManager uploads it (zstd chunk
+  compression on or off; encryption refused), see `compactor.sources.kafka_tiered`:
 
       <root>/<topic>-<topic id>/<partition>/<start offset, 20 digits>-<segment id>.log
       <root>/<topic>-<topic id>/<partition>/<start offset, 20 digits>-<segment id>.indexes
@@ -20,22 +20,30 @@ where Kafka's do (markers, aborted data, compaction): gaps inside and between se
 expected of this format. Aborted transactions are read from the transaction indexes (every
 segment's, at listing time: a transaction's abort marker may sit in a later segment than
 its data).
+
+Tiered segments are listed from their manifests (every one read at listing time: start and
+end offsets, chunk index, encryption, where the transaction index sits). Uploads that cover
+the same offsets are cut so each offset is read once (`kafka_tiered.cover`): a chunk's
+`first_offset` is where its reading starts, its `last_offset` the manifest's end offset.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
+from compactor.sources import kafka_tiered as tiered
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from compactor.sources.kafka_batches import Aborted, decode_segment
 from keygroups.envelope import CorruptFile
 from keygroups.storage import Storage
 
 _BROKER = re.compile(r"^(?:.*/)?(?P<topic>[^/]+)-(?P<part>\d+)/(?P<base>\d{20})\.(?P<kind>log|txnindex)$")
+log = logging.getLogger("keyfill.sources")
 _TXN_ENTRY = struct.Struct(">hqqqq")  # version, producer id, first offset, last offset, last stable offset
 
 
@@ -52,7 +60,7 @@ def parse_txnindex(data: bytes, name: str) -> list[Aborted]:
 
 
 class KafkaSegmentsSource(SourceArchive):
-    """Log segments of a broker's log directory (and, later, of tiered storage)."""
+    """Log segments of a broker's log directory, or of Aiven tiered storage."""
 
     contiguous = False  # offsets skip at markers, aborted transactions and compaction
 
@@ -60,13 +68,22 @@ class KafkaSegmentsSource(SourceArchive):
         self.store = store
         self.threads = threads
         self._aborted: dict[tuple[str, int], list[Aborted]] | None = None
+        self.overlaps: list[tiered.Overlap] = []  # tiered offsets uploaded twice, read once (last listing)
 
     def __getstate__(self) -> dict:
-        return {"store": self.store, "threads": self.threads, "_aborted": self._aborted}
+        return {"store": self.store, "threads": self.threads, "_aborted": self._aborted, "overlaps": []}
+
+    def _map(self, fn, items: list) -> list:
+        with ThreadPoolExecutor(max(1, min(self.threads, len(items) or 1))) as pool:
+            return list(pool.map(fn, items))
 
     def list_chunks(self) -> list[SourceChunk]:
         chunks, txn = [], []
+        remote: dict[str, dict[str, int]] = {}  # tiered segment stem -> kind -> object size
         for o in self.store.list():
+            if m := tiered.KEY.match(o.key):
+                remote.setdefault(m["stem"], {})[m["kind"]] = o.size
+                continue
             m = _BROKER.match(o.key)
             if not m:
                 continue
@@ -78,18 +95,87 @@ class KafkaSegmentsSource(SourceArchive):
                 )
             else:
                 txn.append((m["topic"], int(m["part"]), o.key))
-        with ThreadPoolExecutor(max(1, min(self.threads, len(txn) or 1))) as pool:
-            found = list(
-                pool.map(lambda t: (t[0], t[1], parse_txnindex(self.store.read(t[2]), self.store.url_for(t[2]))), txn)
-            )
+        found = self._map(lambda t: (t[0], t[1], parse_txnindex(self.store.read(t[2]), self.store.url_for(t[2]))), txn)
+        tiered_chunks, tiered_aborted = self._list_tiered(remote)
         aborted: dict[tuple[str, int], list[Aborted]] = {}
-        for topic, part, entries in found:
+        for topic, part, entries in found + tiered_aborted:
             aborted.setdefault((topic, part), []).extend(entries)
         self._aborted = aborted
-        if not chunks:
-            return []
+        chunks += tiered_chunks
         chunks.sort(key=lambda c: (c.topic, c.partition, c.first_offset))
         return chunks
+
+    def _list_tiered(self, remote: dict[str, dict[str, int]]):
+        """Chunks of the tiered segments (overlaps cut, see `kafka_tiered.cover`) and their
+        aborted transactions. A `.log` without a manifest is an upload that never finished
+        (the plugin writes the manifest last, and Kafka references a segment only after it):
+        skipped, and the offsets only it would hold are caught as missing by `cover`."""
+        url = self.store.url_for
+        listed = []
+        for stem, kinds in sorted(remote.items()):
+            if "rsm-manifest" not in kinds:
+                if "log" in kinds:
+                    log.warning("%s: no .rsm-manifest beside it (an unfinished upload): skipped", url(stem + ".log"))
+                continue
+            if "log" not in kinds:
+                raise ArchiveError(f"{url(stem + '.rsm-manifest')}: its segment object {stem}.log is missing")
+            listed.append((stem, kinds["log"]))
+
+        def load(item: tuple[str, int]) -> tiered.Segment:
+            stem, size = item
+            name = url(stem + ".rsm-manifest")
+            m = tiered.parse_manifest(self.store.read(stem + ".rsm-manifest"), name)
+            tiered.check_manifest(m, tiered.KEY.match(stem + ".log"), name)
+            if size != m.stored_size:
+                raise CorruptFile(
+                    f"{url(stem + '.log')}: {size} bytes, but its manifest's chunk index lists {len(m.chunks)} chunks "
+                    f"of {m.stored_size} bytes"
+                )
+            return tiered.Segment(stem + ".log", size, m)
+
+        segments = self._map(load, listed)
+        ids: dict[str, set[str]] = {}
+        by_partition: dict[tuple[str, int], list[tiered.Segment]] = {}
+        for s in segments:
+            ids.setdefault(s.manifest.topic, set()).add(s.manifest.topic_id)
+            by_partition.setdefault((s.manifest.topic, s.manifest.partition), []).append(s)
+        for topic, found in ids.items():
+            if len(found) > 1:
+                raise ArchiveError(
+                    f"{self.store.url}: topic {topic} has tiered segments under topic ids {sorted(found)} (a deleted "
+                    "and re-created topic: offsets start again); remove the stale topic id's objects"
+                )
+        chunks, self.overlaps = [], []
+        for (topic, part), segs in sorted(by_partition.items()):
+            chosen, overlaps = tiered.cover(segs, url)
+            for o in overlaps:
+                log.warning(
+                    "%s: offsets %d..%d are also in %s, read from there%s",
+                    url(o.key),
+                    o.first,
+                    o.last,
+                    url(o.kept),
+                    " (the whole segment: not read)" if o.dropped else "",
+                )
+            self.overlaps += overlaps
+            chunks += [
+                SourceChunk(
+                    key=s.key, topic=topic, partition=part, first_offset=first, size=s.size, last_offset=s.manifest.end
+                )
+                for s, first in chosen
+            ]
+        with_txn = [s for s in segments if s.manifest.transaction and s.manifest.transaction[1]]
+        return chunks, self._map(self._tiered_txn, with_txn)
+
+    def _tiered_txn(self, s: tiered.Segment) -> tuple[str, int, list[Aborted]]:
+        """A tiered segment's aborted transactions, from the transaction index inside its `.indexes`."""
+        key = s.key.removesuffix(".log") + ".indexes"
+        pos, size = s.manifest.transaction
+        data = self.store.read_range(key, pos, size)
+        name = f"{self.store.url_for(key)} (transaction index, bytes {pos}..{pos + size - 1})"
+        if len(data) != size:
+            raise CorruptFile(f"{name}: the object ends {size - len(data)} bytes short of what its manifest says")
+        return s.manifest.topic, s.manifest.partition, parse_txnindex(data, name)
 
     def aborted(self, topic: str, partition: int) -> list[Aborted]:
         if self._aborted is None:
@@ -102,10 +188,20 @@ class KafkaSegmentsSource(SourceArchive):
             data = self.store.read(chunk.key)
         except OSError as exc:
             raise ArchiveError(f"{name}: {exc}") from None
-        return decode_segment(
+        key = tiered.KEY.match(chunk.key)
+        m = None
+        if key:
+            manifest_name = self.store.url_for(key["stem"] + ".rsm-manifest")
+            m = tiered.parse_manifest(self.store.read(key["stem"] + ".rsm-manifest"), manifest_name)
+            data = tiered.segment_bytes(data, m, name)
+        batch = decode_segment(
             data,
             chunk.partition,
             name=name,
             aborted=self.aborted(chunk.topic, chunk.partition),
             from_offset=chunk.first_offset,
         )
+        last = batch.column("offset")[-1].as_py() if batch.num_rows else None
+        if m is not None and last is not None and last > m.end:
+            raise CorruptFile(f"{name}: holds offset {last}, past the end offset {m.end} its manifest says")
+        return batch
