@@ -9,7 +9,11 @@ decoder would otherwise use).
 The same records (a key of ~10 bytes, a value of ~100, one header) are written once as an
 envelope chunk (snappy) and as Kafka log segments of ~1 MB batches per codec, by
 kafka-python's batch builder, offsets assigned as a broker does. The uncompressed segment
-is also stored as Aiven's tiered storage stores it with zstd chunk compression.
+is also stored as Aiven's tiered storage stores it with zstd chunk compression. For the Kafka Connect
+layout's JsonFormat and ParquetFormat (`--connect-records` of them, the value a struct of the
+timestamp and the same ~100 bytes as text), the value, keys and headers files are written as
+the connector names and shapes them (json module + gzip, pyarrow.parquet) and decoded by
+`compactor.sources.kafka_connect`'s per-format readers.
 """
 
 from __future__ import annotations
@@ -108,6 +112,56 @@ def tiered_row(segment: bytes, n: int, rounds: int) -> tuple[str, int, float]:
     return ("kafka-segments tiered, zstd 4 MiB chunks", len(obj), best_rate(read, n, rounds))
 
 
+def connect_files(recs) -> dict[str, tuple[bytes, bytes, bytes]]:
+    """(values, keys, headers) file bytes per Connect file extension."""
+    import gzip
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def line(doc) -> bytes:
+        return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+    values = [{"ts": t, "v": v.decode()} for t, _, v, _ in recs]
+    keys = [k.decode() for _, k, _, _ in recs]
+    headers = [[{"key": hk, "value": hv.decode()} for hk, hv in h] for *_, h in recs]
+    plain = (
+        b"".join(map(line, values)),
+        b"".join(map(line, keys)),
+        b"".join(line({"headers": h}) for h in headers),
+    )
+
+    def parquet(table: pa.Table) -> bytes:
+        out = io.BytesIO()
+        pq.write_table(table, out, compression="snappy")
+        return out.getvalue()
+
+    ts = pa.array([t for t, *_ in recs], pa.timestamp("ms", tz="UTC"))
+    return {
+        ".json": plain,
+        ".json.gz": tuple(gzip.compress(b) for b in plain),
+        ".snappy.parquet": (
+            parquet(pa.table({"ts": ts, "v": [v["v"] for v in values]})),
+            parquet(pa.table({"key": keys})),
+            parquet(pa.table({"headers": headers})),
+        ),
+    }
+
+
+def connect_decode(ext: str, files: tuple[bytes, bytes, bytes]) -> int:
+    from compactor.sources.kafka_connect import EXTENSIONS
+    from compactor.sources.kafka_connect_records import timestamps_ms
+
+    fmt = EXTENSIONS[ext]
+    v = fmt.values(files[0], "v", 0, "ts", None)
+    timestamps_ms(v, "v", 0, "ts")
+    keys, headers = fmt.keys(files[1], "k", 0), fmt.headers(files[2], "h", 0)
+    assert len(keys) == len(headers) == len(v)
+    return len(v)
+
+
 def best_rate(fn, n: int, rounds: int) -> float:
     times = []
     for _ in range(rounds):
@@ -123,6 +177,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=500_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--library-records", type=int, default=100_000, help="records kafka-python's reader decodes")
+    ap.add_argument("--connect-records", type=int, default=200_000, help="records of the Kafka Connect rows")
     args = ap.parse_args()
 
     from kafka.record.memory_records import MemoryRecords
@@ -176,6 +231,15 @@ def main() -> None:
         return count
 
     rows.append(("kafka-python reader, lz4 (library)", len(lib_seg), best_rate(library, m, 1)))
+    c = args.connect_records
+    for ext, files in connect_files(recs[:c]).items():
+        rows.append(
+            (
+                f"connect {ext} +keys+headers",
+                sum(map(len, files)),
+                best_rate(lambda ext=ext, files=files: connect_decode(ext, files), c, args.rounds),
+            )
+        )
     base = rows[0][2]
     print(f"\n{n:,} records (key ~10 B, value ~100 B, 1 header), one thread, median of {args.rounds} rounds")
     print(f"{'decoder':<40} {'MB':>8} {'records/s':>12} {'vs envelope':>12}")

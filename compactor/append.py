@@ -58,6 +58,7 @@ def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArc
         topic=parent.topic,
         key_field=parent.source.get("key_field"),
         timestamp_field=parent.source.get("timestamp_field"),
+        allow_dropped=cfg.allow_dropped or bool(parent.source.get("allow_dropped")),
         codec=c["codec"],
         block_bytes=c["block_bytes"],
         target_file_bytes=c["target_file_bytes"],

@@ -111,6 +111,7 @@ def write_manifest(
             "format": cfg.source_format,
             "key_field": cfg.key_field,
             "timestamp_field": cfg.timestamp_field,
+            "allow_dropped": cfg.allow_dropped,
         },
         config=config,
         topic=topic,

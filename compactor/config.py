@@ -28,6 +28,7 @@ class CompactConfig:
     source_format: str = "envelope"
     key_field: str | None = None
     timestamp_field: str | None = None
+    allow_dropped: bool = False  # kafka-connect: accept files the connector thinned (see its docs)
     topic: str | None = None
     codec: str = "snappy"
     block_bytes: int = DEFAULT_BLOCK_BYTES
@@ -74,6 +75,7 @@ class CompactConfig:
             format=self.source_format,
             key_field=self.key_field,
             timestamp_field=self.timestamp_field,
+            allow_dropped=self.allow_dropped,
             threads=self.threads,
         )
 

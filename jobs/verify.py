@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.appName("keyfill verify").getOrCreate()
     try:
         source = open_source(
-            args.source, format=args.source_format, key_field=args.key_field, timestamp_field=args.timestamp_field
+            args.source,
+            format=args.source_format,
+            key_field=args.key_field,
+            timestamp_field=args.timestamp_field,
+            allow_dropped=args.allow_dropped,
         )
         report = verify_spark(source, open_storage(args.dest), spark)
     finally:

@@ -1,7 +1,7 @@
 """Source archives, one module per layout, chosen by `--format` from `FORMATS`:
 
 - `envelope`: keyfill's own partition-ordered archive (`compactor.sources.envelope`);
-- `kafka-connect`: the Kafka Connect S3 sink's AvroFormat layout
+- `kafka-connect`: the Kafka Connect S3 sink's layout, Avro, JSON or Parquet files
   (`compactor.sources.kafka_connect`);
 - `kafka-segments`: Kafka's own log segments, a broker's log directory
   (`compactor.sources.kafka_segments`), or tiered storage as the Aiven
@@ -34,6 +34,7 @@ def open_source(
     format: str = "envelope",
     key_field: str | None = None,
     timestamp_field: str | None = None,
+    allow_dropped: bool = False,
     threads: int = 16,
 ) -> SourceArchive:
     """The source archive at `url` in the given layout."""
@@ -41,5 +42,7 @@ def open_source(
         raise OptionError(f"unknown source format {format!r}; choose one of {', '.join(FORMATS)}")
     store = open_storage(url, threads=threads)
     if format == "kafka-connect":
-        return KafkaConnectSource(store, key_field=key_field, timestamp_field=timestamp_field, threads=threads)
+        return KafkaConnectSource(
+            store, key_field=key_field, timestamp_field=timestamp_field, allow_dropped=allow_dropped, threads=threads
+        )
     return FORMATS[format](store, threads=threads)

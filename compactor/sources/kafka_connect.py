@@ -1,21 +1,27 @@
 """The second source format: a topic archived by Confluent's Kafka Connect S3 sink with its
-default partitioner and `format.class=AvroFormat` (see docs/kafka-connect-source.md).
+default partitioner, in AvroFormat, JsonFormat or ParquetFormat, each file's format read
+off its extension (see docs/kafka-connect-source.md).
 
-    <root>/topics/<topic>/partition=<p>/<topic>+<p>+<start offset>.avro           values
-    <root>/topics/<topic>/partition=<p>/<topic>+<p>+<start offset>.keys.avro      store.kafka.keys=true
-    <root>/topics/<topic>/partition=<p>/<topic>+<p>+<start offset>.headers.avro   store.kafka.headers=true
+    <root>/topics/<topic>/partition=<p>/<topic>+<p>+<start offset><ext>            values
+    <root>/topics/<topic>/partition=<p>/<topic>+<p>+<start offset>.keys<ext>       store.kafka.keys=true
+    <root>/topics/<topic>/partition=<p>/<topic>+<p>+<start offset>.headers<ext>    store.kafka.headers=true
+
+    <ext>: .avro | .json | .json.gz | [.snappy|.gz|.lzo|.br|.lz4hadoop|.zstd|.lz4raw].parquet
 
 The connector keeps no offsets, timestamps or partitions inside the files: the offset of a
 record is the file's start offset plus its position, the timestamp comes from a field of the
-value (`timestamp_field`), the key from the keys file or a value field (`key_field`).
-Connect values have arbitrary schemas, so records are decoded by fastavro's generic reader
-and turned into envelope records; see `KafkaConnectSource` for the exact rules.
+value (`timestamp_field`), the key from the keys file or a value field (`key_field`). A file
+holding fewer records than the next file's start offset implies was thinned by the
+connector (dropped tombstones, filtering SMTs); that is refused unless `allow_dropped`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,21 +41,20 @@ from compactor.sources.kafka_connect_avro import (
     unwrap,
 )
 from compactor.sources.kafka_connect_fast import fast_headers, fast_keys, header_null_branch, key_null_branch
+from compactor.sources.kafka_connect_json import gunzip, json_headers, json_keys, json_values
+from compactor.sources.kafka_connect_parquet import parquet_headers, parquet_keys, parquet_values
+from compactor.sources.kafka_connect_records import Values, check_count, timestamps_ms
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
 from keygroups.errors import OptionError
-from keygroups.storage import ObjectNotFound, Storage
+from keygroups.storage import Storage
 
-__all__ = ["KafkaConnectSource", "OptionError", "KEYS_SUFFIX", "HEADERS_SUFFIX", "encode_json"]
+__all__ = ["KafkaConnectSource", "ConnectChunk", "OptionError", "KEYS_SUFFIX", "HEADERS_SUFFIX", "encode_json"]
 
 VALUE_SUFFIX = ".avro"
 KEYS_SUFFIX = ".keys.avro"
 HEADERS_SUFFIX = ".headers.avro"
 TOPICS_DIR = "topics"  # the connector's `topics.dir` default
 
-# Kafka topic names are [a-zA-Z0-9._-]+, so '+' safely separates the name's parts.
-_FILE = r"(?P<ftopic>[^/+]+)\+(?P<fpart>\d+)\+(?P<start>\d+)(?P<kind>\.keys|\.headers)?\.avro"
-_IN_TOPICS_DIR = re.compile(rf"^(?P<topic>[^/]+)/partition=(?P<part>\d+)/{_FILE}$")
-_UNDER_ROOT = re.compile(rf"^{TOPICS_DIR}/(?P<topic>[^/]+)/partition=(?P<part>\d+)/{_FILE}$")
 # Divisor from the timestamp field's unit to milliseconds.
 _TS_DIVISOR = {
     None: 1,
@@ -62,12 +67,100 @@ _TS_DIVISOR = {
 }
 
 
+# --- the file formats ------------------------------------------------------------------------
+
+
+def _avro_values(data: bytes, name: str, first: int, ts_field: str, key_field: str | None) -> Values:
+    """Values by fastavro's generic reader (Connect values have arbitrary schemas)."""
+    avro = read_avro(data, name, first)
+    divisor = _check_value_schema(avro.schema, name, ts_field, key_field)
+    values = avro.records
+    try:
+        texts = pa.array([encode_json(v) if v is not None else None for v in values], pa.binary())
+    except TypeError as exc:
+        raise CorruptFile(f"{name}: a value cannot be encoded as JSON: {exc}") from None
+    ts = pa.array([v[ts_field] if v is not None else None for v in values], pa.int64())
+    keys = binary_array([v[key_field] if v is not None else None for v in values]) if key_field else None
+    return Values(texts, ts, divisor, keys)
+
+
+def _avro_keys(data: bytes, name: str, first: int) -> pa.Array:
+    null_branch = key_null_branch(file_schema(data, name)[0])
+    if null_branch is not None:
+        return fast_keys(data, name, first, null_branch)
+    return binary_array(unwrap(read_avro(data, name, first), "key", "RecordKey")[1])
+
+
+def _avro_headers(data: bytes, name: str, first: int) -> pa.Array:
+    null_branch = header_null_branch(file_schema(data, name)[0])
+    if null_branch is not None:
+        return fast_headers(data, name, first, null_branch)
+    return _generic_headers(read_avro(data, name, first), name)
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How one of the connector's formats (`format.class`, `keys.format.class`,
+    `headers.format.class`) is decoded: (data, url, first offset, ...) -> Arrow."""
+
+    name: str
+    values: Callable[[bytes, str, int, str, str | None], Values]
+    keys: Callable[[bytes, str, int], pa.Array]
+    headers: Callable[[bytes, str, int], pa.Array]
+
+
+def _gzipped(fn):
+    return lambda data, name, *rest: fn(gunzip(data, name), name, *rest)
+
+
+AVRO = FileFormat("AvroFormat", _avro_values, _avro_keys, _avro_headers)
+JSON = FileFormat("JsonFormat", json_values, json_keys, json_headers)
+JSON_GZ = FileFormat("JsonFormat (gzip)", _gzipped(json_values), _gzipped(json_keys), _gzipped(json_headers))
+PARQUET = FileFormat("ParquetFormat", parquet_values, parquet_keys, parquet_headers)
+# Extensions exactly as the connector writes them: AvroFormat ".avro" (the codec lives in
+# the file); JsonFormat ".json" + the s3.compression.type suffix ("" or ".gz"); ParquetFormat
+# the parquet.codec's extension (parquet-mr's CompressionCodecName) + ".parquet". Keys and
+# headers files put ".keys" / ".headers" before the extension.
+EXTENSIONS: dict[str, FileFormat] = {
+    ".avro": AVRO,
+    ".json": JSON,
+    ".json.gz": JSON_GZ,
+    **{
+        codec + ".parquet": PARQUET for codec in ("", ".snappy", ".gz", ".lzo", ".br", ".lz4hadoop", ".zstd", ".lz4raw")
+    },
+}
+_EXT = "|".join(re.escape(e) for e in sorted(EXTENSIONS, key=len, reverse=True))
+# Kafka topic names are [a-zA-Z0-9._-]+, so '+' safely separates the name's parts.
+_FILE = rf"(?P<ftopic>[^/+]+)\+(?P<fpart>\d+)\+(?P<start>\d+)(?P<kind>\.keys|\.headers)?(?P<ext>{_EXT})"
+_IN_TOPICS_DIR = re.compile(rf"^(?P<topic>[^/]+)/partition=(?P<part>\d+)/{_FILE}$")
+_UNDER_ROOT = re.compile(rf"^{TOPICS_DIR}/(?P<topic>[^/]+)/partition=(?P<part>\d+)/{_FILE}$")
+_SHAPE = "<topic>/partition=<p>/<topic>+<p>+<start offset>[.keys|.headers]<.avro|.json[.gz]|[.<codec>].parquet>"
+
+
+def file_format(key: str) -> FileFormat:
+    m = re.search(rf"(?:{_EXT})$", key)
+    if not m:
+        raise ArchiveError(f"{key}: not a Kafka Connect file extension ({', '.join(EXTENSIONS)})")
+    return EXTENSIONS[m.group(0)]
+
+
+@dataclass(frozen=True)
+class ConnectChunk(SourceChunk):
+    """A value file with what the listing knows about it: its keys and headers files, and
+    the next value file of its partition (whose start offset bounds this file's records)."""
+
+    keys_file: str | None = None
+    headers_file: str | None = None
+    next_file: str | None = None
+    next_offset: int | None = None
+
+
 # --- the source ---------------------------------------------------------------------------
 
 
 class KafkaConnectSource(SourceArchive):
-    """A Kafka Connect S3 sink archive (default partitioner, Avro format) read as envelope
-    records.
+    """A Kafka Connect S3 sink archive (default partitioner; Avro, JSON or Parquet files)
+    read as envelope records.
 
     Root: the store may be rooted at the folder that holds `topics/` (the connector's
     `topics.dir`, default "topics") or at the topics folder itself. Which one is decided from
@@ -75,19 +168,18 @@ class KafkaConnectSource(SourceArchive):
     parent and only keys under `topics/` are considered; otherwise keys must look like
     `<topic>/partition=<p>/<file>`. Use the second form for a non-default `topics.dir`.
 
-    Per record of a value file `<topic>+<p>+<start>.avro`:
-    - offset = start + position in the file (exact only if the connector wrote every record
-      of the range: dropped tombstones or filtering SMTs shift later offsets);
-    - timestamp = value field `timestamp_field`: int/long epoch ms, or a timestamp-millis /
-      -micros / -nanos (local- too) logical type, floored to ms. A tombstone (null value)
-      takes the timestamp of the record before it in the file, or after it if it leads;
-    - key = the record of `.keys.avro` when that file exists, else value field `key_field`,
-      else null; string keys as UTF-8, bytes/fixed as they are, other types as compact JSON;
-    - value = compact JSON text of the value record in UTF-8 (schema field order, bytes and
-      fixed as base64 like Connect's JsonConverter, logical types as their Avro value:
-      timestamps as epoch integers in their own unit, dates as days, decimals as exact
-      strings); null stays null;
-    - headers = the records of `.headers.avro` when it exists (key, UTF-8 value), else none.
+    Per record of a value file `<topic>+<p>+<start><ext>`:
+    - offset = start + position in the file. A file holding fewer records than the next
+      file's start implies had records dropped by the connector: refused (ArchiveError)
+      unless `allow_dropped`, which keeps start + position (see the docs for why); more
+      records than that is an overlap, always refused;
+    - timestamp = value field `timestamp_field` in epoch ms (or a timestamp type's unit,
+      floored to ms). A tombstone takes the timestamp of the record before it in the file,
+      or after it if it leads;
+    - key = the keys file's record when it exists, else value field `key_field`, else null;
+    - value = Avro and Parquet: compact JSON text of the record (`encode_json`); JSON: the
+      line's bytes as the connector wrote them; null stays null;
+    - headers = the headers file's records when it exists, else none.
 
     Picklable: it holds the store and the options only.
     """
@@ -98,6 +190,7 @@ class KafkaConnectSource(SourceArchive):
         *,
         key_field: str | None = None,
         timestamp_field: str | None = None,
+        allow_dropped: bool = False,
         threads: int = 16,
     ):
         if not timestamp_field:
@@ -108,35 +201,36 @@ class KafkaConnectSource(SourceArchive):
         self.store = store
         self.key_field = key_field or None
         self.timestamp_field = timestamp_field
+        self.allow_dropped = allow_dropped
         self.threads = threads
 
     def __repr__(self) -> str:
         return (
             f"KafkaConnectSource({self.store.url!r}, key_field={self.key_field!r}, "
-            f"timestamp_field={self.timestamp_field!r})"
+            f"timestamp_field={self.timestamp_field!r}, allow_dropped={self.allow_dropped!r})"
         )
 
     # -- listing
 
-    def list_chunks(self) -> list[SourceChunk]:
+    def list_chunks(self) -> list[ConnectChunk]:
         """One chunk per value file, from a single listing. Raises ArchiveError for names
         outside the layout, two value files of a partition with the same start offset, and
-        keys/headers files without their value file."""
+        keys/headers files without their value file or two of a kind for one."""
         url = self.store.url_for
-        listing = [o for o in self.store.list() if o.key.endswith(".avro")]
+        listing = [o for o in self.store.list() if o.key.endswith(tuple(EXTENSIONS))]
         if any(_UNDER_ROOT.match(o.key) for o in listing):
-            pattern, shape = _UNDER_ROOT, f"{TOPICS_DIR}/<topic>/partition=<p>/<topic>+<p>+<start offset>.avro"
+            pattern, shape = _UNDER_ROOT, f"{TOPICS_DIR}/{_SHAPE}"
             listing = [o for o in listing if o.key.startswith(TOPICS_DIR + "/")]
         else:
-            pattern, shape = _IN_TOPICS_DIR, "<topic>/partition=<p>/<topic>+<p>+<start offset>.avro"
+            pattern, shape = _IN_TOPICS_DIR, _SHAPE
         chunks: dict[tuple[str, int, int], SourceChunk] = {}
-        siblings: list[str] = []
+        siblings: dict[tuple[str, str], str] = {}  # (stem, kind) -> key
         for obj in listing:
             m = pattern.match(obj.key)
             if not m:
                 raise ArchiveError(
-                    f"{url(obj.key)}: not a Kafka Connect S3 sink file ({shape}, keys and headers "
-                    "as .keys.avro / .headers.avro); only the default partitioner's layout is read"
+                    f"{url(obj.key)}: not a Kafka Connect S3 sink file ({shape}); only the default "
+                    "partitioner's layout is read"
                 )
             topic, part = m["topic"], int(m["part"])
             if m["ftopic"] != topic or int(m["fpart"]) != part:
@@ -144,8 +238,11 @@ class KafkaConnectSource(SourceArchive):
                     f"{url(obj.key)}: file name says topic {m['ftopic']} partition {int(m['fpart'])}, "
                     f"its folder says topic {topic} partition {part}"
                 )
+            stem = obj.key[: m.start("kind") if m["kind"] else m.start("ext")]
             if m["kind"]:
-                siblings.append(obj.key)
+                other = siblings.setdefault((stem, m["kind"]), obj.key)
+                if other != obj.key:
+                    raise ArchiveError(f"{url(other)} and {url(obj.key)}: two {m['kind'][1:]} files for one value file")
                 continue
             start = int(m["start"])
             chunk = SourceChunk(key=obj.key, topic=topic, partition=part, first_offset=start, size=obj.size)
@@ -155,164 +252,154 @@ class KafkaConnectSource(SourceArchive):
                     f"{url(other.key)} and {url(obj.key)}: two value files of {topic} partition {part} "
                     f"start at offset {start}"
                 )
-        values = {c.key[: -len(VALUE_SUFFIX)] for c in chunks.values()}
-        for key in siblings:
-            stem = key[: -len(KEYS_SUFFIX if key.endswith(KEYS_SUFFIX) else HEADERS_SUFFIX)]
-            if stem not in values:
-                raise ArchiveError(f"{url(key)}: has no value file {url(stem + VALUE_SUFFIX)}")
         if not chunks:
             raise ArchiveError(f"{self.store.url}: no Kafka Connect value files ({shape}) found")
-        return [chunks[k] for k in sorted(chunks)]
+        stems = {_stem(c.key): c.key for c in chunks.values()}
+        for (stem, _), key in siblings.items():
+            if stem not in stems:
+                raise ArchiveError(f"{url(key)}: has no value file ({url(stem)}<.avro|.json|...>)")
+        ordered = [chunks[k] for k in sorted(chunks)]
+        out = []
+        for c, nxt in zip(ordered, [*ordered[1:], None]):
+            same = nxt is not None and (nxt.topic, nxt.partition) == (c.topic, c.partition)
+            stem = _stem(c.key)
+            out.append(
+                ConnectChunk(
+                    **{f.name: getattr(c, f.name) for f in dataclasses.fields(SourceChunk)},
+                    keys_file=siblings.get((stem, ".keys")),
+                    headers_file=siblings.get((stem, ".headers")),
+                    next_file=nxt.key if same else None,
+                    next_offset=nxt.first_offset if same else None,
+                )
+            )
+        return out
 
     # -- reading
 
-    def _read_optional(self, key: str) -> bytes | None:
-        try:
-            return self.store.read(key)
-        except ObjectNotFound:
-            return None
-
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
-        stem = chunk.key[: -len(VALUE_SUFFIX)]
+        if not isinstance(chunk, ConnectChunk):
+            raise TypeError(f"{chunk.key}: read a chunk of this source's list_chunks() (its keys/headers files)")
+        url = self.store.url_for
         with ThreadPoolExecutor(max_workers=2) as pool:  # the siblings' GETs overlap the value's
-            keys_f = pool.submit(self._read_optional, stem + KEYS_SUFFIX)
-            headers_f = pool.submit(self._read_optional, stem + HEADERS_SUFFIX)
+            keys_f = pool.submit(self.store.read, chunk.keys_file) if chunk.keys_file else None
+            headers_f = pool.submit(self.store.read, chunk.headers_file) if chunk.headers_file else None
             data = self.store.read(chunk.key)
-            keys_data, headers_data = keys_f.result(), headers_f.result()
+            keys_data = keys_f.result() if keys_f else None
+            headers_data = headers_f.result() if headers_f else None
 
-        name = self.store.url_for(chunk.key)
+        name = url(chunk.key)
         first = chunk.first_offset
-        value_file = read_avro(data, name, first)
-        values = value_file.records
+        values = file_format(chunk.key).values(data, name, first, self.timestamp_field, self.key_field)
         n = len(values)
-        ts_divisor = self._check_value_schema(value_file.schema, name)
-
-        # Timestamps: one list comprehension, then columnar.
-        tf = self.timestamp_field
-        ts_arr = pa.array([v[tf] if v is not None else None for v in values], pa.int64())
-        is_value = np.fromiter((v is not None for v in values), np.bool_, n)
-        has_ts = ts_arr.is_valid().to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(is_value & ~has_ts)
-        if bad.size:
-            raise CorruptFile(
-                f"{name}: record at offset {first + int(bad[0])} has a null {tf!r} (timestamp_field); "
-                "only tombstones may lack a timestamp"
-            )
-        ts = ts_arr.fill_null(0).to_numpy(zero_copy_only=False)
-        if ts_divisor != 1:
-            ts = ts // ts_divisor  # floor, also before 1970
-        if n and not has_ts.all():
-            if not has_ts.any():
-                raise CorruptFile(
-                    f"{name}: holds only tombstones (null values), so no record carries {tf!r} "
-                    "(timestamp_field) to date them"
-                )
-            idx = np.where(has_ts, np.arange(n), -1)
-            np.maximum.accumulate(idx, out=idx)
-            idx[idx < 0] = int(np.argmax(has_ts))
-            ts = ts[idx]
+        self._check_next(chunk, n)
+        ts = timestamps_ms(values, name, first, self.timestamp_field)
 
         if keys_data is not None:
-            keys_name = self.store.url_for(stem + KEYS_SUFFIX)
-            null_branch = key_null_branch(file_schema(keys_data, keys_name)[0])
-            if null_branch is not None:
-                keys = fast_keys(keys_data, keys_name, first, null_branch)
-            else:
-                _, key_items = unwrap(read_avro(keys_data, keys_name, first), "key", "RecordKey")
-                keys = binary_array(key_items)
-            self._check_count(keys_name, "keys", len(keys), name, n, first)
+            keys_name = url(chunk.keys_file)
+            keys = file_format(chunk.keys_file).keys(keys_data, keys_name, first)
+            check_count(keys_name, "keys", len(keys), name, n, first)
         elif self.key_field:
-            kf = self.key_field
-            keys = binary_array([v[kf] if v is not None else None for v in values])
+            keys = values.field_keys
         else:
             keys = pa.nulls(n, pa.binary())
 
         if headers_data is not None:
-            headers_name = self.store.url_for(stem + HEADERS_SUFFIX)
-            null_branch = header_null_branch(file_schema(headers_data, headers_name)[0])
-            if null_branch is not None:
-                headers = fast_headers(headers_data, headers_name, first, null_branch)
-                self._check_count(headers_name, "headers", len(headers), name, n, first)
-            else:
-                headers = self._headers(read_avro(headers_data, headers_name, first), headers_name, name, n, first)
+            headers_name = url(chunk.headers_file)
+            headers = file_format(chunk.headers_file).headers(headers_data, headers_name, first)
+            check_count(headers_name, "headers", len(headers), name, n, first)
         else:
             headers = pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], HEADER_TYPE))
 
-        try:
-            value_bytes = pa.array([encode_json(v) if v is not None else None for v in values], pa.binary())
-        except TypeError as exc:
-            raise CorruptFile(f"{name}: a value cannot be encoded as JSON: {exc}") from None
         return pa.RecordBatch.from_arrays(
             [
                 pa.array(np.full(n, chunk.partition, np.int32)),
                 pa.array(first + np.arange(n, dtype=np.int64)),
-                pa.array(ts.astype(np.int64, copy=False)).view(pa.timestamp("ms", tz="UTC")),
+                pa.array(ts).view(pa.timestamp("ms", tz="UTC")),
                 keys,
-                value_bytes,
+                values.values,
                 headers,
             ],
             schema=ARROW_SCHEMA,
         )
 
-    def _check_value_schema(self, schema: Any, name: str) -> int:
-        """The timestamp unit divisor; OptionError unless every record branch of the value
-        schema has the timestamp field (of a usable type) and the key field."""
-        records = branches(schema)
-        if not records or not all(is_record(r) for r in records):
-            raise OptionError(
-                f"{name}: timestamp_field {self.timestamp_field!r} needs record values; the value "
-                f"schema is {short_schema(schema)}"
+    def _check_next(self, chunk: ConnectChunk, n: int) -> None:
+        """The next file's start offset bounds this file's records: more is an overlap, fewer
+        means the connector dropped records (or a file is missing) and positions after the
+        drop are not the records' offsets."""
+        if chunk.next_offset is None:
+            return
+        url = self.store.url_for
+        span = chunk.next_offset - chunk.first_offset
+        if n > span:
+            raise ArchiveError(
+                f"{url(chunk.key)}: holds {n} records from offset {chunk.first_offset}, but the next file "
+                f"{url(chunk.next_file)} starts at offset {chunk.next_offset}, {span} later: the files overlap"
             )
-        divisors = set()
-        for rec in records:
-            fields = {f["name"]: f["type"] for f in rec.get("fields", [])}
-            for option, field in (("timestamp_field", self.timestamp_field), ("key_field", self.key_field)):
-                if field is not None and field not in fields:
-                    raise OptionError(
-                        f"{name}: {option} {field!r} is not a field of the value schema "
-                        f"{rec.get('name', '?')} (fields: {', '.join(fields) or 'none'})"
-                    )
-            divisors.add(_ts_divisor(fields[self.timestamp_field]))
-        if None in divisors or len(divisors) != 1:
-            types = [next(f["type"] for f in r["fields"] if f["name"] == self.timestamp_field) for r in records]
-            raise OptionError(
-                f"{name}: timestamp_field {self.timestamp_field!r} must be an int/long of epoch "
-                f"milliseconds or a timestamp-millis/-micros/-nanos long; it is {' / '.join(map(short_schema, types))}"
-            )
-        return divisors.pop()
-
-    @staticmethod
-    def _check_count(sibling: str, what: str, got: int, name: str, n: int, first: int) -> None:
-        if got != n:
-            raise CorruptFile(
-                f"{sibling}: holds {got} {what} records, its value file {name} holds {n}; they "
-                f"pair up one to one (first unpaired record at offset {first + min(got, n)})"
+        if n < span and not self.allow_dropped:
+            raise ArchiveError(
+                f"{url(chunk.key)}: holds {n} records, but the next file {url(chunk.next_file)} starts "
+                f"at offset {chunk.next_offset}, so offsets {chunk.first_offset}..{chunk.next_offset - 1} "
+                f"({span} records) belong to it: {span - n} were dropped by the connector "
+                "(behavior.on.null.values=ignore, a filtering SMT, a compacted topic) or a file is missing, "
+                "and the offsets of the records after a drop are unknown. Pass --allow-dropped to number "
+                "the file's records from its start offset (docs/kafka-connect-source.md)"
             )
 
-    def _headers(self, avro: Avro, hname: str, name: str, n: int, first: int) -> pa.Array:
-        schema, items = unwrap(avro, "headers", "RecordHeaders")
-        arrays = branches(schema)
-        ok = (
-            len(arrays) == 1
-            and isinstance(arrays[0], dict)
-            and arrays[0].get("type") == "array"
-            and all(is_record(r) for r in branches(arrays[0].get("items")))
-            and all({"key", "value"} <= {f["name"] for f in r["fields"]} for r in branches(arrays[0]["items"]))
+
+def _stem(key: str) -> str:
+    return key[: re.search(rf"(?:{_EXT})$", key).start()]
+
+
+def _check_value_schema(schema: Any, name: str, ts_field: str, key_field: str | None) -> int:
+    """The timestamp unit divisor; OptionError unless every record branch of the Avro value
+    schema has the timestamp field (of a usable type) and the key field."""
+    records = branches(schema)
+    if not records or not all(is_record(r) for r in records):
+        raise OptionError(
+            f"{name}: timestamp_field {ts_field!r} needs record values; the value schema is {short_schema(schema)}"
         )
-        if not ok:
-            raise CorruptFile(
-                f"{hname}: not a Kafka Connect headers file (an array of {{key, value}} records); "
-                f"schema {short_schema(avro.schema)}"
-            )
-        self._check_count(hname, "headers", len(items), name, n, first)
-        items = [h if h is not None else [] for h in items]
-        try:
-            return pa.array(items, pa.list_(HEADER_TYPE))
-        except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):  # non-string values: the key rule
-            return pa.array(
-                [[{"key": x["key"], "value": scalar_bytes(x["value"])} for x in h] for h in items],
-                pa.list_(HEADER_TYPE),
-            )
+    divisors = set()
+    for rec in records:
+        fields = {f["name"]: f["type"] for f in rec.get("fields", [])}
+        for option, field in (("timestamp_field", ts_field), ("key_field", key_field)):
+            if field is not None and field not in fields:
+                raise OptionError(
+                    f"{name}: {option} {field!r} is not a field of the value schema "
+                    f"{rec.get('name', '?')} (fields: {', '.join(fields) or 'none'})"
+                )
+        divisors.add(_ts_divisor(fields[ts_field]))
+    if None in divisors or len(divisors) != 1:
+        types = [next(f["type"] for f in r["fields"] if f["name"] == ts_field) for r in records]
+        raise OptionError(
+            f"{name}: timestamp_field {ts_field!r} must be an int/long of epoch "
+            f"milliseconds or a timestamp-millis/-micros/-nanos long; it is {' / '.join(map(short_schema, types))}"
+        )
+    return divisors.pop()
+
+
+def _generic_headers(avro: Avro, hname: str) -> pa.Array:
+    schema, items = unwrap(avro, "headers", "RecordHeaders")
+    arrays = branches(schema)
+    ok = (
+        len(arrays) == 1
+        and isinstance(arrays[0], dict)
+        and arrays[0].get("type") == "array"
+        and all(is_record(r) for r in branches(arrays[0].get("items")))
+        and all({"key", "value"} <= {f["name"] for f in r["fields"]} for r in branches(arrays[0]["items"]))
+    )
+    if not ok:
+        raise CorruptFile(
+            f"{hname}: not a Kafka Connect headers file (an array of {{key, value}} records); "
+            f"schema {short_schema(avro.schema)}"
+        )
+    items = [h if h is not None else [] for h in items]
+    try:
+        return pa.array(items, pa.list_(HEADER_TYPE))
+    except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):  # non-string values: the key rule
+        return pa.array(
+            [[{"key": x["key"], "value": scalar_bytes(x["value"])} for x in h] for h in items],
+            pa.list_(HEADER_TYPE),
+        )
 
 
 def _ts_divisor(ftype: Any) -> int | None:

@@ -16,8 +16,14 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         choices=["envelope", "kafka-connect", "kafka-segments"],
         help="source layout",
     )
-    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.avro files)")
+    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.* files)")
     p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
+    p.add_argument(
+        "--allow-dropped",
+        action="store_true",
+        help="kafka-connect: accept files holding fewer records than the next file's start offset implies "
+        "(dropped tombstones, filtering SMTs, compacted topics); their records are numbered from the file's start",
+    )
 
 
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,6 +91,7 @@ def compact_config(args: argparse.Namespace):
         source_format=args.source_format,
         key_field=args.key_field,
         timestamp_field=args.timestamp_field,
+        allow_dropped=args.allow_dropped,
         topic=args.topic,
         codec=args.codec,
         block_bytes=args.block_bytes,

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             format=args.source_format,
             key_field=args.key_field,
             timestamp_field=args.timestamp_field,
+            allow_dropped=args.allow_dropped,
             threads=args.threads,
         )
         s = inspect_source(source, top=args.top, threads=args.threads, progress=progress)

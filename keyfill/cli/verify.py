@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         format=args.source_format,
         key_field=args.key_field,
         timestamp_field=args.timestamp_field,
+        allow_dropped=args.allow_dropped,
         threads=args.threads,
     )
     dest = open_storage(args.dest, threads=args.threads)
