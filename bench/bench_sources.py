@@ -220,7 +220,7 @@ def main() -> None:
             )
         )
     rows.append(tiered_row(segments["none"], n, args.rounds))
-    m = args.library_records
+    m = min(args.library_records, n)
     lib_seg = kafka_segment(recs[:m], 3)
 
     def library() -> int:
@@ -231,7 +231,7 @@ def main() -> None:
         return count
 
     rows.append(("kafka-python reader, lz4 (library)", len(lib_seg), best_rate(library, m, 1)))
-    c = args.connect_records
+    c = min(args.connect_records, n)
     for ext, files in connect_files(recs[:c]).items():
         rows.append(
             (
