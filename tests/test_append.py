@@ -241,18 +241,18 @@ def test_appends_continue_each_groups_small_last_file(spark, tmp_path):
         progress=False,
     )
     target = 40_000
-    copy_share(full, src, 0.1)
+    copy_share(full, src, 0.2)
     cfg = dict(source=src, dest=dest, groups=4, slice_duration="10s", target_file_bytes=target)
     compact(CompactConfig(**cfg), spark)
     store = open_storage(dest)
-    for step in range(2, 11):
-        copy_share(full, src, step / 10)
+    for step in range(2, 6):
+        copy_share(full, src, step / 5)
         try:
             compact(CompactConfig(**{**cfg, "groups": None}, append=True), spark)
         except NothingSealed:  # a step whose chunks hold no new whole slice
             pass
     m = compacted.load_manifest(store)
-    assert m.version >= 6 and verify(open_source(src), store).ok
+    assert m.version >= 4 and verify(open_source(src), store).ok
     named = files_of(store, m)
     sizes = {o.key: o.size for o in store.list("groups/")}
     assert m.totals["files"] == len(named) and m.totals["file_bytes"] == sum(sizes[k] for k in named)
