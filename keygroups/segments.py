@@ -50,7 +50,7 @@ class Tail:
 
 class SegmentWriter:
     """Writes one group's pieces, slice by slice, into segment files near `target_bytes`.
-    Holds at most one file's bytes in memory."""
+    Holds at most one file's bytes in memory (a continued tail's stay in the store)."""
 
     def __init__(
         self,
@@ -77,6 +77,7 @@ class SegmentWriter:
         self._last_slice = -1
         self._taken = 0
         self.tail = tail  # continued by the first file this writer fills, if it fills one
+        self._base: str | None = None  # the tail the open file continues
 
     def add(self, s: int, batch: pa.RecordBatch) -> None:
         """Append slice s's records of this group (slices strictly increasing); an empty
@@ -86,9 +87,9 @@ class SegmentWriter:
         self._last_slice = s
         if batch.num_rows == 0:
             return
-        if not self._parts and self.tail is not None:
+        if not self._size and self.tail is not None:  # no file open yet
             self._continue(self.tail)
-        if not self._parts:
+        if not self._size:
             header = envelope.avro_header(
                 codec=self.codec,
                 metadata={
@@ -123,14 +124,15 @@ class SegmentWriter:
             self._flush()
 
     def _continue(self, tail: Tail) -> None:
-        """Start the file with the tail's bytes, after checking they are what the index says
-        (a replaced or cut file would otherwise be carried into the new version)."""
+        """Start the file with the tail's bytes (copied by the store when the file is
+        written), after checking the tail is what the index says: a replaced or cut file
+        would otherwise be carried into the new version."""
         name = self.store.url_for(tail.key)
-        data = self.store.read(tail.key)
-        if len(data) != tail.file_bytes:
-            raise compacted.FormatError(f"{name}: {len(data)} bytes, the index says {tail.file_bytes}")
+        size = self.store.size(tail.key)
+        if size != tail.file_bytes:
+            raise compacted.FormatError(f"{name}: {size} bytes, the index says {tail.file_bytes}")
         try:
-            meta, sync, end = read_header(data[: tail.file_header], name)
+            meta, sync, end = read_header(self.store.read_range(tail.key, 0, tail.file_header), name)
         except KeyfillError as exc:
             raise compacted.FormatError(str(exc)) from None
         codec = meta.get("avro.codec", b"null").decode(errors="replace")
@@ -139,13 +141,18 @@ class SegmentWriter:
                 f"{name}: not a segment file of group {self.group} with codec {self.codec} "
                 "(its header or sync marker differ)"
             )
-        self._parts, self._size, self._header = [data], len(data), tail.file_header
+        self._parts, self._size, self._header = [], size, tail.file_header
         self._key = segment_key(self.group, tail.first_slice, self.run)
+        self._base = tail.key
         self.tail = None
 
     def _flush(self) -> None:
-        if self._parts:
-            self.store.write(self._key, b"".join(self._parts))
+        if self._size:
+            if self._base is not None:
+                self.store.write_after(self._key, self._base, b"".join(self._parts))
+                self._base = None
+            else:
+                self.store.write(self._key, b"".join(self._parts))
             self.files.append(self._key)
             self.pieces += [dataclasses.replace(p, file_bytes=self._size) for p in self._open]
             self._open, self._parts, self._size = [], [], 0

@@ -160,6 +160,26 @@ def test_exists_size_delete(store: Storage) -> None:
     assert store.read("dir/sub/x") == b"1"
 
 
+@pytest.mark.parametrize("base_bytes", [0, 1000, (5 << 20) + 7])  # below and above S3's smallest part
+@pytest.mark.parametrize("data_bytes", [0, 3, (5 << 20) + 11])
+def test_write_after_is_base_then_data_and_leaves_base(store: Storage, base_bytes: int, data_bytes: int) -> None:
+    import random
+
+    rng = random.Random(base_bytes * 31 + data_bytes)
+    base, data = rng.randbytes(base_bytes), rng.randbytes(data_bytes)
+    store.write("g/tail", base)
+    store.write("g/new", b"old bytes")  # replaced whole
+    store.write_after("g/new", "g/tail", data)
+    assert store.read("g/new") == base + data and store.read("g/tail") == base
+    assert [o.key for o in store.list("g/")] == ["g/new", "g/tail"]
+
+
+def test_write_after_a_missing_base_names_it_and_writes_nothing(store: Storage) -> None:
+    with pytest.raises(ObjectNotFound, match="gone/tail"):
+        store.write_after("g/new", "gone/tail", b"data")
+    assert store.list("") == []
+
+
 def test_delete_prefix(store: Storage) -> None:
     for key, data in LAYOUT.items():
         store.write(key, data)

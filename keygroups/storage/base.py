@@ -71,6 +71,13 @@ class Storage(ABC):
         """Replace the object atomically: readers see the old or the new bytes, never a mix."""
 
     @abstractmethod
+    def write_after(self, key: str, base: str, data: bytes) -> None:
+        """Write `key` as the bytes of the existing object `base` followed by `data`,
+        atomically like `write`, without passing `base` through this process where the
+        backend can copy it itself (S3 UploadPartCopy, an in-kernel copy locally): how an
+        append continues a segment file. ObjectNotFound names `base` when it is missing."""
+
+    @abstractmethod
     def create(self, key: str, data: bytes) -> None:
         """Write the object only if no object has the key, atomically: of writers racing
         for one key exactly one succeeds, the others get ObjectExists. What versioned

@@ -64,6 +64,10 @@ DEFAULT_MAX_ATTEMPTS = 5
 # Objects from this size up are uploaded as concurrent multipart parts of this size (boto3's
 # managed transfer): no 5 GB single-PUT ceiling, a failed part is retried alone.
 MULTIPART_BYTES = 16 << 20
+# S3's limits on multipart uploads: every part but the last at least 5 MiB, a copied part at
+# most 5 GiB (kept well below here).
+MIN_PART_BYTES = 5 << 20
+MAX_COPY_PART_BYTES = 1 << 30
 
 
 def _deadline_hooks(events: Any, limits: S3Limits) -> None:
@@ -288,6 +292,54 @@ class S3Storage(Storage):
             # The object appears whole at CompleteMultipartUpload, or not at all (s3transfer
             # aborts the upload on failure): the same atomicity as one PUT.
             self.client.upload_fileobj(io.BytesIO(data), self.bucket, full, Config=config)
+
+    def write_after(self, key: str, base: str, data: bytes) -> None:
+        size = self.size(base)  # ObjectNotFound names base
+        if size < MIN_PART_BYTES:  # too small to be a part of its own: through this process
+            self.write(key, self.read(base) + data)
+            return
+        full = self._key(key)
+        with self._errors(key):
+            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
+            try:
+                parts = []
+                # the server copies base (ranges of at most 5 GiB each, all but the last part
+                # at least 5 MiB); data follows in parts of the managed transfer's size
+                n = -(-size // MAX_COPY_PART_BYTES)
+                cuts = [size * i // n for i in range(n + 1)]
+                for a, b in zip(cuts, cuts[1:]):
+                    r = self.client.upload_part_copy(
+                        Bucket=self.bucket,
+                        Key=full,
+                        UploadId=upload,
+                        PartNumber=len(parts) + 1,
+                        CopySource={"Bucket": self.bucket, "Key": self._key(base)},
+                        CopySourceRange=f"bytes={a}-{b - 1}",
+                    )
+                    parts.append(r["CopyPartResult"]["ETag"])
+                view, step = memoryview(data), max(self.multipart_bytes, MIN_PART_BYTES)
+                for at in range(0, len(data), step):
+                    r = self.client.upload_part(
+                        Bucket=self.bucket,
+                        Key=full,
+                        UploadId=upload,
+                        PartNumber=len(parts) + 1,
+                        Body=bytes(view[at : at + step]),
+                    )
+                    parts.append(r["ETag"])
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=full,
+                    UploadId=upload,
+                    MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(parts)]},
+                )
+            except BaseException:
+                # nothing appears: an upload is visible only once completed
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+                except Exception:
+                    pass
+                raise
 
     def create(self, key: str, data: bytes) -> None:
         from botocore.exceptions import ClientError
