@@ -124,3 +124,29 @@ def below_handoff(table, url: str):
     parts = table.column("partition").to_numpy()
     limit = np.array([handoff.get(int(p), 0) for p in parts.tolist()], np.int64)
     return table.filter(pa.array(table.column("offset").to_numpy() < limit))
+
+
+def decoded(batch) -> list[tuple]:
+    """Envelope records as (offset, timestamp ms, key, value, [(header key, value)]) tuples."""
+    return [
+        (
+            r["offset"],
+            round(r["timestamp"].timestamp() * 1000),
+            r["key"],
+            r["value"],
+            [(h["key"], h["value"]) for h in r["headers"]],
+        )
+        for r in batch.to_pylist()
+    ]
+
+
+def replayed(dest: str, threads: int = 3) -> list[tuple[int, int]]:
+    """(partition, offset) of every record a replay of the compacted archive emits, in order."""
+    import reader
+
+    seen: list[tuple[int, int]] = []
+    with reader.replay(dest, threads=threads) as events:
+        for ev in events:
+            if isinstance(ev, reader.Records):
+                seen += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
+    return seen

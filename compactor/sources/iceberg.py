@@ -143,7 +143,7 @@ class IcebergSource(SourceArchive):
 
     contiguous = False  # offsets skip where Kafka's do (transaction markers, aborted data, compaction)
 
-    def __init__(self, url: str, *, threads: int = 16, chunk_records: int = DEFAULT_CHUNK_RECORDS):
+    def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None):
         scheme = url.partition("://")[0].lower() if "://" in url else ""
         table = _sql_catalog_table(url) if scheme.split("+")[0] in SQL_SCHEMES else _static_table(url)
         self.given = url
@@ -151,7 +151,7 @@ class IcebergSource(SourceArchive):
         self.metadata_location = table.metadata_location
         self.snapshot_id = self.metadata.current_snapshot_id
         self.threads = threads
-        self.chunk_records = chunk_records
+        self.chunk_records = chunk_records or DEFAULT_CHUNK_RECORDS
         # Redpanda names the table after the topic; a table folder is named after the table.
         self.topic = table.name()[-1] if "#" in url else self.metadata.location.rstrip("/").rsplit("/", 1)[-1]
         self.store = open_storage(self.metadata.location, threads=threads)
