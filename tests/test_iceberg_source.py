@@ -41,12 +41,12 @@ from tests.records import decoded, replayed
 T0_US = 1_767_225_600_000_000  # 2026-01-01, in microseconds
 
 
-def redpanda_schema(*, value: bool = True, offset: bool = True, header_key=StringType) -> Schema:
+def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringType) -> Schema:
     """Redpanda's key_value table (docs.redpanda.com, "Specify Iceberg Schema"): a
     `redpanda` struct of the record's metadata, and the value as binary."""
     fields = [
         NestedField(2, "partition", IntegerType(), required=True),
-        NestedField(3, "offset", LongType(), required=True),
+        NestedField(3, "offset", (offset or LongType)(), required=True),
         NestedField(4, "timestamp", TimestamptzType(), required=True),
         NestedField(
             5,
@@ -64,7 +64,7 @@ def redpanda_schema(*, value: bool = True, offset: bool = True, header_key=Strin
         NestedField(9, "key", BinaryType(), required=False),
         NestedField(10, "timestamp_type", IntegerType(), required=False),
     ]
-    if not offset:
+    if offset is None:
         fields = [f for f in fields if f.name != "offset"]
     top = [NestedField(1, "redpanda", StructType(*fields), required=True)]
     if value:
@@ -172,7 +172,19 @@ def test_shuffled_files_read_back_in_offset_order_each_record_once(tmp_path):
     assert read_all(small) == want
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_files_without_statistics_are_measured_by_reading_two_columns(tmp_path, monkeypatch):
+    """No manifest bounds and no Parquet statistics: the listing reads redpanda.partition and
+    redpanda.offset of each file, and gets exact per-partition ranges (one chunk each here)."""
+    records = topic_records(8)
+    table = write_table(tmp_path, records, files=4)
+    monkeypatch.setattr(IcebergSource, "_footer_extents", lambda self, index: None)
+    source = IcebergSource(metadata_file(table))
+    chunks = source.list_chunks()
+    assert [(c.partition, c.first_offset) for c in chunks] == [(p, v[0][0]) for p, v in sorted(records.items())]
+    assert read_all(source) == expected(records)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10**6),
     partitions=st.integers(1, 4),
@@ -380,9 +392,12 @@ def test_duplicate_partition_offset_rows_are_named(tmp_path):
 
 
 def test_tables_without_the_needed_fields_are_refused_naming_the_metadata_file(tmp_path):
-    no_offset = write_table(tmp_path / "a", {0: []}, schema=redpanda_schema(offset=False), files=1)
+    no_offset = write_table(tmp_path / "a", {0: []}, schema=redpanda_schema(offset=None), files=1)
     with pytest.raises(ArchiveError, match=r"\.metadata\.json: the table has no redpanda\.offset field"):
         IcebergSource(metadata_file(no_offset))
+    text = write_table(tmp_path / "t", {0: []}, schema=redpanda_schema(offset=StringType), files=1)
+    with pytest.raises(ArchiveError, match=r"\.metadata\.json: redpanda\.offset is string, not long or int"):
+        IcebergSource(metadata_file(text))
     cat = catalog(tmp_path / "b")
     cat.create_namespace("redpanda")
     plain = cat.create_table("redpanda.plain", Schema(NestedField(1, "value", BinaryType(), required=False)))

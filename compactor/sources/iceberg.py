@@ -38,7 +38,22 @@ __all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
 DEFAULT_CHUNK_RECORDS = 1_000_000
 SQL_SCHEMES = ("sqlite",)  # SQLAlchemy URLs of catalogs pyiceberg's SqlCatalog reads (the driver keyfill installs)
 RP = "redpanda"
-_NEEDED = ("partition", "offset", "timestamp")
+
+
+def _needed() -> dict[str, tuple[type, ...]]:
+    from pyiceberg.types import (
+        IntegerType,
+        LongType,
+        TimestampNanoType,
+        TimestampType,
+        TimestamptzNanoType,
+        TimestamptzType,
+    )
+
+    times = (TimestamptzType, TimestampType, TimestamptzNanoType, TimestampNanoType)  # older Redpanda: timestamp
+    return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
+
+
 _TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
@@ -186,9 +201,15 @@ class IcebergSource(SourceArchive):
         rp = _field(schema.as_struct(), RP)
         if rp is None or not isinstance(rp.field_type, StructType):
             raise ArchiveError(f"{self.metadata_location}: the table has no {RP!r} struct column; {shape}")
-        for name in _NEEDED:
-            if _field(rp.field_type, name) is None:
+        for name, types in _needed().items():
+            field = _field(rp.field_type, name)
+            if field is None:
                 raise ArchiveError(f"{self.metadata_location}: the table has no {RP}.{name} field; {shape}")
+            if not isinstance(field.field_type, types):
+                raise ArchiveError(
+                    f"{self.metadata_location}: {RP}.{name} is {field.field_type}, not "
+                    + " or ".join(str(t()) for t in types)
+                )
         headers = _field(rp.field_type, "headers")
         if headers is not None and not (
             isinstance(headers.field_type, ListType)
@@ -291,8 +312,43 @@ class IcebergSource(SourceArchive):
         return extents
 
     def _measure(self, index: int) -> list[Extent]:
-        """A data file without column bounds: its partitions and offset ranges, from reading
-        only those two columns."""
+        """A data file without manifest bounds: its row groups' Parquet statistics (a footer
+        read), else its two columns read (a file written without statistics)."""
+        return self._footer_extents(index) or self._column_extents(index)
+
+    def _footer_extents(self, index: int) -> list[Extent] | None:
+        """One extent per row group and partition, from the Parquet footer's min/max of
+        redpanda.partition and redpanda.offset (columns found by field id, else by name)."""
+        import pyarrow.parquet as pq
+        from pyiceberg.manifest import FileFormat
+
+        f = self._tasks[index].file
+        if f.file_format != FileFormat.PARQUET:
+            return None
+        try:
+            with self.io.new_input(f.file_path).open() as stream:
+                meta = pq.ParquetFile(stream).metadata
+        except (OSError, ValueError) as exc:  # missing file, not Parquet
+            raise ArchiveError(f"{f.file_path}: cannot read the data file's Parquet footer: {exc}") from None
+        paths = _parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema())
+        extents = []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            found = {}
+            for c in range(group.num_columns):
+                col = group.column(c)
+                if col.path_in_schema in paths and col.statistics is not None and col.statistics.has_min_max:
+                    found[paths[col.path_in_schema]] = (int(col.statistics.min), int(col.statistics.max))
+            if len(found) < 2:
+                return None
+            (plo, phi), (olo, ohi) = found["partition"], found["offset"]
+            n = phi - plo + 1
+            size = f.file_size_in_bytes * group.num_rows / max(meta.num_rows, 1)
+            extents += [Extent(p, olo, ohi, group.num_rows / n, size / n, index) for p in range(plo, phi + 1)]
+        return extents
+
+    def _column_extents(self, index: int) -> list[Extent]:
+        """A data file's partitions and offset ranges, from reading only those two columns."""
         from pyiceberg.schema import prune_columns
 
         f = self._tasks[index].file
@@ -439,6 +495,23 @@ def _millis(ts: pa.Array) -> np.ndarray:
     raw = ts.cast(pa.int64()).to_numpy()
     per_second = _TIME_UNITS[unit]
     return raw * (1000 // per_second) if per_second < 1000 else np.floor_divide(raw, per_second // 1000)
+
+
+def _parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
+    """Parquet column path -> "partition" / "offset", matched by Iceberg field id (a renamed
+    column keeps its id), or by the table's names when the file carries no ids."""
+    ids = {schema.find_field(f"{RP}.{name}").field_id: name for name in ("partition", "offset")}
+    rp_id = schema.find_field(RP).field_id
+
+    def field_id(field: pa.Field) -> int | None:
+        raw = (field.metadata or {}).get(b"PARQUET:field_id")
+        return int(raw) if raw is not None else None
+
+    out = {}
+    for top in file_schema:
+        if field_id(top) == rp_id and pa.types.is_struct(top.type):
+            out.update({f"{top.name}.{c.name}": ids[field_id(c)] for c in top.type if field_id(c) in ids})
+    return out or {f"{RP}.{name}": name for name in ids.values()}
 
 
 def _binary(a: pa.Array) -> pa.Array:
