@@ -166,6 +166,12 @@ def test_shuffled_files_read_back_in_offset_order_each_record_once(tmp_path):
     by_catalog = open_source(f"sqlite:///{tmp_path}/catalog.db#redpanda.payments", format="iceberg")
     assert by_catalog.url == by_file.url and by_catalog.topic == "payments"
     assert read_all(by_catalog) == want
+    folder = table.metadata.location.removeprefix("file://")
+    with open(f"{folder}/metadata/version-hint.text", "w") as hint:  # what Hadoop-style catalogs keep beside
+        hint.write(os.path.basename(metadata_file(table)))
+    by_folder = IcebergSource(folder)
+    assert by_folder.url == by_file.url and by_folder.metadata_location == metadata_file(table)
+    assert read_all(by_folder) == want
     # Small chunks: each partition's offsets cut into several ranges over overlapping files.
     small = IcebergSource(metadata_file(table), chunk_records=7)
     assert len(small.list_chunks()) > 3 * 5
