@@ -175,28 +175,10 @@ def iceberg_tables(recs, root: str, partitions: int = 4) -> dict[str, str]:
 
     import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import (
-        BinaryType,
-        IntegerType,
-        ListType,
-        LongType,
-        NestedField,
-        StringType,
-        StructType,
-        TimestamptzType,
-    )
 
-    header = StructType(NestedField(7, "key", StringType()), NestedField(8, "value", BinaryType()))
-    rp = StructType(
-        NestedField(2, "partition", IntegerType(), required=True),
-        NestedField(3, "offset", LongType(), required=True),
-        NestedField(4, "timestamp", TimestamptzType(), required=True),
-        NestedField(5, "headers", ListType(6, header, element_required=True)),
-        NestedField(9, "key", BinaryType()),
-        NestedField(10, "timestamp_type", IntegerType()),
-    )
-    schema = Schema(NestedField(1, "redpanda", rp, required=True), NestedField(11, "value", BinaryType()))
+    from tests.records import redpanda_schema
+
+    schema = redpanda_schema()
     rows = [
         {
             "redpanda": {

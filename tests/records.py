@@ -1,6 +1,18 @@
-"""Small hand-made envelope batches for tests."""
+"""Small hand-made envelope batches, and shared helpers, for tests (and benchmarks)."""
 
 from __future__ import annotations
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
 
 from keygroups import envelope
 
@@ -150,3 +162,34 @@ def replayed(dest: str, threads: int = 3) -> list[tuple[int, int]]:
             if isinstance(ev, reader.Records):
                 seen += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
     return seen
+
+
+def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringType) -> Schema:
+    """Redpanda's key_value table (docs.redpanda.com, "Specify Iceberg Schema"): a
+    `redpanda` struct of the record's metadata, and the value as binary."""
+    fields = [
+        NestedField(2, "partition", IntegerType(), required=True),
+        NestedField(3, "offset", (offset or LongType)(), required=True),
+        NestedField(4, "timestamp", TimestamptzType(), required=True),
+        NestedField(
+            5,
+            "headers",
+            ListType(
+                6,
+                StructType(
+                    NestedField(7, "key", header_key(), required=False),
+                    NestedField(8, "value", BinaryType(), required=False),
+                ),
+                element_required=True,
+            ),
+            required=False,
+        ),
+        NestedField(9, "key", BinaryType(), required=False),
+        NestedField(10, "timestamp_type", IntegerType(), required=False),
+    ]
+    if offset is None:
+        fields = [f for f in fields if f.name != "offset"]
+    top = [NestedField(1, "redpanda", StructType(*fields), required=True)]
+    if value:
+        top.append(NestedField(11, "value", BinaryType(), required=False))
+    return Schema(*top)

@@ -21,11 +21,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
     IntegerType,
-    ListType,
     LongType,
     NestedField,
     StringType,
-    StructType,
     TimestamptzType,
 )
 
@@ -36,40 +34,9 @@ from compactor.sources.iceberg import Extent, IcebergSource, cut_ranges
 from compactor.verify import verify
 from keygroups.envelope import CorruptFile
 from keygroups.storage import open_storage
-from tests.records import decoded, replayed
+from tests.records import decoded, redpanda_schema, replayed
 
 T0_US = 1_767_225_600_000_000  # 2026-01-01, in microseconds
-
-
-def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringType) -> Schema:
-    """Redpanda's key_value table (docs.redpanda.com, "Specify Iceberg Schema"): a
-    `redpanda` struct of the record's metadata, and the value as binary."""
-    fields = [
-        NestedField(2, "partition", IntegerType(), required=True),
-        NestedField(3, "offset", (offset or LongType)(), required=True),
-        NestedField(4, "timestamp", TimestamptzType(), required=True),
-        NestedField(
-            5,
-            "headers",
-            ListType(
-                6,
-                StructType(
-                    NestedField(7, "key", header_key(), required=False),
-                    NestedField(8, "value", BinaryType(), required=False),
-                ),
-                element_required=True,
-            ),
-            required=False,
-        ),
-        NestedField(9, "key", BinaryType(), required=False),
-        NestedField(10, "timestamp_type", IntegerType(), required=False),
-    ]
-    if offset is None:
-        fields = [f for f in fields if f.name != "offset"]
-    top = [NestedField(1, "redpanda", StructType(*fields), required=True)]
-    if value:
-        top.append(NestedField(11, "value", BinaryType(), required=False))
-    return Schema(*top)
 
 
 def catalog(root) -> SqlCatalog:
