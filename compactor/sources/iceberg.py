@@ -261,6 +261,7 @@ class IcebergSource(SourceArchive):
         for e in extents:
             b = self._bounds.get(e.file, (e.partition, e.partition, e.lo, e.hi))
             self._bounds[e.file] = (min(b[0], e.partition), max(b[1], e.partition), min(b[2], e.lo), max(b[3], e.hi))
+        self._tasks = [_slim(t) for t in tasks]  # what a read needs: the source travels to every task
         self._plan = {}
         chunks = []
         for p, lo, hi, files, est_size in cut_ranges(extents, self.chunk_records):
@@ -495,6 +496,24 @@ def _millis(ts: pa.Array) -> np.ndarray:
     raw = ts.cast(pa.int64()).to_numpy()
     per_second = _TIME_UNITS[unit]
     return raw * (1000 // per_second) if per_second < 1000 else np.floor_divide(raw, per_second // 1000)
+
+
+def _slim(task):
+    """A scan task without the manifest's per-column statistics (less than half the pickled size)."""
+    from pyiceberg.manifest import DataFile, DataFileContent
+    from pyiceberg.table import FileScanTask
+
+    f = task.file
+    slim = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=f.file_path,
+        file_format=f.file_format,
+        partition=f.partition,
+        record_count=f.record_count,
+        file_size_in_bytes=f.file_size_in_bytes,
+    )
+    slim.spec_id = f.spec_id
+    return FileScanTask(slim)
 
 
 def _parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
