@@ -287,19 +287,31 @@ def test_value_schema_mode_values_are_json_of_the_parsed_columns(tmp_path):
 # --- the whole path ---------------------------------------------------------------------
 
 
-def test_a_redpanda_table_compacts_verifies_and_replays_exactly_once(spark, tmp_path, monkeypatch):
-    records = topic_records(3, partitions=3, per_partition=200)
-    table = write_table(tmp_path / "lake", records, files=6)
+def test_a_redpanda_table_compacts_appends_verifies_and_replays_exactly_once(spark, tmp_path, monkeypatch):
+    """Compact what the table holds, let the broker commit more data files, append from the
+    hand-off offsets naming the newer metadata file (the same table): the archive holds the
+    grown topic exactly once."""
+    records = topic_records(3, partitions=3, per_partition=300)
+    first = {p: v[:200] for p, v in records.items()}
+    write_table(tmp_path / "lake", first, files=6)
     monkeypatch.setattr(iceberg_source, "DEFAULT_CHUNK_RECORDS", 90)  # several chunks per partition
     src = f"sqlite:///{tmp_path}/lake/catalog.db#redpanda.payments"
     assert len(open_source(src, format="iceberg").list_chunks()) >= 6
     dest = str(tmp_path / "c")
+    r = compact(CompactConfig(source=src, dest=dest, source_format="iceberg", groups=3, slice_duration="20s"), spark)
+    assert 0 < r.records <= sum(len(v) for v in first.values())
+    table = catalog(tmp_path / "lake").load_table("redpanda.payments")
+    later = rows({p: v[200:] for p, v in records.items()})
+    random.Random(9).shuffle(later)
+    for i in range(2):
+        table.append(pa.Table.from_pylist(later[i::2], schema=table.schema().as_arrow()))
+    grown = metadata_file(catalog(tmp_path / "lake").load_table("redpanda.payments"))
     r = compact(
-        CompactConfig(source=src, dest=dest, source_format="iceberg", groups=3, slice_duration="20s", seal_all=True),
+        CompactConfig(source=grown, dest=dest, source_format="iceberg", append=True, seal_all=True),
         spark,
     )
-    assert r.records == sum(len(v) for v in records.values())
-    report = verify(open_source(metadata_file(table), format="iceberg"), open_storage(dest))
+    assert r.kind == "append" and r.version == 2 and r.records == sum(len(v) for v in records.values())
+    report = verify(open_source(src, format="iceberg"), open_storage(dest))
     assert report.ok, report.violations
     seen = replayed(dest)
     assert sorted(seen) == sorted((p, o) for p, v in records.items() for o, *_ in v)

@@ -11,7 +11,8 @@ Rows of a partition may lie in any data file in any order, so a chunk is not a f
 an offset range of one partition, read from every data file whose (partition, offset)
 bounds overlap it, filtered to the range and sorted by offset. The bounds come from the
 manifests' column bounds (no I/O) or, for files without them (pyiceberg's own writer keeps
-none for nested columns), from reading those files' two columns once at listing time.
+none for nested columns), from the Parquet footers' row-group statistics, or, without those,
+from reading those files' two columns once at listing time.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
 DEFAULT_CHUNK_RECORDS = 1_000_000
 SQL_SCHEMES = ("sqlite",)  # SQLAlchemy URLs of catalogs pyiceberg's SqlCatalog reads (the driver keyfill installs)
 RP = "redpanda"
+READ_AHEAD_FILES = 4  # data files a chunk read fetches at once (each held whole until filtered)
 
 
 def _needed() -> dict[str, tuple[type, ...]]:
@@ -392,11 +394,14 @@ class IcebergSource(SourceArchive):
                 f"{self.store.url_for(chunk.key)}: no such chunk in snapshot {self.snapshot_id}"
             ) from None
         parts, origin = [], []
-        with ThreadPoolExecutor(max(1, min(self.threads, len(files)))) as pool:
-            for index, table in zip(files, pool.map(self._read_file, files)):
-                rows = self._rows_of(index, table, p, lo, hi)
-                parts.append(rows)
-                origin.append(np.full(rows.num_rows, index, np.int64))
+        window = max(1, min(self.threads, READ_AHEAD_FILES))  # whole files in memory at once, at most
+        with ThreadPoolExecutor(window) as pool:
+            for at in range(0, len(files), window):
+                some = files[at : at + window]
+                for index, table in zip(some, pool.map(self._read_file, some)):
+                    rows = self._rows_of(index, table, p, lo, hi)
+                    parts.append(rows)
+                    origin.append(np.full(rows.num_rows, index, np.int64))
         table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if table is None or table.num_rows == 0:
             return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
@@ -434,7 +439,7 @@ class IcebergSource(SourceArchive):
         if pmin.as_py() < plo or pmax.as_py() > phi or omin.as_py() < olo or omax.as_py() > ohi:
             raise CorruptFile(
                 f"{name}: rows in partitions {pmin}..{pmax}, offsets {omin}..{omax}, outside the bounds its manifest "
-                f"gives (partitions {plo}..{phi}, offsets {olo}..{ohi})"
+                f"or footer gives (partitions {plo}..{phi}, offsets {olo}..{ohi})"
             )
         mask = pc.and_(pc.equal(part, p), pc.and_(pc.greater_equal(off, lo), pc.less_equal(off, hi)))
         return table.filter(mask)
