@@ -14,13 +14,17 @@ layout's JsonFormat and ParquetFormat (`--connect-records` of them, the value a 
 timestamp and the same ~100 bytes as text), the value, keys and headers files are written as
 the connector names and shapes them (json module + gzip, pyarrow.parquet) and decoded by
 `compactor.sources.kafka_connect`'s per-format readers.
+Redpanda Iceberg Topics tables (4 partitions) are written by pyiceberg and read by
+`--format iceberg` with Arrow's and pyiceberg's thread pools held to one thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import struct
+import tempfile
 import time
 
 import numpy as np
@@ -162,6 +166,72 @@ def connect_decode(ext: str, files: tuple[bytes, bytes, bytes]) -> int:
     return len(v)
 
 
+def iceberg_tables(recs, root: str, partitions: int = 4) -> dict[str, str]:
+    """The records as Redpanda Iceberg Topics tables written by pyiceberg (SQLite catalog),
+    spread round-robin over `partitions`: one table appended a partition at a time in
+    offset order (as Redpanda writes, a file per partition), one with every row shuffled
+    over 4 files. Returns label -> metadata file."""
+    import random
+
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from tests.records import redpanda_schema
+
+    schema = redpanda_schema()
+    rows = [
+        {
+            "redpanda": {
+                "partition": i % partitions,
+                "offset": i // partitions,
+                "timestamp": ts * 1000,
+                "headers": [{"key": k, "value": v} for k, v in h],
+                "key": key,
+                "timestamp_type": 0,
+            },
+            "value": value,
+        }
+        for i, (ts, key, value, h) in enumerate(recs)
+    ]
+    cat = SqlCatalog("default", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
+    cat.create_namespace("redpanda")
+    out = {}
+    for label, shuffled in (("file per partition", False), ("shuffled, 4 files", True)):
+        table = cat.create_table(f"redpanda.t{len(out)}", schema)
+        arrow = table.schema().as_arrow()
+        if shuffled:
+            random.Random(1).shuffle(rows)
+            parts = [rows[i::4] for i in range(4)]
+        else:
+            parts = [[r for r in rows if r["redpanda"]["partition"] == p] for p in range(partitions)]
+            for part in parts:
+                part.sort(key=lambda r: r["redpanda"]["offset"])
+        for part in parts:
+            table.append(pa.Table.from_pylist(part, schema=arrow))
+        out[label] = cat.load_table(f"redpanda.t{len(out)}").metadata_location
+    return out
+
+
+def iceberg_rate(metadata: str, n: int, rounds: int) -> tuple[int, float]:
+    """Records/s of reading every chunk (listing excluded: the driver does it once), with
+    Arrow's and pyiceberg's thread pools held to one thread."""
+    import pyarrow as pa
+
+    from compactor.sources.iceberg import IcebergSource
+
+    cpu, io = pa.cpu_count(), pa.io_thread_count()
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    try:
+        source = IcebergSource(metadata, threads=1)
+        chunks = source.list_chunks()
+        files = sum(t.file.file_size_in_bytes for t in source._tasks)
+        return files, best_rate(lambda: sum(source.read(c).num_rows for c in chunks), n, rounds)
+    finally:
+        pa.set_cpu_count(cpu)
+        pa.set_io_thread_count(io)
+
+
 def best_rate(fn, n: int, rounds: int) -> float:
     times = []
     for _ in range(rounds):
@@ -173,6 +243,7 @@ def best_rate(fn, n: int, rounds: int) -> float:
 
 
 def main() -> None:
+    os.environ.setdefault("PYICEBERG_MAX_WORKERS", "1")  # pyiceberg's executor: one thread, like the other rows
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=500_000)
     ap.add_argument("--rounds", type=int, default=5)
@@ -240,6 +311,10 @@ def main() -> None:
                 best_rate(lambda ext=ext, files=files: connect_decode(ext, files), c, args.rounds),
             )
         )
+    with tempfile.TemporaryDirectory() as root:
+        for label, metadata in iceberg_tables(recs, root).items():
+            size, rate = iceberg_rate(metadata, n, args.rounds)
+            rows.append((f"iceberg (Redpanda), {label}", size, rate))
     base = rows[0][2]
     print(f"\n{n:,} records (key ~10 B, value ~100 B, 1 header), one thread, median of {args.rounds} rounds")
     print(f"{'decoder':<40} {'MB':>8} {'records/s':>12} {'vs envelope':>12}")

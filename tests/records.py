@@ -1,6 +1,18 @@
-"""Small hand-made envelope batches for tests."""
+"""Small hand-made envelope batches, and shared helpers, for tests (and benchmarks)."""
 
 from __future__ import annotations
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
 
 from keygroups import envelope
 
@@ -124,3 +136,60 @@ def below_handoff(table, url: str):
     parts = table.column("partition").to_numpy()
     limit = np.array([handoff.get(int(p), 0) for p in parts.tolist()], np.int64)
     return table.filter(pa.array(table.column("offset").to_numpy() < limit))
+
+
+def decoded(batch) -> list[tuple]:
+    """Envelope records as (offset, timestamp ms, key, value, [(header key, value)]) tuples."""
+    return [
+        (
+            r["offset"],
+            round(r["timestamp"].timestamp() * 1000),
+            r["key"],
+            r["value"],
+            [(h["key"], h["value"]) for h in r["headers"]],
+        )
+        for r in batch.to_pylist()
+    ]
+
+
+def replayed(dest: str, threads: int = 3) -> list[tuple[int, int]]:
+    """(partition, offset) of every record a replay of the compacted archive emits, in order."""
+    import reader
+
+    seen: list[tuple[int, int]] = []
+    with reader.replay(dest, threads=threads) as events:
+        for ev in events:
+            if isinstance(ev, reader.Records):
+                seen += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
+    return seen
+
+
+def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringType) -> Schema:
+    """Redpanda's key_value table (docs.redpanda.com, "Specify Iceberg Schema"): a
+    `redpanda` struct of the record's metadata, and the value as binary."""
+    fields = [
+        NestedField(2, "partition", IntegerType(), required=True),
+        NestedField(3, "offset", (offset or LongType)(), required=True),
+        NestedField(4, "timestamp", TimestamptzType(), required=True),
+        NestedField(
+            5,
+            "headers",
+            ListType(
+                6,
+                StructType(
+                    NestedField(7, "key", header_key(), required=False),
+                    NestedField(8, "value", BinaryType(), required=False),
+                ),
+                element_required=True,
+            ),
+            required=False,
+        ),
+        NestedField(9, "key", BinaryType(), required=False),
+        NestedField(10, "timestamp_type", IntegerType(), required=False),
+    ]
+    if offset is None:
+        fields = [f for f in fields if f.name != "offset"]
+    top = [NestedField(1, "redpanda", StructType(*fields), required=True)]
+    if value:
+        top.append(NestedField(11, "value", BinaryType(), required=False))
+    return Schema(*top)

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
-import reader
 from compactor.chunks import chunks_from, read_checked
 from compactor.job import CompactConfig, compact
 from compactor.sources import ArchiveError, open_source
@@ -28,6 +27,7 @@ from compactor.sources.kafka_tiered import chunk_sizes_codec
 from compactor.verify import verify
 from keygroups.envelope import CorruptFile
 from keygroups.storage import open_storage
+from tests.records import decoded, replayed
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
@@ -78,19 +78,6 @@ def reference(data: bytes) -> list[tuple]:
             continue
         out += [(r.offset, r.timestamp, r.key, r.value, [(k, v) for k, v in r.headers]) for r in b]
     return out
-
-
-def decoded(batch_) -> list[tuple]:
-    return [
-        (
-            r["offset"],
-            round(r["timestamp"].timestamp() * 1000),
-            r["key"],
-            r["value"],
-            [(h["key"], h["value"]) for h in r["headers"]],
-        )
-        for r in batch_.to_pylist()
-    ]
 
 
 records_st = st.lists(
@@ -197,12 +184,7 @@ def compact_and_replay(spark, src: str, dest: str) -> tuple[int, list[tuple[int,
         ),
         spark,
     )
-    seen = []
-    with reader.replay(dest, threads=3) as events:
-        for ev in events:
-            if isinstance(ev, reader.Records):
-                seen += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
-    return r.records, seen
+    return r.records, replayed(dest)
 
 
 def test_damaged_segments_are_named(tmp_path):

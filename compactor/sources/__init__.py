@@ -5,7 +5,9 @@
   (`compactor.sources.kafka_connect`);
 - `kafka-segments`: Kafka's own log segments, a broker's log directory
   (`compactor.sources.kafka_segments`), or tiered storage as the Aiven
-  RemoteStorageManager uploads it (`compactor.sources.kafka_tiered`).
+  RemoteStorageManager uploads it (`compactor.sources.kafka_tiered`);
+- `iceberg`: a topic materialised as an Iceberg table, Redpanda Iceberg Topics' schema
+  (`compactor.sources.iceberg`).
 
 Each yields `SourceChunk`s and reads them as envelope records (`compactor.sources.base`).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from compactor.sources.envelope import EnvelopeSource
+from compactor.sources.iceberg import IcebergSource
 from compactor.sources.kafka_connect import KafkaConnectSource
 from compactor.sources.kafka_segments import KafkaSegmentsSource
 from keygroups.errors import OptionError
@@ -23,6 +26,7 @@ FORMATS: dict[str, type[SourceArchive]] = {
     "envelope": EnvelopeSource,
     "kafka-connect": KafkaConnectSource,
     "kafka-segments": KafkaSegmentsSource,
+    "iceberg": IcebergSource,
 }
 
 __all__ = ["FORMATS", "ArchiveError", "SourceArchive", "SourceChunk", "open_source"]
@@ -40,6 +44,8 @@ def open_source(
     """The source archive at `url` in the given layout."""
     if format not in FORMATS:
         raise OptionError(f"unknown source format {format!r}; choose one of {', '.join(FORMATS)}")
+    if format == "iceberg":  # a metadata file, a table folder or a catalog URL: not a storage root
+        return IcebergSource(url, threads=threads)
     store = open_storage(url, threads=threads)
     if format == "kafka-connect":
         return KafkaConnectSource(

@@ -13,7 +13,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         "--format",
         dest="source_format",
         default="envelope",
-        choices=["envelope", "kafka-connect", "kafka-segments"],
+        choices=["envelope", "kafka-connect", "kafka-segments", "iceberg"],
         help="source layout",
     )
     p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.* files)")

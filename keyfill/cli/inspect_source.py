@@ -34,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from keygroups import compacted
     from keygroups.storage import open_storage
 
-    store = open_storage(args.url, threads=args.threads)
-    if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):
-        return inspect_compacted.run(store, args.json)
+    if args.source_format != "iceberg":  # an Iceberg table may be named by a catalog URL, never a compacted archive
+        store = open_storage(args.url, threads=args.threads)
+        if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):
+            return inspect_compacted.run(store, args.json)
     progress = not (args.no_progress or args.json)
     if args.source_format == "envelope":
         s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=progress)

@@ -1,0 +1,621 @@
+"""Kafka topics materialised as Iceberg tables (`--format iceberg`, docs/iceberg-source.md):
+Redpanda Iceberg Topics' schema, a `redpanda` struct (partition, offset, timestamp, headers,
+key) beside the value, read with pyiceberg.
+
+The table is named by its metadata file, its folder (`metadata/version-hint.text`), or an
+SQL catalog URL with the table identifier as fragment (`sqlite:////path/catalog.db#ns.topic`).
+The current snapshot is pinned when the source is opened, so both compaction passes read the
+same data files.
+
+Rows of a partition may lie in any data file in any order, so a chunk is not a file: it is
+an offset range of one partition, read from every data file whose (partition, offset)
+bounds overlap it, filtered to the range and sorted by offset. The bounds come from the
+manifests' column bounds (no I/O) or, for files without them (pyiceberg's own writer keeps
+none for nested columns), from the Parquet footers' row-group statistics, or, without those,
+from reading those files' two columns once at listing time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
+from compactor.sources.kafka_connect_avro import encode_json
+from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
+from keygroups.storage import open_storage
+
+__all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
+
+# About this many rows per chunk (estimated from the manifests): a chunk is read into one
+# task's memory, and many tiny chunks cost a task each.
+DEFAULT_CHUNK_RECORDS = 1_000_000
+SQL_SCHEMES = ("sqlite",)  # SQLAlchemy URLs of catalogs pyiceberg's SqlCatalog reads (the driver keyfill installs)
+RP = "redpanda"
+READ_AHEAD_FILES = 4  # data files a chunk read fetches at once (each held whole until filtered)
+
+
+def _needed() -> dict[str, tuple[type, ...]]:
+    from pyiceberg.types import (
+        IntegerType,
+        LongType,
+        TimestampNanoType,
+        TimestampType,
+        TimestamptzNanoType,
+        TimestamptzType,
+    )
+
+    times = (TimestamptzType, TimestampType, TimestamptzNanoType, TimestampNanoType)  # older Redpanda: timestamp
+    return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
+
+
+_TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+@dataclass(frozen=True)
+class DataFileBounds:
+    """One data file and where its rows lie: partitions plo..phi, offsets olo..ohi."""
+
+    index: int  # into IcebergSource._tasks
+    plo: int
+    phi: int
+    olo: int
+    ohi: int
+    records: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Extent:
+    """The rows of one partition in one data file: offsets lo..hi, about `records` of them."""
+
+    partition: int
+    lo: int
+    hi: int
+    records: float
+    size: float
+    file: int
+
+
+def _io_properties() -> dict[str, str]:
+    """pyiceberg FileIO properties from the standard AWS settings that the AWS SDK inside
+    pyarrow does not read itself (the endpoint); credentials it finds on its own chain."""
+    props = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        props["s3.endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        props["s3.region"] = region
+    return props
+
+
+def _location(url: str) -> str:
+    """A storage URL as pyiceberg's FileIO takes it: local paths absolute, s3a/s3n as s3."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return os.path.abspath(url)
+    if scheme.lower() in ("s3a", "s3n"):
+        return "s3://" + rest
+    return url
+
+
+def _sql_catalog_table(url: str):
+    """The table `#ns.table` of the SQL catalog at `url` (`?catalog=NAME`, default "default")."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    base, _, ident = url.partition("#")
+    uri, _, raw_query = base.partition("?")  # by hand: urllib would drop the slashes of sqlite:////abs/path
+    query = dict(parse_qsl(raw_query))
+    name = query.pop("catalog", "default")
+    if query:
+        uri += "?" + urlencode(query)
+    if not ident or "." not in ident:
+        raise ArchiveError(f"{url}: name the table after '#' as namespace.table (e.g. {base}#redpanda.payments)")
+    path = uri.split("?")[0].partition(":///")[2]
+    if uri.startswith("sqlite") and not os.path.isfile(path):
+        raise ArchiveError(f"{url}: no SQLite catalog file at {path!r}")
+    try:
+        catalog = SqlCatalog(name, uri=uri, init_catalog_tables="false", **_io_properties())
+        return catalog.load_table(ident)
+    except NoSuchTableError:
+        raise ArchiveError(
+            f"{url}: catalog {name!r} has no table {ident} (choose the catalog with ?catalog=NAME)"
+        ) from None
+    except Exception as exc:  # SQLAlchemy errors: not a catalog database
+        raise ArchiveError(f"{url}: cannot read the table from this SQL catalog: {exc}") from None
+
+
+def _static_table(url: str):
+    from pyiceberg.table import StaticTable
+
+    try:
+        return StaticTable.from_metadata(_location(url), properties=_io_properties())
+    except (OSError, ValueError) as exc:  # missing file, bad JSON, a metadata file pyiceberg refuses
+        what = "metadata file" if url.endswith(".metadata.json") else "table folder (metadata/version-hint.text)"
+        raise ArchiveError(f"{url}: cannot read the Iceberg {what}: {exc}") from None
+
+
+def _field(struct, name: str):
+    try:
+        return struct.field_by_name(name)
+    except (AttributeError, ValueError):
+        return None
+
+
+class IcebergSource(SourceArchive):
+    """A Kafka topic materialised as an Iceberg table with Redpanda's schema, read as
+    envelope records. See docs/iceberg-source.md for the mapping and what is refused.
+
+    Picklable: it carries the pinned table metadata and, once listed, the chunk plan (data
+    files by reference); the FileIO is rebuilt in each process."""
+
+    contiguous = False  # offsets skip where Kafka's do (transaction markers, aborted data, compaction)
+
+    def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None):
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        table = _sql_catalog_table(url) if scheme.split("+")[0] in SQL_SCHEMES else _static_table(url)
+        self.given = url
+        self.metadata = table.metadata
+        self.metadata_location = table.metadata_location
+        self.snapshot_id = self.metadata.current_snapshot_id
+        self.threads = threads
+        self.chunk_records = chunk_records or DEFAULT_CHUNK_RECORDS
+        # Redpanda names the table after the topic; a table folder is named after the table.
+        self.topic = table.name()[-1] if "#" in url else self.metadata.location.rstrip("/").rsplit("/", 1)[-1]
+        self.store = open_storage(self.metadata.location, threads=threads)
+        self._check_schema()
+        self._io = None
+        self._tasks: list | None = None
+        self._plan: dict[str, tuple[int, int, int, tuple[int, ...]]] | None = None
+        self._bounds: dict[int, tuple[int, int, int, int]] = {}  # file -> partitions and offsets its rows may hold
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_io"} | {"_io": None}
+
+    def __repr__(self) -> str:
+        return f"IcebergSource({self.given!r}, snapshot {self.snapshot_id})"
+
+    # -- the table
+
+    @property
+    def io(self):
+        if self._io is None:
+            from pyiceberg.io import load_file_io
+
+            self._io = load_file_io({**self.metadata.properties, **_io_properties()}, self.metadata.location)
+        return self._io
+
+    def _check_schema(self) -> None:
+        """Refuse, naming the metadata file, a table without the fields the envelope needs."""
+        from pyiceberg.types import BinaryType, ListType, StringType, StructType
+
+        schema = self.metadata.schema()
+        shape = "keyfill reads a redpanda struct<partition, offset, timestamp, headers, key> beside a value column"
+        rp = _field(schema.as_struct(), RP)
+        if rp is None or not isinstance(rp.field_type, StructType):
+            raise ArchiveError(f"{self.metadata_location}: the table has no {RP!r} struct column; {shape}")
+        for name, types in _needed().items():
+            field = _field(rp.field_type, name)
+            if field is None:
+                raise ArchiveError(f"{self.metadata_location}: the table has no {RP}.{name} field; {shape}")
+            if not isinstance(field.field_type, types):
+                raise ArchiveError(
+                    f"{self.metadata_location}: {RP}.{name} is {field.field_type}, not "
+                    + " or ".join(str(t()) for t in types)
+                )
+        headers = _field(rp.field_type, "headers")
+        if headers is not None and not (
+            isinstance(headers.field_type, ListType)
+            and isinstance(headers.field_type.element_type, StructType)
+            and _field(headers.field_type.element_type, "key") is not None
+        ):
+            raise ArchiveError(
+                f"{self.metadata_location}: {RP}.headers is {headers.field_type}, not list<struct<key, value>>"
+            )
+        value = _field(schema.as_struct(), "value")
+        self.value_columns = [f.name for f in schema.fields if f.name != RP]
+        self.raw_value = value is not None and isinstance(value.field_type, (BinaryType, StringType))
+        if not self.value_columns:
+            raise ArchiveError(f"{self.metadata_location}: the table has no value column beside {RP!r}; {shape}")
+        self.has_key = _field(rp.field_type, "key") is not None
+        self.has_headers = headers is not None
+
+    def _table(self):
+        from pyiceberg.catalog.noop import NoopCatalog
+        from pyiceberg.table import Table
+
+        return Table(
+            identifier=("keyfill", self.topic),
+            metadata=self.metadata,
+            metadata_location=self.metadata_location,
+            io=self.io,
+            catalog=NoopCatalog("keyfill"),
+        )
+
+    # -- listing
+
+    def list_chunks(self) -> list[SourceChunk]:
+        """Each partition's offsets cut into ranges of about `chunk_records` rows, each
+        range covering whole groups of data files whose offset bounds overlap (a range is
+        split further when overlapping files hold more than that)."""
+        if self.snapshot_id is None:
+            self._tasks, self._plan, self._bounds = [], {}, {}
+            return []
+        tasks = list(self._table().scan(snapshot_id=self.snapshot_id).plan_files())
+        for t in tasks:
+            if t.delete_files:
+                raise ArchiveError(
+                    f"{t.file.file_path}: has row-level deletes ({len(t.delete_files)} delete file(s)); "
+                    "keyfill reads append-only tables such as Redpanda's"
+                )
+        self._tasks = tasks
+        extents = self._extents(tasks)
+        self._bounds = {}
+        for e in extents:
+            b = self._bounds.get(e.file, (e.partition, e.partition, e.lo, e.hi))
+            self._bounds[e.file] = (min(b[0], e.partition), max(b[1], e.partition), min(b[2], e.lo), max(b[3], e.hi))
+        self._tasks = [_slim(t) for t in tasks]  # what a read needs: the source travels to every task
+        self._plan = {}
+        chunks = []
+        for p, lo, hi, files, est_size in cut_ranges(extents, self.chunk_records):
+            key = f"partition={p}/offsets={lo}-{hi}"
+            self._plan[key] = (p, lo, hi, files)
+            chunks.append(SourceChunk(key=key, topic=self.topic, partition=p, first_offset=lo, size=int(est_size)))
+        chunks.sort(key=lambda c: (c.topic, c.partition, c.first_offset))
+        return chunks
+
+    def _field_ids(self) -> tuple[int, int]:
+        schema = self.metadata.schema()
+        return schema.find_field(f"{RP}.partition").field_id, schema.find_field(f"{RP}.offset").field_id
+
+    def _extents(self, tasks) -> list[Extent]:
+        from pyiceberg.conversions import from_bytes
+
+        schema = self.metadata.schema()
+        pid, oid = self._field_ids()
+        ptype, otype = schema.find_type(pid), schema.find_type(oid)
+        bounds: list[DataFileBounds | None] = []
+        for i, t in enumerate(tasks):
+            f = t.file
+            lo, hi = f.lower_bounds or {}, f.upper_bounds or {}
+            if all(k in lo and k in hi for k in (pid, oid)):
+                bounds.append(
+                    DataFileBounds(
+                        i,
+                        from_bytes(ptype, lo[pid]),
+                        from_bytes(ptype, hi[pid]),
+                        from_bytes(otype, lo[oid]),
+                        from_bytes(otype, hi[oid]),
+                        f.record_count,
+                        f.file_size_in_bytes,
+                    )
+                )
+            else:
+                bounds.append(None)
+        extents: list[Extent] = []
+        for b in bounds:
+            if b is None or b.records == 0:
+                continue
+            n = b.phi - b.plo + 1
+            extents += [Extent(p, b.olo, b.ohi, b.records / n, b.size / n, b.index) for p in range(b.plo, b.phi + 1)]
+        missing = [i for i, b in enumerate(bounds) if b is None and tasks[i].file.record_count]
+        if missing:
+            with ThreadPoolExecutor(max(1, min(self.threads, len(missing)))) as pool:
+                for found in pool.map(self._measure, missing):
+                    extents += found
+        return extents
+
+    def _measure(self, index: int) -> list[Extent]:
+        """A data file without manifest bounds: its row groups' Parquet statistics (a footer
+        read), else its two columns read (a file written without statistics)."""
+        return self._footer_extents(index) or self._column_extents(index)
+
+    def _footer_extents(self, index: int) -> list[Extent] | None:
+        """One extent per row group and partition, from the Parquet footer's min/max of
+        redpanda.partition and redpanda.offset (columns found by field id, else by name)."""
+        import pyarrow.parquet as pq
+        from pyiceberg.manifest import FileFormat
+
+        f = self._tasks[index].file
+        if f.file_format != FileFormat.PARQUET:
+            return None
+        try:
+            with self.io.new_input(f.file_path).open() as stream:
+                meta = pq.ParquetFile(stream).metadata
+        except (OSError, ValueError) as exc:  # missing file, not Parquet
+            raise ArchiveError(f"{f.file_path}: cannot read the data file's Parquet footer: {exc}") from None
+        paths = _parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema())
+        extents = []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            found = {}
+            for c in range(group.num_columns):
+                col = group.column(c)
+                if col.path_in_schema in paths and col.statistics is not None and col.statistics.has_min_max:
+                    found[paths[col.path_in_schema]] = (int(col.statistics.min), int(col.statistics.max))
+            if len(found) < 2:
+                return None
+            (plo, phi), (olo, ohi) = found["partition"], found["offset"]
+            n = phi - plo + 1
+            size = f.file_size_in_bytes * group.num_rows / max(meta.num_rows, 1)
+            extents += [Extent(p, olo, ohi, group.num_rows / n, size / n, index) for p in range(plo, phi + 1)]
+        return extents
+
+    def _column_extents(self, index: int) -> list[Extent]:
+        """A data file's partitions and offset ranges, from reading only those two columns."""
+        from pyiceberg.schema import prune_columns
+
+        f = self._tasks[index].file
+        schema = prune_columns(self.metadata.schema(), set(self._field_ids()), select_full_types=False)
+        rp = self._read_file(index, schema).column(RP).combine_chunks()
+        part, off = pc.struct_field(rp, "partition"), pc.struct_field(rp, "offset")
+        self._no_nulls(f.file_path, part, off)
+        t = pa.table({"p": part, "o": off}).group_by("p").aggregate([("o", "min"), ("o", "max"), ("o", "count")])
+        records = max(t.num_rows and int(pc.sum(t.column("o_count")).as_py()), 1)
+        return [
+            Extent(int(p), int(lo), int(hi), int(n), f.file_size_in_bytes * n / records, index)
+            for p, lo, hi, n in zip(*(t.column(c).to_pylist() for c in ("p", "o_min", "o_max", "o_count")))
+        ]
+
+    # -- reading
+
+    def _read_file(self, index: int, schema=None) -> pa.Table:
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        task = self._tasks[index]
+        scan = ArrowScan(self.metadata, self.io, schema or self.metadata.schema(), AlwaysTrue())
+        try:
+            return scan.to_table([task])
+        except (OSError, ValueError) as exc:  # missing or unreadable data file, a schema the file does not fit
+            raise ArchiveError(f"{task.file.file_path}: cannot read the data file: {exc}") from None
+
+    @staticmethod
+    def _no_nulls(name: str, part: pa.Array, off: pa.Array) -> None:
+        if part.null_count or off.null_count:
+            raise CorruptFile(f"{name}: {part.null_count + off.null_count} rows without {RP}.partition or {RP}.offset")
+
+    def read(self, chunk: SourceChunk) -> pa.RecordBatch:
+        if self._plan is None:
+            self.list_chunks()
+        try:
+            p, lo, hi, files = self._plan[chunk.key]
+        except KeyError:
+            raise ArchiveError(
+                f"{self.store.url_for(chunk.key)}: no such chunk in snapshot {self.snapshot_id}"
+            ) from None
+        parts, origin = [], []
+        window = max(1, min(self.threads, READ_AHEAD_FILES))  # whole files in memory at once, at most
+        with ThreadPoolExecutor(window) as pool:
+            for at in range(0, len(files), window):
+                some = files[at : at + window]
+                for index, table in zip(some, pool.map(self._read_file, some)):
+                    rows = self._rows_of(index, table, p, lo, hi)
+                    parts.append(rows)
+                    origin.append(np.full(rows.num_rows, index, np.int64))
+        table = pa.concat_tables(parts, promote_options="permissive") if parts else None
+        if table is None or table.num_rows == 0:
+            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        rp = table.column(RP).combine_chunks()
+        offsets = pc.struct_field(rp, "offset").to_numpy()
+        order = np.argsort(offsets, kind="stable")
+        offsets = offsets[order]
+        dup = np.flatnonzero(offsets[1:] == offsets[:-1])
+        if dup.size:
+            files_at = np.concatenate(origin)[order]
+            names = sorted(
+                {
+                    self._tasks[int(files_at[dup[0]])].file.file_path,
+                    self._tasks[int(files_at[dup[0] + 1])].file.file_path,
+                }
+            )
+            raise CorruptFile(
+                f"{' and '.join(names)}: partition {p} offset {int(offsets[dup[0]])} appears more than once "
+                f"({dup.size} duplicate row(s) in offsets {lo}..{hi})"
+            )
+        return self._envelope(table.take(pa.array(order)), p, files)
+
+    def _rows_of(self, index: int, table: pa.Table, p: int, lo: int, hi: int) -> pa.Table:
+        """The file's rows of partition p in lo..hi, after checking every row lies inside the
+        bounds the listing planned with (else a row could be missed by every chunk)."""
+        name = self._tasks[index].file.file_path
+        rp = table.column(RP).combine_chunks() if table.num_rows else None
+        if rp is None:
+            return table
+        part, off = pc.struct_field(rp, "partition"), pc.struct_field(rp, "offset")
+        self._no_nulls(name, part, off)
+        plo, phi, olo, ohi = self._bounds[index]
+        pmin, pmax = pc.min_max(part).values()
+        omin, omax = pc.min_max(off).values()
+        if pmin.as_py() < plo or pmax.as_py() > phi or omin.as_py() < olo or omax.as_py() > ohi:
+            raise CorruptFile(
+                f"{name}: rows in partitions {pmin}..{pmax}, offsets {omin}..{omax}, outside the bounds its manifest "
+                f"or footer gives (partitions {plo}..{phi}, offsets {olo}..{ohi})"
+            )
+        mask = pc.and_(pc.equal(part, p), pc.and_(pc.greater_equal(off, lo), pc.less_equal(off, hi)))
+        return table.filter(mask)
+
+    def _envelope(self, table: pa.Table, p: int, files) -> pa.RecordBatch:
+        rp = table.column(RP).combine_chunks()
+        n = table.num_rows
+        ts = pc.struct_field(rp, "timestamp")
+        if ts.null_count:
+            raise CorruptFile(f"{self._names(files)}: {ts.null_count} rows of partition {p} without {RP}.timestamp")
+        ms = _millis(ts)
+        key = _binary(pc.struct_field(rp, "key")) if self.has_key else pa.nulls(n, pa.binary())
+        if self.raw_value:
+            value = _binary(table.column("value").combine_chunks())
+        else:
+            value = _json_values(table.select(self.value_columns))
+        headers = (
+            self._headers(pc.struct_field(rp, "headers"), files)
+            if self.has_headers
+            else pa.array([[]] * n, pa.list_(HEADER_TYPE))
+        )
+        return pa.RecordBatch.from_arrays(
+            [
+                pc.struct_field(rp, "partition").cast(pa.int32()),
+                pc.struct_field(rp, "offset").cast(pa.int64()),
+                pa.array(ms, pa.timestamp("ms", tz="UTC")),
+                key,
+                value,
+                headers,
+            ],
+            schema=ARROW_SCHEMA,
+        )
+
+    def _headers(self, h: pa.Array, files) -> pa.Array:
+        """Null lists as empty; keys as text (older Redpanda wrote them as binary: UTF-8)."""
+        lengths = pc.list_value_length(h).fill_null(0).to_numpy()
+        offsets = np.zeros(len(lengths) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = pc.list_flatten(h)
+        hk = pc.struct_field(values, "key")
+        if hk.null_count:
+            raise CorruptFile(f"{self._names(files)}: {hk.null_count} headers without a key")
+        try:
+            hk = hk.cast(pa.string())
+        except pa.ArrowInvalid as exc:
+            raise CorruptFile(f"{self._names(files)}: a header key is not UTF-8 text: {exc}") from None
+        has_value = values.type.get_field_index("value") >= 0
+        hv = _binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
+        struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
+        return pa.ListArray.from_arrays(pa.array(offsets), struct)
+
+    def _names(self, files) -> str:
+        return ", ".join(self._tasks[i].file.file_path for i in files)
+
+
+def _millis(ts: pa.Array) -> np.ndarray:
+    """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds)."""
+    unit = ts.type.unit if pa.types.is_timestamp(ts.type) else "ms"
+    raw = ts.cast(pa.int64()).to_numpy()
+    per_second = _TIME_UNITS[unit]
+    return raw * (1000 // per_second) if per_second < 1000 else np.floor_divide(raw, per_second // 1000)
+
+
+def _slim(task):
+    """A scan task without the manifest's per-column statistics (less than half the pickled size)."""
+    from pyiceberg.manifest import DataFile, DataFileContent
+    from pyiceberg.table import FileScanTask
+
+    f = task.file
+    slim = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=f.file_path,
+        file_format=f.file_format,
+        partition=f.partition,
+        record_count=f.record_count,
+        file_size_in_bytes=f.file_size_in_bytes,
+    )
+    slim.spec_id = f.spec_id
+    return FileScanTask(slim)
+
+
+def _parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
+    """Parquet column path -> "partition" / "offset", matched by Iceberg field id (a renamed
+    column keeps its id), or by the table's names when the file carries no ids."""
+    ids = {schema.find_field(f"{RP}.{name}").field_id: name for name in ("partition", "offset")}
+    rp_id = schema.find_field(RP).field_id
+
+    def field_id(field: pa.Field) -> int | None:
+        raw = (field.metadata or {}).get(b"PARQUET:field_id")
+        return int(raw) if raw is not None else None
+
+    out = {}
+    for top in file_schema:
+        if field_id(top) == rp_id and pa.types.is_struct(top.type):
+            out.update({f"{top.name}.{c.name}": ids[field_id(c)] for c in top.type if field_id(c) in ids})
+    return out or {f"{RP}.{name}": name for name in ids.values()}
+
+
+def _binary(a: pa.Array) -> pa.Array:
+    return a.cast(pa.binary())
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """`t` with temporal types as the integers they hold (their own unit), for JSON."""
+    if pa.types.is_timestamp(t) or pa.types.is_time64(t) or pa.types.is_duration(t):
+        return pa.int64()
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pa.int32()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_plain(f.type)) for f in t])
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.large_list(t.value_field.with_type(_plain(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), t.item_field.with_type(_plain(t.item_type)))
+    return t
+
+
+def _json_values(table: pa.Table) -> pa.Array:
+    """Value-schema mode: each row's value columns as the compact JSON object the Kafka
+    Connect source writes (compactor.sources.kafka_connect_avro.encode_json)."""
+    cols = {name: table.column(name).cast(_plain(table.column(name).type)) for name in table.column_names}
+    rows = pa.table(cols).to_pylist()
+    return pa.array([encode_json(r).encode() for r in rows], pa.binary())
+
+
+def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, tuple[int, ...], float]]:
+    """(partition, lo, hi, data files, estimated bytes) per chunk: per partition, extents
+    whose offset ranges overlap form a group (its rows can only be ordered together); groups
+    of more than `target` rows are cut into equal offset ranges, each reading every file
+    that overlaps it, and consecutive small groups are joined up to `target` rows."""
+    out = []
+    by_partition: dict[int, list[Extent]] = {}
+    for e in extents:
+        by_partition.setdefault(e.partition, []).append(e)
+    for p, es in sorted(by_partition.items()):
+        es.sort(key=lambda e: (e.lo, e.hi))
+        groups: list[list[Extent]] = []
+        for e in es:
+            if groups and e.lo <= _hi(groups[-1]):
+                groups[-1].append(e)
+            else:
+                groups.append([e])
+        pieces: list[tuple[int, int, list[Extent], float, float]] = []
+        for g in groups:
+            lo, hi = g[0].lo, _hi(g)
+            records = sum(e.records for e in g)
+            k = max(1, min(math.ceil(records / target), hi - lo + 1))
+            width = -(-(hi - lo + 1) // k)
+            for a in range(lo, hi + 1, width):
+                b = min(hi, a + width - 1)
+                inside = [e for e in g if e.lo <= b and e.hi >= a]
+                share = [(min(b, e.hi) - max(a, e.lo) + 1) / (e.hi - e.lo + 1) for e in inside]
+                pieces.append(
+                    (
+                        a,
+                        b,
+                        inside,
+                        sum(e.records * s for e, s in zip(inside, share)),
+                        sum(e.size * s for e, s in zip(inside, share)),
+                    )
+                )
+        run: list = []
+        for piece in pieces:
+            if run and (sum(x[3] for x in run) + piece[3] > target or len(run) >= 256):
+                out.append(_joined(p, run))
+                run = []
+            run.append(piece)
+        if run:
+            out.append(_joined(p, run))
+    return out
+
+
+def _hi(group: list[Extent]) -> int:
+    return max(e.hi for e in group)
+
+
+def _joined(p: int, run: list) -> tuple[int, int, int, tuple[int, ...], float]:
+    files = sorted({e.file for piece in run for e in piece[2]})
+    return p, run[0][0], run[-1][1], tuple(files), sum(piece[4] for piece in run)
