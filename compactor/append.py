@@ -136,29 +136,3 @@ def tails(old_rows: pa.Table, start: int, target_bytes: int) -> dict[int, Tail]:
         if row["file_bytes"] < target_bytes and first_slice >= start:
             out[row["group"]] = Tail(row["file"], first_slice, row["file_bytes"], row["file_header"])
     return out
-
-
-def repoint(old_rows: pa.Table, pieces: pa.Table, continued: dict[int, Tail], run: str) -> tuple[pa.Table, list[Tail]]:
-    """The old index rows with the pieces of the tails this run continued moved to their new
-    files (same byte ranges and checksums, the new file's size), and those tails: files
-    this version no longer reads (`Manifest.dropped`)."""
-    new_files = (
-        dict(zip(pieces.column("file").to_pylist(), pieces.column("file_bytes").to_pylist())) if pieces.num_rows else {}
-    )
-    moved = {}
-    for g, t in continued.items():
-        key = compacted.segment_key(g, t.first_slice, run)
-        if key in new_files:  # the group had new records: the writer continued its tail
-            moved[t.key] = (key, new_files[key])
-    if not moved:
-        return old_rows, []
-    files = old_rows.column("file").to_pylist()
-    sizes = old_rows.column("file_bytes").to_pylist()
-    for i, f in enumerate(files):
-        if f in moved:
-            files[i], sizes[i] = moved[f]
-    rows = old_rows.set_column(old_rows.schema.get_field_index("file"), "file", pa.array(files, pa.string()))
-    rows = rows.set_column(
-        rows.schema.get_field_index("file_bytes"), "file_bytes", pa.array(sizes, rows.schema.field("file_bytes").type)
-    )
-    return rows.cast(old_rows.schema), [t for t in continued.values() if t.key in moved]

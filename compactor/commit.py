@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.append import repoint
 from compactor.config import CompactConfig, CompactionError
 from compactor.slicing import SlicePlan
 from keygroups import compacted, piece_index
@@ -66,8 +65,8 @@ def write_manifest(
     """The index first, the version last: the archive is visible from then on (as version
     parent + 1; CommitConflict if another writer got there first). `continues`: the version
     an append grows (its totals carry on, its index's last file is rewritten with the new
-    slices); `old_pieces`: that file's rows (read here when not given), `continued`: the
-    tails the rewrite may have continued (their rows move to the new files)."""
+    slices); `old_pieces`: that file's rows (the job read them to choose the tails),
+    `continued`: the tails the rewrite may have continued (their rows move to the new files)."""
     metas = slice_metas(plan, pieces)
     index_slices, index_pieces = piece_index.slice_table(metas), pieces
     index_runs = [[0, run]]
@@ -75,8 +74,6 @@ def write_manifest(
     if continues is not None:  # the index file holding the first new slice gets the old rows too
         start = piece_index.file_start(plan.first)
         old = PieceIndex.of(dest, continues)
-        if old_pieces is None:
-            old_pieces = old.piece_rows(start, plan.first)
         old_pieces, dropped = repoint(old_pieces, pieces, continued or {}, run)
         index_slices = pa.concat_tables(
             [old.slice_rows(start, plan.first), index_slices.cast(piece_index.SLICE_SCHEMA)]
@@ -168,8 +165,36 @@ class _Nothing:
 _EMPTY = _Nothing()
 
 
+def _sizes_by_file(pieces: pa.Table) -> pa.Table:
+    """(file, file_bytes_max): each segment file's size (headers included), once per file."""
+    return pieces.group_by("file").aggregate([("file_bytes", "max")])
+
+
 def file_sizes(pieces: pa.Table) -> list[int]:
     """Each segment file's size (headers included), once per file."""
     if not pieces.num_rows:
         return []
-    return pieces.group_by("file").aggregate([("file_bytes", "max")]).column("file_bytes_max").to_pylist()
+    return _sizes_by_file(pieces).column("file_bytes_max").to_pylist()
+
+
+def repoint(old_rows: pa.Table, pieces: pa.Table, continued: dict[int, Tail], run: str) -> tuple[pa.Table, list[Tail]]:
+    """The old index rows with the pieces of the tails this run continued moved to their new
+    files (same byte ranges and checksums, the new file's size), and those tails: files
+    this version no longer reads (`Manifest.dropped`). Column-wise: the rewritten index
+    file holds up to 4,096 slices x groups rows."""
+    written = _sizes_by_file(pieces)
+    new_size = dict(zip(written.column("file").to_pylist(), written.column("file_bytes_max").to_pylist()))
+    # a tail was continued when the group had new records: its new file is among those written
+    moved = [(t, compacted.segment_key(g, t.first_slice, run)) for g, t in continued.items()]
+    moved = [(t, key) for t, key in moved if key in new_size]
+    if not moved:
+        return old_rows, []
+    at = pc.index_in(old_rows.column("file"), value_set=pa.array([t.key for t, _ in moved], pa.string()))
+    hit = pc.is_valid(at)
+    files = pc.if_else(hit, pc.take(pa.array([key for _, key in moved], pa.string()), at), old_rows.column("file"))
+    sizes_type = old_rows.schema.field("file_bytes").type
+    new_sizes = pa.array([new_size[key] for _, key in moved], sizes_type)
+    sizes = pc.if_else(hit, pc.take(new_sizes, at), old_rows.column("file_bytes"))
+    rows = old_rows.set_column(old_rows.schema.get_field_index("file"), "file", files)
+    rows = rows.set_column(rows.schema.get_field_index("file_bytes"), "file_bytes", sizes)
+    return rows.cast(old_rows.schema), [t for t, _ in moved]

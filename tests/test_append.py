@@ -306,6 +306,20 @@ def test_tails_are_the_small_last_files_inside_the_rewritten_index_file():
     assert (got[0].first_slice, got[0].file_bytes, got[0].file_header) == (9, 10, 50)
     assert tails(rows, 8, 101).keys() == {0, 2} and tails(rows.slice(0, 0), 8, 100) == {}
 
+    # group 0's tail was continued by run r (its new file is among those written), group 2's
+    # was not (no new records): only group 0's rows move, to the new file and its size
+    from compactor.commit import repoint
+
+    run = "1" * 16
+    continued = tails(rows, 8, 101)
+    written = pa.Table.from_pylist([{**row(11, 0, 9, 0), "file": compacted.segment_key(0, 9, run), "file_bytes": 77}])
+    moved, dropped = repoint(rows, written.cast(PIECE_SCHEMA), continued, run)
+    assert moved.schema == rows.schema and dropped == [continued[0]]
+    want = [(r["file"], r["file_bytes"]) for r in rows.to_pylist()]
+    want[1] = want[2] = (compacted.segment_key(0, 9, run), 77)
+    assert [(r["file"], r["file_bytes"]) for r in moved.to_pylist()] == want
+    assert repoint(rows, written.slice(0, 0).cast(PIECE_SCHEMA), continued, run) == (rows, [])
+
 
 @pytest.mark.parametrize("fail", ["rewrite", "index", "commit"])
 def test_a_killed_append_leaves_the_previous_version_and_a_rerun_commits(
