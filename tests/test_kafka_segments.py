@@ -159,13 +159,7 @@ def write_log_dir(root, seed=3):
 def test_a_broker_log_dir_compacts_verifies_and_replays_exactly_once(spark, tmp_path):
     expected = write_log_dir(tmp_path / "logs")
     src = str(tmp_path / "logs")
-    source = open_source(src, format="kafka-segments")
-    got = {}
-    for chunk in source.list_chunks():
-        b = source.read(chunk)
-        got.setdefault(chunk.partition, []).extend(
-            (r["offset"], round(r["timestamp"].timestamp() * 1000), r["key"], r["value"]) for r in b.to_pylist()
-        )
+    got = records_of(open_source(src, format="kafka-segments"))
     assert got == expected  # markers and the aborted transaction left out, every other record once
     dest = str(tmp_path / "c")
     records, seen = compact_and_replay(spark, src, dest)

@@ -126,11 +126,7 @@ class KafkaSegmentsSource(SourceArchive):
             name = url(stem + ".rsm-manifest")
             m = tiered.parse_manifest(self.store.read(stem + ".rsm-manifest"), name)
             tiered.check_manifest(m, tiered.KEY.match(stem + ".log"), name)
-            if size != m.stored_size:
-                raise CorruptFile(
-                    f"{url(stem + '.log')}: {size} bytes, but its manifest's chunk index lists {len(m.chunks)} chunks "
-                    f"of {m.stored_size} bytes"
-                )
+            tiered.check_stored(size, m, url(stem + ".log"))
             return tiered.Segment(stem + ".log", size, m)
 
         segments = self._map(load, listed)
@@ -189,7 +185,6 @@ class KafkaSegmentsSource(SourceArchive):
         except OSError as exc:
             raise ArchiveError(f"{name}: {exc}") from None
         key = tiered.KEY.match(chunk.key)
-        m = None
         if key:
             manifest_name = self.store.url_for(key["stem"] + ".rsm-manifest")
             m = tiered.parse_manifest(self.store.read(key["stem"] + ".rsm-manifest"), manifest_name)
@@ -202,6 +197,6 @@ class KafkaSegmentsSource(SourceArchive):
             from_offset=chunk.first_offset,
         )
         last = batch.column("offset")[-1].as_py() if batch.num_rows else None
-        if m is not None and last is not None and last > m.end:
-            raise CorruptFile(f"{name}: holds offset {last}, past the end offset {m.end} its manifest says")
+        if key and last is not None and last > chunk.last_offset:  # listed from the manifest's end offset
+            raise CorruptFile(f"{name}: holds offset {last}, past the end offset {chunk.last_offset} its manifest says")
         return batch

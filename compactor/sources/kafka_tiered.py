@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import itertools
 import json
 import re
 import struct
@@ -187,27 +189,29 @@ def check_manifest(m: Manifest, key: re.Match, name: str) -> None:
         raise CorruptFile(f"{name}: end offset {m.end} is before start offset {m.start}")
 
 
+def check_stored(length: int, m: Manifest, name: str) -> None:
+    """Raises CorruptFile, naming the first chunk missing, when the stored `.log` object is
+    not `length` bytes as the manifest's chunk index says."""
+    if length == m.stored_size:
+        return
+    ends = list(itertools.accumulate(stored for _, stored in m.chunks))
+    at = bisect.bisect_right(ends, length)  # the first chunk not wholly in the object
+    pos = ends[at - 1] if at else 0
+    missing = (
+        f"chunk {at} (bytes {pos}..{pos + m.chunks[at][1] - 1}) is missing"
+        if at < len(m.chunks)
+        else f"{length - m.stored_size} bytes follow its last chunk"
+    )
+    raise CorruptFile(
+        f"{name}: {length} bytes, but its manifest's chunk index lists {len(m.chunks)} chunks of "
+        f"{m.stored_size} bytes: {missing}"
+    )
+
+
 def segment_bytes(data: bytes, m: Manifest, name: str) -> bytes | bytearray:
     """The broker's segment from its stored `.log` object: the chunks as the manifest lays
     them out, each zstd-decompressed on its own when the manifest says compression."""
-    if len(data) != m.stored_size:
-        at, pos = 0, 0
-        for i, (_, stored) in enumerate(m.chunks):
-            if pos + stored > len(data):
-                at = i
-                break
-            pos += stored
-        else:
-            at = len(m.chunks)
-        missing = (
-            f"chunk {at} (bytes {pos}..{pos + m.chunks[at][1] - 1}) is missing"
-            if at < len(m.chunks)
-            else f"{len(data) - m.stored_size} bytes follow its last chunk"
-        )
-        raise CorruptFile(
-            f"{name}: {len(data)} bytes, but its manifest's chunk index lists {len(m.chunks)} chunks of "
-            f"{m.stored_size} bytes: {missing}"
-        )
+    check_stored(len(data), m, name)
     if not m.compression:
         return data
     out = bytearray(m.original_size)  # each chunk decompressed in place: half the time of a join
@@ -242,8 +246,6 @@ class Segment:
 class Overlap:
     """Offsets of `key` that an earlier-chosen segment (`kept`) already supplies."""
 
-    topic: str
-    partition: int
     key: str
     first: int
     last: int
@@ -266,20 +268,17 @@ def cover(segments: list[Segment], name=lambda key: key) -> tuple[list[tuple[Seg
     )
     chosen: list[tuple[Segment, int]] = []
     overlaps: list[Overlap] = []
-    covered = None
+    covered = order[0].manifest.start - 1  # the last offset the chosen segments supply
     for s in order:
         m = s.manifest
-        if covered is not None and m.start > covered + 1:
+        if m.start > covered + 1:
             raise ArchiveError(
                 f"{name(s.key)}: partition {m.partition} offsets {covered + 1}..{m.start - 1} are in no tiered segment "
                 f"(the one before, {name(chosen[-1][0].key)}, ends at {covered}): a segment object is missing"
             )
-        start = m.start if covered is None else max(m.start, covered + 1)
-        if covered is not None and m.start <= covered:
-            overlaps.append(
-                Overlap(m.topic, m.partition, s.key, m.start, min(m.end, covered), chosen[-1][0].key, m.end <= covered)
-            )
-        if covered is None or m.end > covered:
-            chosen.append((s, start))
+        if m.start <= covered:
+            overlaps.append(Overlap(s.key, m.start, min(m.end, covered), chosen[-1][0].key, m.end <= covered))
+        if m.end > covered:
+            chosen.append((s, covered + 1))
             covered = m.end
     return chosen, overlaps
