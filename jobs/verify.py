@@ -11,7 +11,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from keyfill.cli import add_source_options, print_verify_report
+    from keyfill.cli import add_source_options, print_verify_report, source_from_args
 
     parser = argparse.ArgumentParser(
         prog="jobs/verify.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -24,19 +24,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from compactor.sources import open_source
     from compactor.verify_spark import verify_spark
     from keygroups.storage import open_storage
 
     spark = SparkSession.builder.appName("keyfill verify").getOrCreate()
     try:
-        source = open_source(
-            args.source,
-            format=args.source_format,
-            key_field=args.key_field,
-            timestamp_field=args.timestamp_field,
-            allow_dropped=args.allow_dropped,
-        )
+        source = source_from_args(args, args.source)
         report = verify_spark(source, open_storage(args.dest), spark)
     finally:
         spark.stop()

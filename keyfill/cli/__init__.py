@@ -11,7 +11,13 @@ import re
 import sys
 
 from keyfill.cli import compact, generate, handoff, inspect_source, replay, vacuum, verify, versions
-from keyfill.cli.compact import add_compact_arguments, add_source_options, compact_config, print_compact_result
+from keyfill.cli.compact import (
+    add_compact_arguments,
+    add_source_options,
+    compact_config,
+    print_compact_result,
+    source_from_args,
+)
 from keyfill.cli.verify import print_verify_report
 
 __all__ = [
@@ -22,6 +28,7 @@ __all__ = [
     "compact_config",
     "print_compact_result",
     "print_verify_report",
+    "source_from_args",
 ]
 
 _TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*\.[A-Z]\w*: (.+)$", re.M)

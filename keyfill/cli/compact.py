@@ -26,6 +26,21 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def source_from_args(args: argparse.Namespace, url: str, **kw):
+    """The source archive at `url` as the options of `add_source_options` describe it
+    (`kw`: e.g. threads), for the subcommands and jobs that read a source."""
+    from compactor.sources import open_source
+
+    return open_source(
+        url,
+        format=args.source_format,
+        key_field=args.key_field,
+        timestamp_field=args.timestamp_field,
+        allow_dropped=args.allow_dropped,
+        **kw,
+    )
+
+
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `keyfill compact` and `spark-submit jobs/compact.py`."""
     p.add_argument("source", help="source archive: /path, file:///path or s3://bucket/prefix")

@@ -42,17 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if args.source_format == "envelope":
         s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=progress)
     else:  # no statistics in these formats' headers: one read of every chunk gives them all
-        from compactor.sources import open_source
+        from keyfill.cli.compact import source_from_args
         from keyfill.summary import inspect_source
 
-        source = open_source(
-            args.url,
-            format=args.source_format,
-            key_field=args.key_field,
-            timestamp_field=args.timestamp_field,
-            allow_dropped=args.allow_dropped,
-            threads=args.threads,
-        )
+        source = source_from_args(args, args.url, threads=args.threads)
         s = inspect_source(source, top=args.top, threads=args.threads, progress=progress)
     if args.json:
         print(json.dumps(s.to_json(), indent=2))

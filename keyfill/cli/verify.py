@@ -35,18 +35,11 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compactor.sources import open_source
     from compactor.verify import verify
+    from keyfill.cli.compact import source_from_args
     from keygroups.storage import open_storage
 
-    source = open_source(
-        args.source,
-        format=args.source_format,
-        key_field=args.key_field,
-        timestamp_field=args.timestamp_field,
-        allow_dropped=args.allow_dropped,
-        threads=args.threads,
-    )
+    source = source_from_args(args, args.source, threads=args.threads)
     dest = open_storage(args.dest, threads=args.threads)
     if args.spark:
         from compactor.spark_session import local_spark
