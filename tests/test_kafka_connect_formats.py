@@ -15,16 +15,15 @@ import datetime as dt
 import gzip
 import io
 import json
-import uuid
 from decimal import Decimal
 
-import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_kafka_connect import fresh, put_avro, read_all
 
 import reader
 from compactor.job import CompactConfig, compact
@@ -33,7 +32,7 @@ from compactor.sources.base import ArchiveError
 from compactor.sources.kafka_connect import KafkaConnectSource
 from compactor.sources.kafka_connect_json import json_values
 from keygroups import compacted
-from keygroups.envelope import ARROW_SCHEMA, CorruptFile
+from keygroups.envelope import CorruptFile
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
 
@@ -49,12 +48,6 @@ FORMATS = [
     ("parquet", ".zstd.parquet"),
 ]
 _PARQUET_CODEC = {".parquet": "none", ".snappy.parquet": "snappy", ".gz.parquet": "gzip", ".zstd.parquet": "zstd"}
-
-
-def fresh(storage_url: str):
-    store = open_storage(storage_url).sub(f"case-{uuid.uuid4().hex[:10]}")
-    store.delete_prefix("")
-    return store
 
 
 def make_records(partition: int, n: int, *, first: int = 0, seed: int = 0) -> list[dict]:
@@ -158,10 +151,6 @@ def write_files(store, recs: list[dict], ext: str, per_file: int, *, keys=True, 
     return written
 
 
-def read_all(src) -> pa.Table:
-    return pa.Table.from_batches([src.read(c) for c in src.list_chunks()], schema=ARROW_SCHEMA)
-
-
 def check_records(got: pa.Table, want: list[dict], ext: str, *, keys=True, headers=True) -> None:
     rows = got.to_pylist()
     assert [(r["partition"], r["offset"]) for r in rows] == [(w["partition"], w["offset"]) for w in want]
@@ -211,9 +200,7 @@ def test_keys_and_headers_in_another_format_than_the_values(local_url):
     want = make_records(0, 6)
     s = stem(0, 0)
     put_json(store, s + ".json", [r["value"] for r in want])
-    out = io.BytesIO()
-    fastavro.writer(out, fastavro.parse_schema(["null", "string"]), [r["key"] for r in want])
-    store.write(s + ".keys.avro", out.getvalue())
+    put_avro(store, s + ".keys.avro", ["null", "string"], [r["key"] for r in want])
     put_parquet(store, s + ".headers.snappy.parquet", [{"headers": r["headers"]} for r in want], HEADERS_SCHEMA)
     src = KafkaConnectSource(store, timestamp_field="ts")
     check_records(read_all(src), want, ".json")
@@ -437,9 +424,7 @@ def test_thinned_files_are_refused_or_numbered_from_their_start(local_url, ext):
                     {"name": "ts", "type": "long"},
                 ],
             }
-            out = io.BytesIO()
-            fastavro.writer(out, fastavro.parse_schema(schema), [r["value"] for r in part])
-            store.write(s + ext, out.getvalue())
+            put_avro(store, s + ext, schema, [r["value"] for r in part])
         else:
             write_files(
                 store,
@@ -466,9 +451,7 @@ def test_thinned_files_are_refused_or_numbered_from_their_start(local_url, ext):
     store.delete(first)
     longer = [{**r, "offset": i} for i, r in enumerate(recs[:7])]
     if ext == ".avro":
-        out = io.BytesIO()
-        fastavro.writer(out, fastavro.parse_schema(schema), [r["value"] for r in longer])
-        store.write(first, out.getvalue())
+        put_avro(store, first, schema, [r["value"] for r in longer])
     else:
         write_files(store, longer, ext, per_file=99, keys=False, headers=False)
     with pytest.raises(

@@ -34,9 +34,9 @@ from compactor.sources.kafka_connect_avro import (
     branches,
     encode_json,
     file_schema,
+    header_array,
     is_record,
     read_avro,
-    scalar_bytes,
     short_schema,
     unwrap,
 )
@@ -50,7 +50,6 @@ from keygroups.storage import Storage
 
 __all__ = ["KafkaConnectSource", "ConnectChunk", "OptionError", "KEYS_SUFFIX", "HEADERS_SUFFIX", "encode_json"]
 
-VALUE_SUFFIX = ".avro"
 KEYS_SUFFIX = ".keys.avro"
 HEADERS_SUFFIX = ".headers.avro"
 TOPICS_DIR = "topics"  # the connector's `topics.dir` default
@@ -103,7 +102,6 @@ class FileFormat:
     """How one of the connector's formats (`format.class`, `keys.format.class`,
     `headers.format.class`) is decoded: (data, url, first offset, ...) -> Arrow."""
 
-    name: str
     values: Callable[[bytes, str, int, str, str | None], Values]
     keys: Callable[[bytes, str, int], pa.Array]
     headers: Callable[[bytes, str, int], pa.Array]
@@ -113,10 +111,10 @@ def _gzipped(fn):
     return lambda data, name, *rest: fn(gunzip(data, name), name, *rest)
 
 
-AVRO = FileFormat("AvroFormat", _avro_values, _avro_keys, _avro_headers)
-JSON = FileFormat("JsonFormat", json_values, json_keys, json_headers)
-JSON_GZ = FileFormat("JsonFormat (gzip)", _gzipped(json_values), _gzipped(json_keys), _gzipped(json_headers))
-PARQUET = FileFormat("ParquetFormat", parquet_values, parquet_keys, parquet_headers)
+AVRO = FileFormat(_avro_values, _avro_keys, _avro_headers)
+JSON = FileFormat(json_values, json_keys, json_headers)
+JSON_GZ = FileFormat(_gzipped(json_values), _gzipped(json_keys), _gzipped(json_headers))
+PARQUET = FileFormat(parquet_values, parquet_keys, parquet_headers)
 # Extensions exactly as the connector writes them: AvroFormat ".avro" (the codec lives in
 # the file); JsonFormat ".json" + the s3.compression.type suffix ("" or ".gz"); ParquetFormat
 # the parquet.codec's extension (parquet-mr's CompressionCodecName) + ".parquet". Keys and
@@ -202,6 +200,7 @@ class KafkaConnectSource(SourceArchive):
         self.key_field = key_field or None
         self.timestamp_field = timestamp_field
         self.allow_dropped = allow_dropped
+        self.gaps_vetted = allow_dropped  # each gap it leaves is a thinned file it checked (base.py)
         self.threads = threads
 
     def __repr__(self) -> str:
@@ -223,7 +222,8 @@ class KafkaConnectSource(SourceArchive):
             listing = [o for o in listing if o.key.startswith(TOPICS_DIR + "/")]
         else:
             pattern, shape = _IN_TOPICS_DIR, _SHAPE
-        chunks: dict[tuple[str, int, int], SourceChunk] = {}
+        chunks: dict[tuple[str, int, int], ConnectChunk] = {}
+        stems: dict[str, str] = {}  # value file key -> its stem
         siblings: dict[tuple[str, str], str] = {}  # (stem, kind) -> key
         for obj in listing:
             m = pattern.match(obj.key)
@@ -245,27 +245,28 @@ class KafkaConnectSource(SourceArchive):
                     raise ArchiveError(f"{url(other)} and {url(obj.key)}: two {m['kind'][1:]} files for one value file")
                 continue
             start = int(m["start"])
-            chunk = SourceChunk(key=obj.key, topic=topic, partition=part, first_offset=start, size=obj.size)
+            chunk = ConnectChunk(key=obj.key, topic=topic, partition=part, first_offset=start, size=obj.size)
             other = chunks.setdefault((topic, part, start), chunk)
             if other is not chunk:
                 raise ArchiveError(
                     f"{url(other.key)} and {url(obj.key)}: two value files of {topic} partition {part} "
                     f"start at offset {start}"
                 )
+            stems[obj.key] = stem
         if not chunks:
             raise ArchiveError(f"{self.store.url}: no Kafka Connect value files ({shape}) found")
-        stems = {_stem(c.key): c.key for c in chunks.values()}
+        value_stems = set(stems.values())
         for (stem, _), key in siblings.items():
-            if stem not in stems:
+            if stem not in value_stems:
                 raise ArchiveError(f"{url(key)}: has no value file ({url(stem)}<.avro|.json|...>)")
         ordered = [chunks[k] for k in sorted(chunks)]
         out = []
         for c, nxt in zip(ordered, [*ordered[1:], None]):
             same = nxt is not None and (nxt.topic, nxt.partition) == (c.topic, c.partition)
-            stem = _stem(c.key)
+            stem = stems[c.key]
             out.append(
-                ConnectChunk(
-                    **{f.name: getattr(c, f.name) for f in dataclasses.fields(SourceChunk)},
+                dataclasses.replace(
+                    c,
                     keys_file=siblings.get((stem, ".keys")),
                     headers_file=siblings.get((stem, ".headers")),
                     next_file=nxt.key if same else None,
@@ -346,10 +347,6 @@ class KafkaConnectSource(SourceArchive):
             )
 
 
-def _stem(key: str) -> str:
-    return key[: re.search(rf"(?:{_EXT})$", key).start()]
-
-
 def _check_value_schema(schema: Any, name: str, ts_field: str, key_field: str | None) -> int:
     """The timestamp unit divisor; OptionError unless every record branch of the Avro value
     schema has the timestamp field (of a usable type) and the key field."""
@@ -392,14 +389,7 @@ def _generic_headers(avro: Avro, hname: str) -> pa.Array:
             f"{hname}: not a Kafka Connect headers file (an array of {{key, value}} records); "
             f"schema {short_schema(avro.schema)}"
         )
-    items = [h if h is not None else [] for h in items]
-    try:
-        return pa.array(items, pa.list_(HEADER_TYPE))
-    except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):  # non-string values: the key rule
-        return pa.array(
-            [[{"key": x["key"], "value": scalar_bytes(x["value"])} for x in h] for h in items],
-            pa.list_(HEADER_TYPE),
-        )
+    return header_array(items)
 
 
 def _ts_divisor(ftype: Any) -> int | None:

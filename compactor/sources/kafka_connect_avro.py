@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
-from keygroups.envelope import CorruptFile, framing
+from keygroups.envelope import HEADER_TYPE, CorruptFile, framing
 from keygroups.errors import HeaderTruncated
 
 _AVRO_HEADER = fastavro.parse_schema(
@@ -95,6 +95,19 @@ def binary_array(items: list[Any]) -> pa.Array:
         return pa.array(items, pa.binary())
     except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):
         return pa.array([scalar_bytes(x) for x in items], pa.binary())
+
+
+def header_array(items: list[list[dict[str, Any]] | None]) -> pa.Array:
+    """Headers records ({key, value} dicts per record, None for none) as the envelope's
+    list<header>: string and bytes values as they are, others by the key rule."""
+    items = [h if h is not None else [] for h in items]
+    try:
+        return pa.array(items, pa.list_(HEADER_TYPE))
+    except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):  # non-string values: the key rule
+        return pa.array(
+            [[{"key": x["key"], "value": scalar_bytes(x["value"])} for x in h] for h in items],
+            pa.list_(HEADER_TYPE),
+        )
 
 
 # --- schemas ----------------------------------------------------------------------------

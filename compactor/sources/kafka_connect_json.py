@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from compactor.sources.kafka_connect_avro import binary_array, scalar_bytes
+from compactor.sources.kafka_connect_avro import binary_array, header_array
 from compactor.sources.kafka_connect_records import Values
 from keygroups.envelope import HEADER_TYPE, CorruptFile
 from keygroups.errors import OptionError
@@ -140,12 +140,12 @@ def _slow_fields(
     return pa.array(ts, pa.int64()), (binary_array(keys) if key_field else None)
 
 
-def _absent(texts: list[bytes], tomb: np.ndarray, col: pa.Array, option: str, field: str, name: str) -> None:
+def _absent(text: pa.BinaryArray, tomb: np.ndarray, col: pa.Array, option: str, field: str, name: str) -> None:
     """OptionError when no record has `field`: the option names a field the values lack."""
     valid = col.is_valid().to_numpy(zero_copy_only=False)
     if valid.any() or tomb.all():
         return
-    doc = json.loads(texts[int(np.argmin(tomb))])
+    doc = json.loads(text[int(np.argmin(tomb))].as_py())
     if isinstance(doc, dict) and field in doc:
         return  # present but null everywhere: the per-record check names the first
     have = ", ".join(doc) if isinstance(doc, dict) else type(doc).__name__
@@ -158,18 +158,16 @@ def json_values(data: bytes, name: str, first: int, ts_field: str, key_field: st
     text = lines(data, name, first)
     tomb = pc.equal(text, pa.scalar(b"null", pa.binary())).to_numpy(zero_copy_only=False)
     table = _fast_fields(data, text, ts_field, key_field)
-    texts = text.to_pylist() if table is None or not tomb.all() else []
-    if table is not None:
+    if table is not None:  # every line an object: no tombstones
         ts = table.column(ts_field).combine_chunks()
         keys = binary_array(table.column(key_field).combine_chunks()) if key_field else None
-    else:
-        ts, keys = _slow_fields(texts, name, first, ts_field, key_field)
+    else:  # `null` parses to None: a tombstone's ts and key are null
+        ts, keys = _slow_fields(text.to_pylist(), name, first, ts_field, key_field)
     if not tomb.all():
-        _absent(texts, tomb, ts, "timestamp_field", ts_field, name)
+        _absent(text, tomb, ts, "timestamp_field", ts_field, name)
         if keys is not None:
-            _absent(texts, tomb, keys, "key_field", key_field, name)
+            _absent(text, tomb, keys, "key_field", key_field, name)
     values = pc.if_else(pa.array(tomb), pa.scalar(None, pa.binary()), text) if tomb.any() else text
-    ts = pc.if_else(pa.array(tomb), pa.scalar(None, pa.int64()), ts) if tomb.any() else ts
     return Values(values, ts, 1, keys)
 
 
@@ -210,5 +208,5 @@ def json_headers(data: bytes, name: str, first: int) -> pa.Array:
                 f"{name}: the record at offset {first + i} is not a Kafka Connect headers record "
                 f'({{"headers": [{{"key": ..., "value": ...}}, ...]}}): {line[:80]!r}'
             )
-        items.append([{"key": h["key"], "value": scalar_bytes(h["value"])} for h in hs])
-    return pa.array(items, _HEADERS_OUT)
+        items.append(hs)
+    return header_array(items)

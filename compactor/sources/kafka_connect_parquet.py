@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from compactor.sources.kafka_connect_avro import binary_array, encode_json, scalar_bytes
+from compactor.sources.kafka_connect_avro import binary_array, encode_json, header_array
 from compactor.sources.kafka_connect_records import Values
 from keygroups.envelope import HEADER_TYPE, CorruptFile
 from keygroups.errors import OptionError
@@ -44,7 +44,7 @@ def _plain(arr: pa.Array) -> pa.Array:
         return arr.cast(pa.string())
     if pa.types.is_dictionary(t):
         return _plain(arr.cast(t.value_type))
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.ExtensionType) or getattr(t, "extension_name", None) == "arrow.uuid":  # canonical: no subclass
         if t.extension_name == "arrow.uuid":
             return pa.array([None if b is None else str(uuid.UUID(bytes=b)) for b in arr.storage.to_pylist()])
         return _plain(arr.storage)
@@ -110,7 +110,7 @@ def parquet_values(data: bytes, name: str, first: int, ts_field: str, key_field:
             f"{name}: timestamp_field {ts_field!r} must be an integer of epoch milliseconds or a "
             f"timestamp (millis/micros/nanos); it is {ts.type}"
         )
-    keys = binary_array(_pylist(_column(table, key_field, "key_field", name))) if key_field else None
+    keys = _key_bytes(_column(table, key_field, "key_field", name)) if key_field else None
     texts = [encode_json(r) for r in _pylist(table.to_struct_array())]
     try:
         values = pa.array(texts, pa.binary())
@@ -132,12 +132,16 @@ def _only_column(table: pa.RecordBatch, field: str, what: str, name: str) -> pa.
         )
 
 
-def parquet_keys(data: bytes, name: str, first: int) -> pa.Array:
-    """Keys by the key rule: strings as UTF-8, bytes as they are, others as compact JSON."""
-    col = _only_column(read_parquet(data, name), "key", "keys", name)
+def _key_bytes(col: pa.Array) -> pa.Array:
+    """A column by the key rule: strings as UTF-8, bytes as they are, others as compact JSON."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_binary(col.type):
         return col.cast(pa.binary())
-    return pa.array([scalar_bytes(k) for k in _pylist(col)], pa.binary())
+    return binary_array(_pylist(col))
+
+
+def parquet_keys(data: bytes, name: str, first: int) -> pa.Array:
+    """Keys by the key rule: strings as UTF-8, bytes as they are, others as compact JSON."""
+    return _key_bytes(_only_column(read_parquet(data, name), "key", "keys", name))
 
 
 def parquet_headers(data: bytes, name: str, first: int) -> pa.Array:
@@ -152,6 +156,4 @@ def parquet_headers(data: bytes, name: str, first: int) -> pa.Array:
     try:
         return col.fill_null([]).cast(out) if col.null_count else col.cast(out)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):  # other value types: the key rule
-        return pa.array(
-            [[{"key": h["key"], "value": scalar_bytes(h["value"])} for h in hs or []] for hs in _pylist(col)], out
-        )
+        return header_array(_pylist(col))
