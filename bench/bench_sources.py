@@ -176,23 +176,14 @@ def iceberg_tables(recs, root: str, partitions: int = 4) -> dict[str, str]:
     import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from tests.records import redpanda_schema
+    from tests.records import redpanda_rows, redpanda_schema
 
     schema = redpanda_schema()
-    rows = [
-        {
-            "redpanda": {
-                "partition": i % partitions,
-                "offset": i // partitions,
-                "timestamp": ts * 1000,
-                "headers": [{"key": k, "value": v} for k, v in h],
-                "key": key,
-                "timestamp_type": 0,
-            },
-            "value": value,
-        }
-        for i, (ts, key, value, h) in enumerate(recs)
-    ]
+    by_partition: dict[int, list] = {p: [] for p in range(partitions)}
+    for i, (ts, key, value, h) in enumerate(recs):  # every record has a header: no empty lists
+        by_partition[i % partitions].append((i // partitions, ts * 1000, key, value, h))
+    rows = redpanda_rows(by_partition)
+    rows.sort(key=lambda r: (r["redpanda"]["offset"], r["redpanda"]["partition"]))  # record order, as shuffled
     cat = SqlCatalog("default", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
     cat.create_namespace("redpanda")
     out = {}

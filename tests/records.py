@@ -164,6 +164,26 @@ def replayed(dest: str, threads: int = 3) -> list[tuple[int, int]]:
     return seen
 
 
+def redpanda_rows(records: dict[int, list]) -> list[dict]:
+    """Rows of a `redpanda_schema()` table: per partition, (offset, timestamp µs, key, value,
+    [(header key, value)]) records, partition by partition."""
+    return [
+        {
+            "redpanda": {
+                "partition": p,
+                "offset": o,
+                "timestamp": ts,
+                "headers": [{"key": k, "value": v} for k, v in h] or None,  # Redpanda writes no list when empty
+                "key": key,
+                "timestamp_type": 0,
+            },
+            "value": value,
+        }
+        for p, recs in records.items()
+        for o, ts, key, value, h in recs
+    ]
+
+
 def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringType) -> Schema:
     """Redpanda's key_value table (docs.redpanda.com, "Specify Iceberg Schema"): a
     `redpanda` struct of the record's metadata, and the value as binary."""

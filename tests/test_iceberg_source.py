@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import random
+import uuid
 
 import pyarrow as pa
 import pytest
@@ -25,6 +26,7 @@ from pyiceberg.types import (
     NestedField,
     StringType,
     TimestamptzType,
+    UUIDType,
 )
 
 from compactor.job import CompactConfig, compact
@@ -34,7 +36,7 @@ from compactor.sources.iceberg import Extent, IcebergSource, cut_ranges
 from compactor.verify import verify
 from keygroups.envelope import CorruptFile
 from keygroups.storage import open_storage
-from tests.records import decoded, redpanda_schema, replayed
+from tests.records import decoded, redpanda_rows, redpanda_schema, replayed
 
 T0_US = 1_767_225_600_000_000  # 2026-01-01, in microseconds
 
@@ -62,31 +64,13 @@ def topic_records(seed: int, partitions: int = 3, per_partition: int = 60, gaps:
     return out
 
 
-def rows(records: dict[int, list]) -> list[dict]:
-    return [
-        {
-            "redpanda": {
-                "partition": p,
-                "offset": o,
-                "timestamp": ts,
-                "headers": [{"key": k, "value": v} for k, v in h] or None,  # Redpanda writes no list when empty
-                "key": key,
-                "timestamp_type": 0,
-            },
-            "value": value,
-        }
-        for p, recs in records.items()
-        for o, ts, key, value, h in recs
-    ]
-
-
 def write_table(root, records: dict[int, list], *, files: int = 4, seed: int = 0, name: str = "payments", schema=None):
     """The records shuffled over `files` appends (one data file each): every file holds rows
     of several partitions in no order, and a partition's offsets interleave across files."""
     cat = catalog(root)
     cat.create_namespace_if_not_exists("redpanda")
     table = cat.create_table(f"redpanda.{name}", schema or redpanda_schema())
-    all_rows = rows(records)
+    all_rows = redpanda_rows(records)
     random.Random(seed).shuffle(all_rows)
     arrow = table.schema().as_arrow()
     for i in range(files):
@@ -216,7 +200,7 @@ def test_manifest_bounds_plan_without_reading_and_lying_bounds_are_named(tmp_pat
     with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
         for p, recs in records.items():
             for half in (recs[: len(recs) // 2], recs[len(recs) // 2 :]):
-                part = rows({p: half})
+                part = redpanda_rows({p: half})
                 random.Random(p).shuffle(part)
                 (df,) = _dataframe_to_data_files(tx.table_metadata, pa.Table.from_pylist(part, schema=arrow), table.io)
                 offsets = [o for o, *_ in half]
@@ -270,7 +254,7 @@ def test_value_schema_mode_values_are_json_of_the_parsed_columns(tmp_path):
     cat = catalog(tmp_path)
     cat.create_namespace("redpanda")
     table = cat.create_table("redpanda.clicks", schema)
-    base = rows({0: [(5, T0_US, b"u", None, []), (4, T0_US, b"u", None, [])]})
+    base = redpanda_rows({0: [(5, T0_US, b"u", None, []), (4, T0_US, b"u", None, [])]})
     for r, (uid, kind) in zip(base, [(7, "click"), (8, None)]):
         del r["value"]
         r.update(user_id=uid, event_type=kind, at=T0_US + uid, blob=b"\x00\xff")
@@ -281,6 +265,32 @@ def test_value_schema_mode_values_are_json_of_the_parsed_columns(tmp_path):
     assert values == [
         {"user_id": 8, "event_type": None, "at": T0_US + 8, "blob": "AP8="},
         {"user_id": 7, "event_type": "click", "at": T0_US + 7, "blob": "AP8="},
+    ]
+
+
+def test_value_schema_mode_uuid_columns_are_their_text(tmp_path):
+    """An Iceberg uuid column (pyiceberg reads it as arrow.uuid) becomes its canonical text,
+    as the Parquet source writes it; nulls stay null."""
+    schema = redpanda_schema(value=False)
+    schema = Schema(
+        *schema.fields,
+        NestedField(20, "id", UUIDType(), required=False),
+        NestedField(21, "n", IntegerType(), required=False),
+    )
+    cat = catalog(tmp_path)
+    cat.create_namespace("redpanda")
+    table = cat.create_table("redpanda.orders", schema)
+    ids = [uuid.UUID("12345678-1234-5678-1234-567812345678"), None]
+    base = redpanda_rows({0: [(0, T0_US, b"u", None, []), (1, T0_US, b"u", None, [])]})
+    for i, (r, id_) in enumerate(zip(base, ids)):
+        del r["value"]
+        r.update(id=None if id_ is None else id_.bytes, n=i)
+    table.append(pa.Table.from_pylist(base, schema=table.schema().as_arrow()))
+    source = IcebergSource(metadata_file(table))
+    (chunk,) = source.list_chunks()
+    assert source.read(chunk).column("value").to_pylist() == [
+        b'{"id":"12345678-1234-5678-1234-567812345678","n":0}',
+        b'{"id":null,"n":1}',
     ]
 
 
@@ -301,7 +311,7 @@ def test_a_redpanda_table_compacts_appends_verifies_and_replays_exactly_once(spa
     r = compact(CompactConfig(source=src, dest=dest, source_format="iceberg", groups=3, slice_duration="20s"), spark)
     assert 0 < r.records <= sum(len(v) for v in first.values())
     table = catalog(tmp_path / "lake").load_table("redpanda.payments")
-    later = rows({p: v[200:] for p, v in records.items()})
+    later = redpanda_rows({p: v[200:] for p, v in records.items()})
     random.Random(9).shuffle(later)
     for i in range(2):
         table.append(pa.Table.from_pylist(later[i::2], schema=table.schema().as_arrow()))
@@ -329,7 +339,7 @@ def test_a_table_on_s3_reads_with_the_standard_aws_settings(s3_server, s3_url, t
     )
     cat.create_namespace("redpanda")
     table = cat.create_table("redpanda.payments", redpanda_schema())
-    all_rows = rows(records)
+    all_rows = redpanda_rows(records)
     random.Random(4).shuffle(all_rows)
     for i in range(3):
         table.append(pa.Table.from_pylist(all_rows[i::3], schema=table.schema().as_arrow()))
@@ -368,7 +378,7 @@ def test_a_missing_data_file_is_named(tmp_path):
 def test_duplicate_partition_offset_rows_are_named(tmp_path):
     records = topic_records(7, partitions=2, per_partition=20)
     table = write_table(tmp_path, records, files=2)
-    again = rows({1: records[1][5:6]})
+    again = redpanda_rows({1: records[1][5:6]})
     table.append(pa.Table.from_pylist(again, schema=table.schema().as_arrow()))
     source = IcebergSource(metadata_file(catalog(tmp_path).load_table("redpanda.payments")))
     offset = records[1][5][0]

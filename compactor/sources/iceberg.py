@@ -29,7 +29,8 @@ import pyarrow.compute as pc
 
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
 from compactor.sources.kafka_connect_avro import encode_json
-from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
+from compactor.sources.kafka_connect_parquet import _UNIT_DIVISOR, _plain
+from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
 
 __all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
@@ -54,9 +55,6 @@ def _needed() -> dict[str, tuple[type, ...]]:
 
     times = (TimestamptzType, TimestampType, TimestamptzNanoType, TimestampNanoType)  # older Redpanda: timestamp
     return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
-
-
-_TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
 @dataclass(frozen=True)
@@ -159,6 +157,7 @@ class IcebergSource(SourceArchive):
     files by reference); the FileIO is rebuilt in each process."""
 
     contiguous = False  # offsets skip where Kafka's do (transaction markers, aborted data, compaction)
+    storage_url = False  # a metadata file, a table folder or a catalog URL: opened with pyiceberg
 
     def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None):
         scheme = url.partition("://")[0].lower() if "://" in url else ""
@@ -404,7 +403,7 @@ class IcebergSource(SourceArchive):
                     origin.append(np.full(rows.num_rows, index, np.int64))
         table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if table is None or table.num_rows == 0:
-            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+            return empty_batch()
         rp = table.column(RP).combine_chunks()
         offsets = pc.struct_field(rp, "offset").to_numpy()
         order = np.argsort(offsets, kind="stable")
@@ -428,9 +427,9 @@ class IcebergSource(SourceArchive):
         """The file's rows of partition p in lo..hi, after checking every row lies inside the
         bounds the listing planned with (else a row could be missed by every chunk)."""
         name = self._tasks[index].file.file_path
-        rp = table.column(RP).combine_chunks() if table.num_rows else None
-        if rp is None:
+        if not table.num_rows:
             return table
+        rp = table.column(RP).combine_chunks()
         part, off = pc.struct_field(rp, "partition"), pc.struct_field(rp, "offset")
         self._no_nulls(name, part, off)
         plo, phi, olo, ohi = self._bounds[index]
@@ -496,11 +495,9 @@ class IcebergSource(SourceArchive):
 
 
 def _millis(ts: pa.Array) -> np.ndarray:
-    """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds)."""
-    unit = ts.type.unit if pa.types.is_timestamp(ts.type) else "ms"
-    raw = ts.cast(pa.int64()).to_numpy()
-    per_second = _TIME_UNITS[unit]
-    return raw * (1000 // per_second) if per_second < 1000 else np.floor_divide(raw, per_second // 1000)
+    """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds;
+    _check_schema admits only timestamp types)."""
+    return ts.cast(pa.int64()).to_numpy() // _UNIT_DIVISOR[ts.type.unit]
 
 
 def _slim(task):
@@ -542,25 +539,10 @@ def _binary(a: pa.Array) -> pa.Array:
     return a.cast(pa.binary())
 
 
-def _plain(t: pa.DataType) -> pa.DataType:
-    """`t` with temporal types as the integers they hold (their own unit), for JSON."""
-    if pa.types.is_timestamp(t) or pa.types.is_time64(t) or pa.types.is_duration(t):
-        return pa.int64()
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return pa.int32()
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_plain(f.type)) for f in t])
-    if pa.types.is_large_list(t) or pa.types.is_list(t):
-        return pa.large_list(t.value_field.with_type(_plain(t.value_type)))
-    if pa.types.is_map(t):
-        return pa.map_(_plain(t.key_type), t.item_field.with_type(_plain(t.item_type)))
-    return t
-
-
 def _json_values(table: pa.Table) -> pa.Array:
     """Value-schema mode: each row's value columns as the compact JSON object the Kafka
     Connect source writes (compactor.sources.kafka_connect_avro.encode_json)."""
-    cols = {name: table.column(name).cast(_plain(table.column(name).type)) for name in table.column_names}
+    cols = {name: _plain(table.column(name).combine_chunks()) for name in table.column_names}
     rows = pa.table(cols).to_pylist()
     return pa.array([encode_json(r).encode() for r in rows], pa.binary())
 
@@ -577,14 +559,17 @@ def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, 
     for p, es in sorted(by_partition.items()):
         es.sort(key=lambda e: (e.lo, e.hi))
         groups: list[list[Extent]] = []
+        highs: list[int] = []  # each group's highest offset
         for e in es:
-            if groups and e.lo <= _hi(groups[-1]):
+            if groups and e.lo <= highs[-1]:
                 groups[-1].append(e)
+                highs[-1] = max(highs[-1], e.hi)
             else:
                 groups.append([e])
+                highs.append(e.hi)
         pieces: list[tuple[int, int, list[Extent], float, float]] = []
-        for g in groups:
-            lo, hi = g[0].lo, _hi(g)
+        for g, hi in zip(groups, highs):
+            lo = g[0].lo
             records = sum(e.records for e in g)
             k = max(1, min(math.ceil(records / target), hi - lo + 1))
             width = -(-(hi - lo + 1) // k)
@@ -602,18 +587,16 @@ def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, 
                     )
                 )
         run: list = []
+        run_records = 0.0
         for piece in pieces:
-            if run and (sum(x[3] for x in run) + piece[3] > target or len(run) >= 256):
+            if run and (run_records + piece[3] > target or len(run) >= 256):
                 out.append(_joined(p, run))
-                run = []
+                run, run_records = [], 0.0
             run.append(piece)
+            run_records += piece[3]
         if run:
             out.append(_joined(p, run))
     return out
-
-
-def _hi(group: list[Extent]) -> int:
-    return max(e.hi for e in group)
 
 
 def _joined(p: int, run: list) -> tuple[int, int, int, tuple[int, ...], float]:
