@@ -125,7 +125,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
     plan = plan_slices(
         stats.chunks,
         cfg.slice_duration_ms,
-        allow_gaps=cfg.allow_gaps or cfg.allow_dropped,  # the source vetted each gap as a thinned file
+        allow_gaps=cfg.allow_gaps or source.gaps_vetted,
         expect_gaps=not source.contiguous,
         seal_all=cfg.seal_all,
         idle_after_ms=cfg.idle_after_ms,

@@ -44,8 +44,8 @@ def open_source(
     """The source archive at `url` in the given layout."""
     if format not in FORMATS:
         raise OptionError(f"unknown source format {format!r}; choose one of {', '.join(FORMATS)}")
-    if format == "iceberg":  # a metadata file, a table folder or a catalog URL: not a storage root
-        return IcebergSource(url, threads=threads)
+    if not FORMATS[format].storage_url:  # the source opens its URL itself
+        return FORMATS[format](url, threads=threads)
     store = open_storage(url, threads=threads)
     if format == "kafka-connect":
         return KafkaConnectSource(

@@ -43,6 +43,13 @@ class SourceArchive(ABC):
     # Whether consecutive records of a partition have consecutive offsets (gaps are then
     # missing data, refused without --allow-gaps), and whether every chunk holds records.
     contiguous = True
+    # Whether the source itself has vetted the offset gaps it leaves (the kafka-connect
+    # source with --allow-dropped: each one a thinned file), so slicing accepts them as
+    # --allow-gaps would.
+    gaps_vetted = False
+    # Whether the source URL is a storage root (open_storage); False: the source opens it
+    # itself (an Iceberg metadata file or catalog URL), and it is never a compacted archive.
+    storage_url = True
 
     @property
     def url(self) -> str:

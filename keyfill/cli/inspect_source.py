@@ -29,12 +29,13 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from compactor.sources import FORMATS
     from keyfill.cli import inspect_compacted
     from keyfill.summary import inspect_archive
     from keygroups import compacted
     from keygroups.storage import open_storage
 
-    if args.source_format != "iceberg":  # an Iceberg table may be named by a catalog URL, never a compacted archive
+    if FORMATS[args.source_format].storage_url:  # else a table or catalog URL, never a compacted archive
         store = open_storage(args.url, threads=args.threads)
         if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):
             return inspect_compacted.run(store, args.json)
