@@ -124,6 +124,38 @@ class _Fetched:
             self.futures = []
         return self._data
 
+    @property
+    def next_piece(self) -> Piece:
+        """The first piece not yet decoded (the run is dropped once all are)."""
+        return self.pieces[self._decoded]
+
+    @property
+    def done(self) -> bool:
+        return self._decoded == len(self.pieces)
+
+    def step(
+        self,
+        url_for: Callable[[str], str],
+        header: Callable[[Piece, str], bytes],
+        finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
+    ) -> tuple[list[Piece], pa.RecordBatch]:
+        """The run's next pieces, about DECODE_BYTES of them, checked and decoded in one pass
+        and `finish`ed once: their records back to back, piece after piece."""
+        pieces, i = self.pieces, self._decoded
+        url = url_for(pieces[i].file)
+        data = self.data(url)
+        j, size = i + 1, pieces[i].length
+        while j < len(pieces) and size + pieces[j].length <= DECODE_BYTES:
+            size += pieces[j].length
+            j += 1
+        step = pieces[i:j]
+        head = data[: pieces[0].file_header] if self.start == 0 else header(pieces[i], url)
+        batch = finish(compacted.read_run(head, data, self.start, step, url), pieces[0].group)
+        self._decoded = j
+        if j == len(pieces):
+            self._data = None
+        return step, batch
+
     def take(
         self,
         p: Piece,
@@ -132,26 +164,12 @@ class _Fetched:
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
     ) -> pa.RecordBatch:
         """The records of the run's piece p (each piece is taken once), decoding the next
-        step of pieces if they are not decoded yet: a step is checked, decoded and `finish`ed
-        at once, so a short slice costs a dict pop, not a decode (the file's URL is only
-        built then)."""
+        step if p is not decoded yet."""
         batch = self._records.pop(p.slice, None)
         if batch is not None:
             return batch
-        url = url_for(p.file)
-        data = self.data(url)
-        pieces, i = self.pieces, self._decoded
-        j, size = i + 1, pieces[i].length
-        while j < len(pieces) and size + pieces[j].length <= DECODE_BYTES:
-            size += pieces[j].length
-            j += 1
-        step = pieces[i:j]
-        head = data[: pieces[0].file_header] if self.start == 0 else header(p, url)
-        whole = finish(compacted.read_run(head, data, self.start, step, url), pieces[0].group)
+        step, whole = self.step(url_for, header, finish)
         self._records.update((q.slice, b) for q, b in zip(step, compacted.split_run(whole, step)))
-        self._decoded = j
-        if j == len(pieces):
-            self._data = None
         return self._records.pop(p.slice)
 
 
@@ -234,6 +252,39 @@ class PieceFetcher:
         for g in self._runs:
             self._frontier.setdefault(g, s)
             self._fill(g, s)
+
+    def next_slice(self, g: int, s: int) -> int | None:
+        """The slice of group g's next piece not yet decoded, from slice s on; its run is put
+        in flight if it is not. None: group g has none before `frontier(g)`, where the
+        look-ahead limit stopped the search."""
+        runs = self._runs[g]
+        if not runs:
+            start = max(s, self._frontier.setdefault(g, s))
+            self._frontier[g] = start
+            self._schedule(g, min(self.slices, start + LOOKAHEAD_SLICES))
+            if not runs:
+                return None
+        return runs[0].next_piece.slice
+
+    def frontier(self, g: int) -> int:
+        """The first slice group g's pieces have not been looked for in yet."""
+        return self._frontier.get(g, 0)
+
+    def next_piece(self, g: int) -> Piece:
+        """Group g's next piece, once `next_slice` said there is one: what an error names."""
+        return self._runs[g][0].next_piece
+
+    def step(self, g: int) -> tuple[list[Piece], pa.RecordBatch]:
+        """Group g's next pieces (once `next_slice` said there is one), decoded together:
+        their records back to back. The next run is put in flight when this one ends."""
+        runs = self._runs[g]
+        fetched = runs[0]
+        step, batch = fetched.step(self.store.url_for, self._header, self.finish)
+        if fetched.done:
+            runs.popleft()
+            if self.ahead:
+                self._fill(g, step[-1].slice + 1)
+        return step, batch
 
     def _header(self, p: Piece, url: str) -> bytes:
         head = self._headers.get(p.file)

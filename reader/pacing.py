@@ -44,15 +44,15 @@ class Pacer:
             self._active[t] = False
             self._cond.notify_all()
 
-    def advance(self, t: int, ts: int, group: int) -> None:
-        """Thread t has emitted a batch of `group` up to event time `ts`."""
+    def advance(self, t: int, ts: int, group: int, batches: int = 1) -> None:
+        """Thread t has emitted `batches` batches of `group` up to event time `ts`."""
         with self._cond:
             self._progress[t] = max(self._progress[t], ts)
             self.max_spread_ms = max(self.max_spread_ms, self._spread_locked())
             self._cond.notify_all()
         if self.proportional and self.heaviest:
             # The seed design's heuristic, kept for comparison: lighter groups sleep longer.
-            time.sleep(self.sleep_s * (self.heaviest - self.group_bytes[group]) / self.heaviest)
+            time.sleep(batches * self.sleep_s * (self.heaviest - self.group_bytes[group]) / self.heaviest)
 
     def pace(self, t: int, ts: int) -> None:
         """Under a drift bound: wait while thread t would get ahead of the slowest other

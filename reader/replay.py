@@ -1,12 +1,13 @@
 """Multithreaded replay of a compacted archive, in slice lockstep for the consumer only.
 
 T threads share the G key groups (balanced by bytes: `reader.plan`). Every thread reads and
-decodes its groups' pieces slice after slice (`reader.fetch`: runs of upcoming pieces are
-already in flight) and hands its records over on a FIFO of its own, bundled across slices.
-The consumer takes slice s's records from every thread's FIFO and yields the watermark of s
-once every thread is past s (`reader.slice_merge`), so every record of slice s reaches the
-consumer before the watermark of s and before any record of s + 1 (DESIGN.md invariants
-1-4), and no thread waits for another. Inside a slice `reader.pacing` bounds how far threads
+decodes its groups' pieces a step of about a MiB at a time, the group that is furthest
+behind first (`reader.fetch`: runs of upcoming pieces are already in flight), and hands each
+step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
+thread's steps and yields the watermark of s once every thread is past s
+(`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
+of s and before any record of s + 1 (DESIGN.md invariants 1-4), and no thread waits for
+another. Inside a slice `reader.pacing` bounds how far threads
 drift apart in event time; `reader.checkpoint` is the position the consumer can resume from.
 """
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -31,15 +32,16 @@ from reader.fetch import FetchPool, PieceFetcher, run_bytes
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
-from reader.slice_merge import SliceMerge, ThreadFailed
+from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
 
 
-@dataclass(frozen=True, slots=True)
-class Records:
-    """Records of one key group in one slice, in the piece's order."""
+class Records(NamedTuple):
+    """Records of one key group in one slice, in the piece's order. A named tuple, not a
+    frozen dataclass: a replay of 10 s slices yields one per piece, and building a frozen
+    dataclass took 4x as long."""
 
     batch: pa.RecordBatch
     slice: int
@@ -62,29 +64,6 @@ def _tag(batch: pa.RecordBatch, group: int) -> pa.RecordBatch:
 
 class ReplayError(KeyfillError, RuntimeError):
     """A read, check or decode failed in a replay thread; names the file, slice and group."""
-
-
-class _Outbox:
-    """A replay thread's records not yet handed over: bundled across slices up to about
-    batch_size records, so a run of short slices costs one hand-off, not one per slice or piece."""
-
-    def __init__(self, merge: SliceMerge, t: int, size: int) -> None:
-        self.merge, self.t, self.size = merge, t, size
-        self.records: list[Records] = []
-        self.rows = 0
-
-    def add(self, records: Sequence[Records], rows: int) -> bool:
-        """True when the bundle is full."""
-        self.records += records
-        self.rows += rows
-        return self.rows >= self.size
-
-    def flush(self, through: int) -> bool:
-        """Hand the bundle over; `through`: the first slice this thread has not finished.
-        False once the replay has stopped."""
-        handed = self.merge.put(self.t, self.records, through)
-        self.records, self.rows = [], 0
-        return handed
 
 
 class Replay:
@@ -113,6 +92,7 @@ class Replay:
         self._fetchers: list[PieceFetcher] = []
         self._workers: list[threading.Thread] = []
         self._started = False
+        self._last_slice_spread = self._max_slice_spread = 0
 
         # Position: the slice being replayed, records of each group already yielded in it.
         self._slice = 0
@@ -133,11 +113,27 @@ class Replay:
     @property
     def max_spread_ms(self) -> int:
         """The largest event-time spread across threads seen so far."""
-        return self.pacer.max_spread_ms
+        return max(self.pacer.max_spread_ms, self._max_slice_spread)
 
     def spread_ms(self) -> int:
-        """Event-time spread across the threads still working on the current slice."""
-        return self.pacer.spread_ms()
+        """Event-time spread across the threads still working on the current slice (without
+        a drift bound: across the threads of the last slice replayed, see `_slice_spread`)."""
+        return self.pacer.spread_ms() if self.pacer.max_drift_ms is not None else self._last_slice_spread
+
+    def _slice_spread(self, s: int) -> None:
+        """Without a drift bound the consumer takes each thread's pieces of a slice whole, one
+        after another, so threads are as far apart as the slice's records reach: from the
+        earliest record of any piece to the latest, when two threads or more have pieces in
+        it. From the index, once per slice."""
+        b, lo, hi, threads = s // SLICES_PER_ROW_GROUP, None, None, 0
+        for t in range(self.options.threads):
+            own = self.plan.thread_pieces(b, t).get(s)
+            if own:
+                threads += 1
+                a, z = min(p.min_timestamp for p in own), max(p.max_timestamp for p in own)
+                lo, hi = a if lo is None else min(lo, a), z if hi is None else max(hi, z)
+        self._last_slice_spread = hi - lo if threads > 1 else 0
+        self._max_slice_spread = max(self._max_slice_spread, self._last_slice_spread)
 
     def checkpoint(self) -> dict:
         """JSON-serialisable position covering exactly the events yielded so far."""
@@ -155,23 +151,9 @@ class Replay:
     def _worker(self, t: int, first: int) -> None:
         plan = self.plan
         fetcher = self._fetchers[t]
-        out = _Outbox(self._merge, t, self.options.batch_size)
         try:
             if self.pacer.max_drift_ms is None:
-                block = -1
-                for s, own in self._own_slices(t, first):
-                    if s // SLICES_PER_ROW_GROUP != block:
-                        # A hand-off at least every index block, even an empty one: a light
-                        # thread would otherwise hold back the watermarks of every slice until
-                        # its bundle filled, or until it ended.
-                        block = s // SLICES_PER_ROW_GROUP
-                        if not out.flush(s):
-                            return
-                    fetcher.prefetch(s)
-                    if not self._streamed(t, fetcher, s, own, out):
-                        return  # the replay stopped
-                    self.pacer.end_slice(t)
-                out.flush(plan.slices)  # also says this thread is past every slice
+                self._stepped(t, fetcher, first)
                 return
             for s in range(first, plan.slices):  # under a drift bound every thread meets at every slice
                 own = plan.thread_pieces(s // SLICES_PER_ROW_GROUP, t).get(s, [])
@@ -194,46 +176,62 @@ class Replay:
             self._merge.fail(exc)
             self._barrier.abort()
 
-    def _own_slices(self, t: int, first: int) -> Iterator[tuple[int, list[compacted.Piece]]]:
-        """The slices from `first` on that thread t has pieces in, with those pieces."""
-        for b in range(first // SLICES_PER_ROW_GROUP, -(-self.plan.slices // SLICES_PER_ROW_GROUP)):
-            for s, own in self.plan.thread_pieces(b, t).items():
-                if s >= first:
-                    yield s, own
-
-    def _streamed(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece], out: _Outbox) -> bool:
-        """A slice's pieces into the thread's outbox, handed over in bundles of about
-        batch_size records (decoding overlaps consuming); the seed's proportional sleeps, if
-        chosen, between batches. Runs once per piece: kept to a few attribute reads. False
-        once the replay has stopped."""
-        size = self.options.batch_size
-        self.pacer.begin_slice(t, min(p.min_timestamp for p in own))  # for the spread statistic
-        plain = not self.pacer.proportional and s != self._skip_slice
-        stop = self._stop
-        for p in own:
+    def _stepped(self, t: int, fetcher: PieceFetcher, first: int) -> None:
+        """Without a drift bound: thread t's groups a decoded step at a time, always the group
+        whose next piece is earliest (so the thread's FIFO goes forward in slice order, and
+        `through` is the earliest slice some group of it still has to hand over). Per step,
+        not per piece: a 10 s slice's piece is a few KB, and per-piece work in every thread,
+        each taking the GIL in turn, cost more than decoding."""
+        slices, merge, pacer, stop = self.plan.slices, self._merge, self.pacer, self._stop
+        heap = [(first, g) for g in sorted(self.plan.groups_of(t))]  # (nothing of g left before, g)
+        fetcher.prefetch(first)
+        while heap:
             if stop.is_set():
-                return False
-            if plain and p.records <= size:  # the common case: one Records per piece
-                full = out.add((Records(self._read(fetcher, p), s, p.group),), p.records)
-            else:
-                batch = self._read(fetcher, p, s == self._skip_slice)
-                n = batch.num_rows
-                if not n:  # all of it emitted before the checkpoint this replay resumed from
-                    continue
-                parts = [Records(batch.slice(a, size), s, p.group) for a in range(0, n, size)]
-                if self.pacer.proportional:  # each batch handed over alone, a sleep after each
-                    for r in parts:
-                        out.add((r,), 0)
-                        if not out.flush(s):
-                            return False
-                        self.pacer.advance(t, p.max_timestamp, p.group)
-                    continue
-                full = out.add(parts, n)
-            if full:
-                if not out.flush(s):
-                    return False
-                self.pacer.advance(t, p.max_timestamp, p.group)
-        return True
+                return
+            s, g = heap[0]
+            fetcher.prefetch(s)
+            nxt = fetcher.next_slice(g, s)
+            if nxt is None:  # nothing of g within the look-ahead: look again from where it stopped
+                frontier = fetcher.frontier(g)
+                if frontier >= slices:
+                    heapq.heappop(heap)
+                else:
+                    heapq.heapreplace(heap, (frontier, g))
+                if not merge.put(t, [], heap[0][0] if heap else slices):
+                    return
+                continue
+            if nxt > s:
+                heapq.heapreplace(heap, (nxt, g))
+                continue
+            step, batch, counts = self._step(fetcher, g)
+            heapq.heapreplace(heap, (step[-1].slice + 1, g))
+            if not merge.put(t, [Bundle(batch, g, [p.slice for p in step], counts)], heap[0][0] if heap else slices):
+                return
+            if pacer.proportional:  # the seed's heuristic: a sleep per batch, lighter groups longer
+                pacer.advance(t, step[-1].max_timestamp, g, len(step))
+        merge.put(t, [], slices)  # says this thread is past every slice
+
+    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[list[compacted.Piece], pa.RecordBatch, list[int]]:
+        """Group g's next decoded step and its pieces' record counts; in the slice this replay
+        resumed in, without the records emitted before its checkpoint."""
+        p = fetcher.next_piece(g)
+        try:
+            step, batch = fetcher.step(g)
+        except compacted.FormatError as exc:
+            raise ReplayError(str(exc)) from exc
+        except BaseException as exc:
+            raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
+        counts = [q.records for q in step]
+        if step[0].slice == self._skip_slice:  # the first piece, if any: steps start at `first`
+            skip = self._skip.get(g, 0)
+            if skip > counts[0]:
+                raise ReplayError(
+                    f"{p.where(self.store.url_for(p.file))}: the checkpoint says {skip} records were emitted, "
+                    f"the piece has {counts[0]}"
+                )
+            if skip:
+                batch, counts[0] = batch.slice(skip), counts[0] - skip
+        return step, batch, counts
 
     def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its
@@ -252,7 +250,7 @@ class Replay:
             )
         for ts, _, _, records in heapq.merge(*runs):
             self.pacer.pace(t, ts)
-            if not self._merge.put(t, [records], s):
+            if not self._merge.put(t, [Bundle(records.batch, records.group, [s], [records.batch.num_rows])], s):
                 return
             self.pacer.advance(t, ts, records.group)
 
@@ -299,13 +297,26 @@ class Replay:
             w = threading.Thread(target=self._worker, args=(t, self._slice), name=f"keyfill-replay-{t}", daemon=True)
             w.start()
             self._workers.append(w)
+        size = self.options.batch_size
         while self._slice < slices:
             s = self._slice
+            emitted = self._emitted
             try:
                 for ready in self._merge.records(s):
-                    for records in ready:
-                        self._emitted[records.group] = self._emitted.get(records.group, 0) + records.batch.num_rows
-                        yield records
+                    for bundle, k in ready:
+                        a, g = bundle.rows[k], bundle.group
+                        n = bundle.rows[k + 1] - a
+                        if not n:  # all of it emitted before the checkpoint this replay resumed from
+                            continue
+                        emitted[g] = emitted.get(g, 0) + n
+                        if n <= size:
+                            yield Records(bundle.batch.slice(a, n), s, g)
+                            continue
+                        emitted[g] -= n  # counted batch by batch: a checkpoint may fall between them
+                        for at in range(a, a + n, size):
+                            part = bundle.batch.slice(at, min(size, a + n - at))
+                            emitted[g] += part.num_rows
+                            yield Records(part, s, g)
             except ThreadFailed as failed:
                 self.close()
                 if isinstance(failed.error, ReplayError):
@@ -313,6 +324,8 @@ class Replay:
                 raise ReplayError(str(failed.error)) from failed.error
             if self._stop.is_set():
                 return
+            if self.pacer.max_drift_ms is None:
+                self._slice_spread(s)
             mark = self.manifest.bounds(s)[1] - self.options.watermark_bound_ms
             self._slice = s + 1
             self._emitted = {}
