@@ -122,17 +122,8 @@ class Replay:
 
     def _slice_spread(self, s: int) -> None:
         """Without a drift bound the consumer takes each thread's pieces of a slice whole, one
-        after another, so threads are as far apart as the slice's records reach: from the
-        earliest record of any piece to the latest, when two threads or more have pieces in
-        it. From the index, once per slice."""
-        b, lo, hi, threads = s // SLICES_PER_ROW_GROUP, None, None, 0
-        for t in range(self.options.threads):
-            own = self.plan.thread_pieces(b, t).get(s)
-            if own:
-                threads += 1
-                a, z = min(p.min_timestamp for p in own), max(p.max_timestamp for p in own)
-                lo, hi = a if lo is None else min(lo, a), z if hi is None else max(hi, z)
-        self._last_slice_spread = hi - lo if threads > 1 else 0
+        after another: threads are as far apart as the slice's records reach (`ReplayPlan.slice_spread`)."""
+        self._last_slice_spread = self.plan.slice_spread(s)
         self._max_slice_spread = max(self._max_slice_spread, self._last_slice_spread)
 
     def checkpoint(self) -> dict:
