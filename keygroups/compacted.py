@@ -225,7 +225,7 @@ def read_run(header: bytes, data: bytes, start: int, pieces: list[Piece], url: s
                 raise IntegrityError(f"{p.where(url)}: CRC-32C differs from the index (file corrupted or replaced)")
         raise FormatError(f"{first.where(url)}: a run's pieces are not back to back (up to slice {last.slice})")
     try:
-        _, batch = envelope.decode_avro(header + body, name=url, verified=True)
+        _, batch = envelope.decode_avro(body, name=url, verified=True, header=header)
     except envelope.CorruptFile as exc:
         raise IntegrityError(f"{first.where(url)}: {exc}") from None
     expected = sum(p.records for p in pieces)

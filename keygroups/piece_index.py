@@ -273,9 +273,19 @@ class PieceIndex:
     def metas(self, first: int, end: int) -> list[SliceMeta]:
         """Slices [first, end) with their pieces; every slice must have its index row."""
         metas = slice_metas(self.slice_rows(first, end), self.piece_rows(first, end))
-        if [m.slice for m in metas] != list(range(first, end)):
+        self._all_listed([m.slice for m in metas], first, end)
+        return metas
+
+    def slice_starts(self, first: int, end: int) -> np.ndarray:
+        """start_ms of slices [first, end), without the rest of their rows (a replay needs
+        only these and the pieces); every slice must have its index row."""
+        rows = self.slice_rows(first, end).select(["slice", "start_ms"])
+        self._all_listed(rows.column("slice").to_pylist(), first, end)
+        return rows.column("start_ms").to_numpy()
+
+    def _all_listed(self, slices: list[int], first: int, end: int) -> None:
+        if slices != list(range(first, end)):
             raise FormatError(
                 f"{self.store.url_for(self._key('slices', file_start(first)))}: slices {first}..{end - 1} "
                 "are not all in the slice index"
             )
-        return metas

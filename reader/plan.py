@@ -17,9 +17,10 @@ import numpy as np
 import keygroups
 from keygroups import compacted
 from keygroups.errors import FormatError
-from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
+from keygroups.piece_index import PIECE_SCHEMA, SLICES_PER_ROW_GROUP, PieceIndex, piece_list
 from keygroups.storage import Storage
 
+_NUMBERS = [f.name for f in PIECE_SCHEMA if f.name != "file"]
 CACHED_BLOCKS = 16  # of SLICES_PER_ROW_GROUP slices: covers the fetchers' look-ahead and threads apart
 
 
@@ -56,10 +57,22 @@ class ReplayPlan:
 
     def thread_pieces(self, b: int, t: int) -> dict[int, list[compacted.Piece]]:
         """Thread t's pieces in block b by slice, slices in order (only those it has pieces in):
-        a thread walks these, not every slice's every piece."""
+        what a thread under a drift bound walks. Built on first use, from the groups' lists."""
         by_thread = self._by_thread.get(b)
         if by_thread is None:
-            by_thread = self._load(b)[1]
+            by_group = self._load(b)[0]
+            by_thread = [{} for _ in range(self.threads)]
+            thread_of = self.thread_of_group.tolist()
+            for g in sorted(by_group):
+                for p in by_group[g]:
+                    by_thread[thread_of[g]].setdefault(p.slice, []).append(p)
+            for mine in by_thread:  # slices in order, pieces of a slice by group
+                mine_sorted = dict(sorted(mine.items()))
+                mine.clear()
+                mine.update(mine_sorted)
+            with self._lock:
+                if b in self._by_group:  # not dropped meanwhile
+                    self._by_thread = {**self._by_thread, b: by_thread}
         return by_thread[t]
 
     def slice_spread(self, s: int) -> int:
@@ -68,41 +81,41 @@ class ReplayPlan:
         slice's pieces are taken whole, one thread's after another's."""
         spreads = self._spreads.get(s // SLICES_PER_ROW_GROUP)
         if spreads is None:
-            self._load(s // SLICES_PER_ROW_GROUP)
-            spreads = self._spreads[s // SLICES_PER_ROW_GROUP]
+            spreads = self._load(s // SLICES_PER_ROW_GROUP)[1]
         return spreads.get(s, 0)
 
-    def _load(self, b: int) -> tuple[dict[int, list[compacted.Piece]], list[dict[int, list[compacted.Piece]]]]:
+    def _load(self, b: int) -> tuple[dict[int, list[compacted.Piece]], dict[int, int]]:
         while True:
             with self._lock:
                 if b in self._by_group:
-                    return self._by_group[b], self._by_thread[b]
+                    return self._by_group[b], self._spreads[b]
                 loading = self._loading.get(b)
                 if loading is None:
                     loading = self._loading[b] = Future()
                     break
             loading.result()  # another thread loads it: wait (and raise what it raised)
         try:
-            built = self._build(b)
+            by_group, spreads = self._build(b)
         except BaseException as exc:
             with self._lock:
                 del self._loading[b]
             loading.set_exception(exc)
             raise
         with self._lock:
-            groups, threads, spreads = dict(self._by_group), dict(self._by_thread), dict(self._spreads)
-            groups[b], threads[b], spreads[b] = built
+            groups, threads, all_spreads = dict(self._by_group), dict(self._by_thread), dict(self._spreads)
+            groups[b], all_spreads[b] = by_group, spreads
             # Threads do not wait for each other, so they may be blocks apart: drop the blocks
             # loaded longest ago (dicts keep insertion order), never the one just loaded.
             for old in list(groups)[: max(0, len(groups) - CACHED_BLOCKS)]:
-                del groups[old], threads[old], spreads[old]
+                del groups[old], all_spreads[old]
+                threads.pop(old, None)
             # replaced whole: readers never see half
-            self._by_group, self._by_thread, self._spreads = groups, threads, spreads
+            self._by_group, self._by_thread, self._spreads = groups, threads, all_spreads
             del self._loading[b]
         loading.set_result(None)
         if (b + 1) * SLICES_PER_ROW_GROUP < self.slices:
             threading.Thread(target=self._preload, args=(b + 1,), name="keyfill-plan", daemon=True).start()
-        return built[0], built[1]
+        return by_group, spreads
 
     def _preload(self, b: int) -> None:
         with self._lock:
@@ -113,34 +126,48 @@ class ReplayPlan:
         except BaseException:  # noqa: S110 - named to the thread that needs the block, when it loads it
             pass
 
-    def _build(
-        self, b: int
-    ) -> tuple[dict[int, list[compacted.Piece]], list[dict[int, list[compacted.Piece]]], dict[int, int]]:
+    def _build(self, b: int) -> tuple[dict[int, list[compacted.Piece]], dict[int, int]]:
+        """Block b's pieces by group and its slices' spreads, checked. Column-wise: with 10 s
+        slices a block is 4,096 pieces, and a loop over them cost 3.5 ms a block."""
         first = b * SLICES_PER_ROW_GROUP
-        block = self.index.metas(first, min(self.slices, first + SLICES_PER_ROW_GROUP))
-        self._check(block)
-        by_group: dict[int, list[compacted.Piece]] = {}
-        by_thread: list[dict[int, list[compacted.Piece]]] = [{} for _ in range(self.threads)]
-        spreads: dict[int, int] = {}
-        thread_of = self.thread_of_group.tolist()
-        for meta in block:
-            if not meta.pieces:
-                continue
-            lo, hi, threads = meta.pieces[0].min_timestamp, meta.pieces[0].max_timestamp, set()
-            for p in meta.pieces:
-                t = thread_of[p.group]
-                by_group.setdefault(p.group, []).append(p)
-                by_thread[t].setdefault(p.slice, []).append(p)
-                threads.add(t)
-                lo, hi = min(lo, p.min_timestamp), max(hi, p.max_timestamp)
-            if len(threads) > 1:
-                spreads[meta.slice] = hi - lo
-        return by_group, by_thread, spreads
-
-    def _check(self, block: list[compacted.SliceMeta]) -> None:
-        """Every index row of a block, once when it is loaded, before any GET it leads to."""
-        for meta in block:
-            for p in meta.pieces:
-                p.check(self.manifest.groups, self.store.url_for)
-            if meta.start_ms != self.manifest.bounds(meta.slice)[0]:
-                raise FormatError(f"{self.store.url}: slice {meta.slice} of the index does not match the manifest")
+        end = min(self.slices, first + SLICES_PER_ROW_GROUP)
+        starts = self.index.slice_starts(first, end)
+        want = (self.manifest.base + np.arange(first, end, dtype=np.int64)) * self.manifest.slice_duration_ms
+        if (starts != want).any():
+            bad = first + int(np.flatnonzero(starts != want)[0])
+            raise FormatError(f"{self.store.url}: slice {bad} of the index does not match the manifest")
+        table = self.index.piece_rows(first, end)
+        pieces = piece_list(table)
+        if not pieces:
+            return {}, {}
+        col = {f: table.column(f).to_numpy() for f in _NUMBERS}
+        sl, g = col["slice"], col["group"].astype(np.int64)
+        outside = (sl < first) | (sl >= end)
+        if outside.any():
+            s = int(sl[outside][0])
+            raise FormatError(f"index: a piece of slice {s}, which the slice index does not list")
+        fine = (
+            (g >= 0)
+            & (g < self.manifest.groups)
+            & (col["file_header"] > 0)
+            & (col["file_header"] <= col["offset"])
+            & (col["length"] > 0)
+            & (col["offset"] + col["length"] <= col["file_bytes"])
+            & (col["records"] >= 1)
+        )
+        if not fine.all():  # names the first bad row the way every reader does
+            bad = pieces[int(np.flatnonzero(~fine)[0])]
+            bad.check(self.manifest.groups, self.store.url_for)
+            raise FormatError(f"{bad.where(self.store.url_for(bad.file))}: index row out of range")
+        order = np.lexsort((sl, g))  # by group, then slice
+        heads = np.flatnonzero(np.diff(g[order])) + 1
+        by_group = {int(g[idx[0]]): [pieces[i] for i in idx.tolist()] for idx in np.split(order, heads)}
+        # per slice: earliest and latest record, and whether two threads or more have pieces
+        order = np.argsort(sl, kind="stable")
+        heads = np.concatenate([[0], np.flatnonzero(np.diff(sl[order])) + 1])
+        th = self.thread_of_group[g[order]]
+        lo = np.minimum.reduceat(col["min_timestamp"][order], heads)
+        hi = np.maximum.reduceat(col["max_timestamp"][order], heads)
+        several = np.minimum.reduceat(th, heads) != np.maximum.reduceat(th, heads)
+        spreads = {int(s): int(h - x) for s, x, h in zip(sl[order][heads][several], lo[several], hi[several])}
+        return by_group, spreads

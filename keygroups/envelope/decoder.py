@@ -9,6 +9,9 @@ reference this decoder is proven equal to by property tests.
 
 from __future__ import annotations
 
+import functools
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -184,15 +187,29 @@ def _decode_records(buf, starts, ends, counts):
     )
 
 
-def decode_avro(data: bytes, *, name: str = "<bytes>", verified: bool = False) -> tuple[dict[str, str], pa.RecordBatch]:
+@functools.lru_cache(maxsize=256)
+def _is_envelope(schema: bytes | None) -> bool:
+    """Whether an Avro schema (JSON text) is the envelope's shape; once per distinct schema
+    (parsing and normalising it per decoded step cost more than decoding a short one)."""
+    try:
+        return schema is not None and normal_type(json.loads(schema)) == ENVELOPE_SHAPE
+    except (ValueError, KeyError, TypeError):  # not JSON, or JSON that is no Avro schema
+        return False
+
+
+def decode_avro(
+    data: bytes, *, name: str = "<bytes>", verified: bool = False, header: bytes | None = None
+) -> tuple[dict[str, str], pa.RecordBatch]:
     """Metadata and records of an envelope Avro file as one Arrow batch, decoded by compiled
     loops; same result as `read_avro_batch` (the fastavro reference), about 10x faster. The
     container framing and the records are parsed with the GIL released; the batch's buffers
     are exactly as large as its data (none of them is a view on `data`). `verified`: the
-    caller checked `data`'s blocks against its own checksum (`framing.decompress`)."""
-    blocks = read_blocks(data, name, verified=verified)
+    caller checked `data`'s blocks against its own checksum (`framing.decompress`).
+    `header`: the file's header when `data` is only whole blocks of it (`framing.read_blocks`)."""
+    blocks = read_blocks(data, name, verified=verified, header=header)
     meta = text_metadata(blocks.meta, name)
-    if normal_type(blocks.schema(name)) != ENVELOPE_SHAPE:
+    if not _is_envelope(blocks.meta.get("avro.schema")):
+        blocks.schema(name)  # names a missing or unreadable schema
         raise CorruptFile(f"{name}: Avro schema is not the keyfill envelope schema")
     buf, starts, ends, counts = blocks.buf, blocks.starts, blocks.ends, blocks.counts
     if (counts > (ends - starts) // 6).any():  # an envelope record takes at least 6 bytes

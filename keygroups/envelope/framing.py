@@ -10,6 +10,7 @@ block walk and the record loops run compiled, GIL released.
 from __future__ import annotations
 
 import bz2
+import functools
 import io
 import json
 import lzma
@@ -320,15 +321,22 @@ class Blocks:
         return Blocks(self.meta, buf, ends - (self.ends - self.starts), ends, self.counts)
 
 
-def read_blocks(data: bytes, name: str, *, verified: bool = False) -> Blocks:
+def read_blocks(data: bytes, name: str, *, verified: bool = False, header: bytes | None = None) -> Blocks:
     """Header, block framing (sync markers checked, GIL released) and decompression: what
     every decoder of Avro containers needs before it reads records (`verified`: see
-    `decompress`)."""
+    `decompress`). `header`: the file's header, when `data` holds only whole blocks from
+    it (a ranged read); parsed once per distinct header, not once per call."""
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-    try:
-        meta, sync, pos = read_header(view, name)
-    except HeaderTruncated:
-        raise CorruptFile(f"{name}: not a readable Avro file: header ends early") from None
+    if header is None:
+        try:
+            meta, sync, pos = read_header(view, name)
+        except HeaderTruncated:
+            raise CorruptFile(f"{name}: not a readable Avro file: header ends early") from None
+    else:
+        parsed = _parsed_header(header)
+        if isinstance(parsed, str):
+            raise CorruptFile(f"{name}: {parsed}")
+        meta, sync, pos = parsed[0], parsed[1], 0
     buf = np.frombuffer(view, np.uint8)
     starts, ends, counts, err, at = frame_blocks(buf, pos, np.frombuffer(sync, np.uint8))
     if err:
@@ -336,10 +344,25 @@ def read_blocks(data: bytes, name: str, *, verified: bool = False) -> Blocks:
         raise CorruptFile(f"{name}: not a readable Avro file: {what} at byte {at}")
     codec = meta.get("avro.codec", b"null").decode(errors="replace")
     if codec in ("zstandard", "lz4"):
-        return _fastavro_blocks(data, meta, name)
+        return _fastavro_blocks(data if header is None else header + data, meta, name)
     if codec != "null":
         buf, starts, ends = decompress(codec, view, starts, ends, name, verified=verified)
     return Blocks(meta, buf, starts, ends, counts)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_header(header: bytes) -> tuple[dict[str, bytes], bytes] | str:
+    """(metadata, sync marker) of a whole Avro header, or what is wrong with it. A reader
+    decodes a file's pieces a step at a time, each with the same header: parsing it in
+    Python every time cost about a quarter of a short step. Callers must not change the
+    metadata dict (it is shared)."""
+    try:
+        meta, sync, pos = read_header(memoryview(header), "")
+    except (HeaderTruncated, CorruptFile) as exc:
+        return str(exc).removeprefix(": ")
+    if pos != len(header):
+        return f"the {len(header)}-byte header has {len(header) - pos} bytes after its sync marker"
+    return meta, sync
 
 
 # Codecs whose blocks decompress in one call (the Avro spec's deflate is raw, no zlib header).
