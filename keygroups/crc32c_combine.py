@@ -33,10 +33,11 @@ def _mult(a: int, b: int) -> int:
 
 @njit(cache=True, nogil=True)
 def _powers() -> np.ndarray:
-    """x^(2^k) modulo the polynomial, k = 0..31 (the powers repeat with a period dividing 2^32 - 1)."""
-    out = np.empty(32, np.int64)
+    """x^(2^k) modulo the polynomial, k = 0..66: enough for any length below 2^63 bytes,
+    without relying on the powers repeating."""
+    out = np.empty(67, np.int64)
     out[0] = 1 << 30  # x^1
-    for k in range(1, 32):
+    for k in range(1, 67):
         out[k] = _mult(out[k - 1], out[k - 1])
     return out
 
@@ -48,7 +49,7 @@ def _shift(crc: int, n: int, powers: np.ndarray) -> int:
     k = 3  # x^(8n) = x^(2^3 n)
     while n:
         if n & 1:
-            p = _mult(powers[k & 31], p)
+            p = _mult(powers[k], p)
         n >>= 1
         k += 1
     return _mult(p, crc)

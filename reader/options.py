@@ -19,7 +19,8 @@ class ReplayOptions:
     # current run and the next, so runs are read_ahead_bytes / (2 x groups), at most range_bytes.
     read_ahead_bytes: int = 2 << 30
     range_bytes: int = compacted.GET_BYTES  # the largest GET; 0: a run in one GET, however long
-    # bundles buffered for the consumer, shared among the threads' FIFOs, at least one each (default 2 x threads)
+    # decoded steps (one group's pieces, ~1 MiB) waiting for the consumer, shared among the threads' FIFOs, at
+    # least one each (default 2 x threads)
     queue_batches: int | None = None
     max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses
     pacing: str = "drift"  # or "proportional": the seed design's sleep heuristic, for comparison; "none"
