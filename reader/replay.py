@@ -172,7 +172,7 @@ class Replay:
         whose next piece is earliest (so the thread's FIFO goes forward in slice order, and
         `through` is the earliest slice some group of it still has to hand over). Per step,
         not per piece: a 10 s slice's piece is a few KB, and per-piece work in every thread,
-        each taking the GIL in turn, cost more than decoding."""
+        each taking the GIL in turn, held them all back (`reader.slice_merge`)."""
         slices, merge, pacer, stop = self.plan.slices, self._merge, self.pacer, self._stop
         heap = [(first, g) for g in sorted(self.plan.groups_of(t))]  # (nothing of g left before, g)
         fetcher.prefetch(first)
