@@ -260,8 +260,7 @@ class PieceFetcher:
         look-ahead limit stopped the search."""
         runs = self._runs[g]
         if not runs:
-            start = max(s, self._frontier.setdefault(g, s))
-            self._frontier[g] = start
+            self._frontier[g] = start = max(s, self._frontier.get(g, s))
             self._schedule(g, min(self.slices, start + LOOKAHEAD_SLICES))
             if not runs:
                 return None

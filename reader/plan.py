@@ -35,9 +35,9 @@ class ReplayPlan:
             self.thread_of_group = keygroups.assign_threads(self.group_bytes, threads)
         else:
             self.thread_of_group = np.zeros(0, np.int32)
-        self._by_group: dict[int, dict[int, list[compacted.Piece]]] = {}  # block -> group -> pieces
+        # block -> (group -> pieces, slice -> its event-time reach across threads)
+        self._blocks: dict[int, tuple[dict[int, list[compacted.Piece]], dict[int, int]]] = {}
         self._by_thread: dict[int, list[dict[int, list[compacted.Piece]]]] = {}  # block -> thread -> slice -> pieces
-        self._spreads: dict[int, dict[int, int]] = {}  # block -> slice -> its event-time reach across threads
         self._loading: dict[int, Future] = {}  # blocks being loaded, by whichever thread started first
         self._lock = threading.Lock()
 
@@ -50,10 +50,7 @@ class ReplayPlan:
 
     def group_pieces(self, b: int, g: int) -> list[compacted.Piece]:
         """Group g's pieces in block b (SLICES_PER_ROW_GROUP slices), in slice order."""
-        by_group = self._by_group.get(b)
-        if by_group is None:
-            by_group = self._load(b)[0]
-        return by_group.get(g, [])
+        return (self._blocks.get(b) or self._load(b))[0].get(g, [])
 
     def thread_pieces(self, b: int, t: int) -> dict[int, list[compacted.Piece]]:
         """Thread t's pieces in block b by slice, slices in order (only those it has pieces in):
@@ -61,17 +58,14 @@ class ReplayPlan:
         by_thread = self._by_thread.get(b)
         if by_thread is None:
             by_group = self._load(b)[0]
-            by_thread = [{} for _ in range(self.threads)]
+            unsorted: list[dict[int, list[compacted.Piece]]] = [{} for _ in range(self.threads)]
             thread_of = self.thread_of_group.tolist()
-            for g in sorted(by_group):
+            for g in sorted(by_group):  # pieces of a slice by group
                 for p in by_group[g]:
-                    by_thread[thread_of[g]].setdefault(p.slice, []).append(p)
-            for mine in by_thread:  # slices in order, pieces of a slice by group
-                mine_sorted = dict(sorted(mine.items()))
-                mine.clear()
-                mine.update(mine_sorted)
+                    unsorted[thread_of[g]].setdefault(p.slice, []).append(p)
+            by_thread = [dict(sorted(mine.items())) for mine in unsorted]  # slices in order
             with self._lock:
-                if b in self._by_group:  # not dropped meanwhile
+                if b in self._blocks:  # not dropped meanwhile
                     self._by_thread = {**self._by_thread, b: by_thread}
         return by_thread[t]
 
@@ -79,47 +73,44 @@ class ReplayPlan:
         """From the earliest record of slice s's pieces to the latest, when two threads or
         more have pieces in it (else 0): how far apart in event time the threads are when a
         slice's pieces are taken whole, one thread's after another's."""
-        spreads = self._spreads.get(s // SLICES_PER_ROW_GROUP)
-        if spreads is None:
-            spreads = self._load(s // SLICES_PER_ROW_GROUP)[1]
-        return spreads.get(s, 0)
+        b = s // SLICES_PER_ROW_GROUP
+        return (self._blocks.get(b) or self._load(b))[1].get(s, 0)
 
     def _load(self, b: int) -> tuple[dict[int, list[compacted.Piece]], dict[int, int]]:
         while True:
             with self._lock:
-                if b in self._by_group:
-                    return self._by_group[b], self._spreads[b]
+                if b in self._blocks:
+                    return self._blocks[b]
                 loading = self._loading.get(b)
                 if loading is None:
                     loading = self._loading[b] = Future()
                     break
             loading.result()  # another thread loads it: wait (and raise what it raised)
         try:
-            by_group, spreads = self._build(b)
+            built = self._build(b)
         except BaseException as exc:
             with self._lock:
                 del self._loading[b]
             loading.set_exception(exc)
             raise
         with self._lock:
-            groups, threads, all_spreads = dict(self._by_group), dict(self._by_thread), dict(self._spreads)
-            groups[b], all_spreads[b] = by_group, spreads
+            blocks, threads = {**self._blocks, b: built}, dict(self._by_thread)
             # Threads do not wait for each other, so they may be blocks apart: drop the blocks
             # loaded longest ago (dicts keep insertion order), never the one just loaded.
-            for old in list(groups)[: max(0, len(groups) - CACHED_BLOCKS)]:
-                del groups[old], all_spreads[old]
+            for old in list(blocks)[: max(0, len(blocks) - CACHED_BLOCKS)]:
+                del blocks[old]
                 threads.pop(old, None)
             # replaced whole: readers never see half
-            self._by_group, self._by_thread, self._spreads = groups, threads, all_spreads
+            self._blocks, self._by_thread = blocks, threads
             del self._loading[b]
         loading.set_result(None)
         if (b + 1) * SLICES_PER_ROW_GROUP < self.slices:
             threading.Thread(target=self._preload, args=(b + 1,), name="keyfill-plan", daemon=True).start()
-        return by_group, spreads
+        return built
 
     def _preload(self, b: int) -> None:
         with self._lock:
-            if b in self._by_group or b in self._loading:
+            if b in self._blocks or b in self._loading:
                 return
         try:
             self._load(b)
@@ -146,15 +137,7 @@ class ReplayPlan:
         if outside.any():
             s = int(sl[outside][0])
             raise FormatError(f"index: a piece of slice {s}, which the slice index does not list")
-        fine = (
-            (g >= 0)
-            & (g < self.manifest.groups)
-            & (col["file_header"] > 0)
-            & (col["file_header"] <= col["offset"])
-            & (col["length"] > 0)
-            & (col["offset"] + col["length"] <= col["file_bytes"])
-            & (col["records"] >= 1)
-        )
+        fine = compacted.rows_fine(col, self.manifest.groups)
         if not fine.all():  # names the first bad row the way every reader does
             bad = pieces[int(np.flatnonzero(~fine)[0])]
             bad.check(self.manifest.groups, self.store.url_for)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -206,20 +206,10 @@ class Replay:
         """Group g's next decoded step and its pieces' record counts; in the slice this replay
         resumed in, without the records emitted before its checkpoint."""
         p = fetcher.next_piece(g)
-        try:
-            step, batch = fetcher.step(g)
-        except compacted.FormatError as exc:
-            raise ReplayError(str(exc)) from exc
-        except BaseException as exc:
-            raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
+        step, batch = self._named(p, fetcher.step, g)
         counts = [q.records for q in step]
-        if step[0].slice == self._skip_slice:  # the first piece, if any: steps start at `first`
-            skip = self._skip.get(g, 0)
-            if skip > counts[0]:
-                raise ReplayError(
-                    f"{p.where(self.store.url_for(p.file))}: the checkpoint says {skip} records were emitted, "
-                    f"the piece has {counts[0]}"
-                )
+        if p.slice == self._skip_slice:  # only a step's first piece can be: steps start at `first`
+            skip = self._skipped(p, counts[0])
             if skip:
                 batch, counts[0] = batch.slice(skip), counts[0] - skip
         return step, batch, counts
@@ -228,40 +218,50 @@ class Replay:
         """Under a drift bound: this thread's groups merged by event time (each group in its
         own order), so its event time only moves forward within the slice, each batch waiting
         while the thread is too far ahead of the slowest."""
-        runs = []  # per group: its batches with a non-decreasing event-time key
+        runs = []  # per group: its batches (row ranges) with a non-decreasing event-time key
+        batches: dict[int, pa.RecordBatch] = {}
         for p in own:
             if self._stop.is_set():
                 return
             batch = self._read(fetcher, p, s == self._skip_slice)
             runs.append(
-                [
-                    (ts, p.group, i, Records(batch.slice(a, b - a), s, p.group))
-                    for i, (ts, a, b) in enumerate(self.pacer.cut(batch, self.options.batch_size))
-                ]
+                [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(self.pacer.cut(batch, self.options.batch_size))]
             )
-        for ts, _, _, records in heapq.merge(*runs):
+            batches[p.group] = batch
+        for ts, g, _, a, b in heapq.merge(*runs):
             self.pacer.pace(t, ts)
-            if not self._merge.put(t, [Bundle(records.batch, records.group, [s], [records.batch.num_rows])], s):
+            if not self._merge.put(t, [Bundle(batches[g].slice(a, b - a), g, [s], [b - a])], s):
                 return
-            self.pacer.advance(t, ts, records.group)
+            self.pacer.advance(t, ts, g)
 
     def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> pa.RecordBatch:
         """The piece's records, tagged with their group and checked against the index before
         any of them is emitted; `resumed`: in the slice this replay resumed in, only those not
         emitted before its checkpoint."""
+        batch = self._named(p, fetcher.read, p)
+        skip = self._skipped(p, batch.num_rows) if resumed else 0
+        return batch.slice(skip) if skip else batch
+
+    def _named(self, p: compacted.Piece, read: Callable[..., Any], *args: Any) -> Any:
+        """`read(*args)`, its failure raised as a ReplayError naming piece p (a FormatError
+        names its own piece)."""
         try:
-            batch = fetcher.read(p)
+            return read(*args)
         except compacted.FormatError as exc:
             raise ReplayError(str(exc)) from exc
         except BaseException as exc:
             raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
-        skip = self._skip.get(p.group, 0) if resumed else 0
-        if skip > batch.num_rows:
-            where = p.where(self.store.url_for(p.file))
+
+    def _skipped(self, p: compacted.Piece, records: int) -> int:
+        """Records of piece p (of `records`) emitted before the checkpoint this replay resumed
+        from: more than the piece has is a checkpoint of another archive or a damaged one."""
+        skip = self._skip.get(p.group, 0)
+        if skip > records:
             raise ReplayError(
-                f"{where}: the checkpoint says {skip} records were emitted, the piece has {batch.num_rows}"
+                f"{p.where(self.store.url_for(p.file))}: the checkpoint says {skip} records were emitted, "
+                f"the piece has {records}"
             )
-        return batch.slice(skip) if skip else batch
+        return skip
 
     # --- consumer ---------------------------------------------------------------------------
 
@@ -295,19 +295,13 @@ class Replay:
             try:
                 for ready in self._merge.records(s):
                     for bundle, k in ready:
-                        a, g = bundle.rows[k], bundle.group
-                        n = bundle.rows[k + 1] - a
-                        if not n:  # all of it emitted before the checkpoint this replay resumed from
-                            continue
-                        emitted[g] = emitted.get(g, 0) + n
-                        if n <= size:
-                            yield Records(bundle.batch.slice(a, n), s, g)
-                            continue
-                        emitted[g] -= n  # counted batch by batch: a checkpoint may fall between them
-                        for at in range(a, a + n, size):
-                            part = bundle.batch.slice(at, min(size, a + n - at))
-                            emitted[g] += part.num_rows
-                            yield Records(part, s, g)
+                        a, b, g = bundle.rows[k], bundle.rows[k + 1], bundle.group
+                        # one batch, unless the piece is over batch_size; none if the checkpoint
+                        # this replay resumed from covered it all
+                        for at in range(a, b, size):
+                            m = min(size, b - at)
+                            emitted[g] = emitted.get(g, 0) + m  # before the yield: a checkpoint may follow it
+                            yield Records(bundle.batch.slice(at, m), s, g)
             except ThreadFailed as failed:
                 self.close()
                 if isinstance(failed.error, ReplayError):
