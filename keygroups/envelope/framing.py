@@ -22,7 +22,9 @@ import fastavro
 import numpy as np
 
 from keygroups._numba import njit
+from keygroups.envelope import snappy
 from keygroups.envelope.schema import CODECS
+from keygroups.envelope.snappy import snappy_lengths
 from keygroups.errors import CorruptFile, HeaderTruncated, OptionError
 
 # Error codes of the compiled Avro readers (the envelope decoder and the Kafka Connect ones).
@@ -109,29 +111,6 @@ def read_varint(buf, pos, end):
             break
         shift += 7
     return ((z >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(z & 1), pos  # logical shift: z is unsigned
-
-
-@njit(cache=True, nogil=True)
-def snappy_lengths(buf, starts, ends):
-    """Each raw snappy block's uncompressed length, from its preamble (an unsigned LEB128
-    varint, at most 32 bits); -1 for a block whose preamble is cut short or too long. One
-    compiled pass instead of a library call per block: a run of short slices has thousands."""
-    out = np.empty(len(starts), np.int64)
-    for b in range(len(starts)):
-        pos, end = starts[b], ends[b]
-        n = np.int64(0)
-        shift = 0
-        out[b] = -1
-        while pos < end and shift <= 28:
-            c = np.int64(buf[pos])
-            pos += 1
-            n |= (c & 0x7F) << shift
-            if c < 0x80:
-                if n < (1 << 32):  # snappy lengths are 32-bit
-                    out[b] = n
-                break
-            shift += 7
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -396,7 +375,8 @@ def decompress(
     codec: str, view: memoryview, starts: np.ndarray, ends: np.ndarray, name: str, *, verified: bool = False
 ):
     """(buffer, starts, ends) of the decompressed blocks. snappy goes straight into one
-    buffer sized from the blocks' own length prefixes; cramjam and zlib release the GIL.
+    buffer sized from the blocks' own length prefixes, all blocks in one compiled call
+    (`keygroups.envelope.snappy`); zlib, bz2 and lzma release the GIL per block.
 
     `verified`: the caller has already checked these compressed bytes against a checksum
     of its own (the piece index's CRC-32C), so snappy's per-block CRC-32 of the output is
@@ -406,23 +386,22 @@ def decompress(
     sizes = np.empty(len(starts), np.int64)
     try:
         if codec == "snappy":
-            import cramjam
-
             if (ends - starts < 4).any():
                 raise ValueError("snappy block shorter than its checksum")
-            sizes = snappy_lengths(np.frombuffer(view, np.uint8), starts, ends - 4)
+            buf = np.frombuffer(view, np.uint8)
+            sizes = snappy_lengths(buf, starts, ends - 4)
             if (sizes < 0).any():
                 raise ValueError("snappy block without a valid length")
-            bounds = list(zip(starts.tolist(), ends.tolist()))
             out_ends = np.cumsum(sizes)
-            out = np.empty(int(out_ends[-1]) if len(sizes) else 0, np.uint8)
-            into = cramjam.snappy.decompress_raw_into
-            for (s, e), a, z in zip(bounds, (out_ends - sizes).tolist(), out_ends.tolist()):
-                piece = out[a:z]
-                if into(view[s : e - 4], piece) != z - a:
-                    raise ValueError("snappy block shorter than it says")
-                if not verified and zlib.crc32(piece) != int.from_bytes(view[e - 4 : e], "big"):
-                    raise ValueError("snappy block checksum mismatch")
+            whole = np.empty((int(out_ends[-1]) if len(sizes) else 0) + snappy.SLACK, np.uint8)
+            bad = snappy.decompress_blocks(buf, starts, ends - 4, whole, out_ends - sizes, out_ends)
+            if bad >= 0:
+                raise ValueError(f"block {bad + 1} of {len(starts)} is not valid snappy data")
+            out = whole[: len(whole) - snappy.SLACK]
+            if not verified:
+                for e, a, z in zip(ends.tolist(), (out_ends - sizes).tolist(), out_ends.tolist()):
+                    if zlib.crc32(out[a:z]) != int.from_bytes(view[e - 4 : e], "big"):
+                        raise ValueError("snappy block checksum mismatch")
         elif codec in _WHOLE_BLOCK:
             unpack = _WHOLE_BLOCK[codec]
             pieces = [unpack(view[s:e]) for s, e in zip(starts.tolist(), ends.tolist())]
