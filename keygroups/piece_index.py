@@ -22,6 +22,7 @@ dictionary encoding makes them nearly free), and any engine can query it.
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -128,7 +129,7 @@ def slice_metas(slices: pa.Table, pieces: pa.Table) -> list[SliceMeta]:
 
 def piece_list(pieces: pa.Table) -> list[Piece]:
     """PIECE_SCHEMA rows as Pieces, in table order."""
-    return [Piece(*row) for row in zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA])))]
+    return list(map(Piece._make, zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA])))))
 
 
 def index_key(kind: str, first_slice: int, run: str) -> str:
@@ -217,7 +218,8 @@ class _RangedObject(io.RawIOBase):
 class PieceIndex:
     """Reads the index of an archive of `slices` slices, a row group at a time, keeping the
     files it opened (the index of a committed version never changes). `runs`: the manifest's
-    `index_runs`."""
+    `index_runs`. Safe to share between threads: reads of the open files take turns (a
+    ParquetFile and the object under it keep a position)."""
 
     store: Storage
     slices: int
@@ -225,6 +227,7 @@ class PieceIndex:
 
     def __post_init__(self) -> None:
         self._files: dict[str, pq.ParquetFile] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, store: Storage, manifest: Manifest) -> PieceIndex:
@@ -253,12 +256,14 @@ class PieceIndex:
         if first == end:
             return
         for start in range(file_start(first), end, SLICES_PER_FILE):
-            f = self._file(kind, start)
+            with self._lock:
+                f = self._file(kind, start)
             for rg in range(f.metadata.num_row_groups):
                 stats = f.metadata.row_group(rg).column(0).statistics
                 if stats is not None and stats.has_min_max and (stats.max < first or stats.min >= end):
                     continue  # the row group holds none of the slices asked for
-                table = f.read_row_group(rg)
+                with self._lock:
+                    table = f.read_row_group(rg)
                 s = table.column("slice")
                 yield table.filter(pc.and_(pc.greater_equal(s, first), pc.less(s, end)))
 

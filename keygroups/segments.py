@@ -17,7 +17,6 @@ Without it every append would leave each group one more small file.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -154,7 +153,7 @@ class SegmentWriter:
             else:
                 self.store.write(self._key, b"".join(self._parts))
             self.files.append(self._key)
-            self.pieces += [dataclasses.replace(p, file_bytes=self._size) for p in self._open]
+            self.pieces += [p._replace(file_bytes=self._size) for p in self._open]
             self._open, self._parts, self._size = [], [], 0
 
     def take(self) -> list[Piece]:

@@ -11,7 +11,6 @@ out) on its own and its result is dropped.
 
 from __future__ import annotations
 
-import bisect
 import queue
 import threading
 from collections import deque
@@ -19,11 +18,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted
 from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError
+from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
 from reader.coalesce import checked, parts, span
@@ -87,10 +88,6 @@ class FetchPool:
 LOOKAHEAD_SLICES = 256  # how far a run may reach past the slice being read
 
 
-def _slice_of(p: Piece) -> int:
-    return p.slice
-
-
 def run_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
     """The largest run a reader fetches: each group holds the run it reads and the next one
     in flight, so 2 x groups runs share the budget, and no run exceeds `get_bytes` (unless
@@ -111,10 +108,10 @@ class _Fetched:
     """A run in flight: the futures of its parts (from byte `start`), joined once into bytes
     and decoded in steps of about DECODE_BYTES."""
 
-    def __init__(self, start: int, pieces: list[Piece], futures: list[Future]) -> None:
+    def __init__(self, start: int, pieces: PieceColumns, futures: list[Future]) -> None:
         self.start, self.pieces, self.futures = start, pieces, futures
-        self.last_slice = pieces[-1].slice
-        self.slices = {p.slice: p for p in pieces}
+        self.last_slice = int(pieces.slice[-1])
+        self._ends = np.cumsum(pieces.length)  # bytes of the run's pieces up to each one's end
         self._data: bytes | None = None
         self._records: dict[int, pa.RecordBatch] = {}  # decoded and not yet read, by slice
         self._decoded = 0  # pieces decoded so far
@@ -131,6 +128,15 @@ class _Fetched:
         return self.pieces[self._decoded]
 
     @property
+    def next_slice(self) -> int:
+        return int(self.pieces.slice[self._decoded])
+
+    def index_of(self, s: int) -> int | None:
+        """Where the run's piece of slice s is, if it has one."""
+        i = int(np.searchsorted(self.pieces.slice, s))
+        return i if i < len(self.pieces) and self.pieces.slice[i] == s else None
+
+    @property
     def done(self) -> bool:
         return self._decoded == len(self.pieces)
 
@@ -139,19 +145,17 @@ class _Fetched:
         url_for: Callable[[str], str],
         header: Callable[[Piece, str], bytes],
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
-    ) -> tuple[list[Piece], pa.RecordBatch]:
-        """The run's next pieces, about DECODE_BYTES of them, checked and decoded in one pass
-        and `finish`ed once: their records back to back, piece after piece."""
+    ) -> tuple[PieceColumns, pa.RecordBatch]:
+        """The run's next pieces, about DECODE_BYTES of them (at least one), checked and
+        decoded in one pass and `finish`ed once: their records back to back, piece after piece."""
         pieces, i = self.pieces, self._decoded
-        url = url_for(pieces[i].file)
+        url = url_for(pieces.file_of(i))
         data = self.data(url)
-        j, size = i + 1, pieces[i].length
-        while j < len(pieces) and size + pieces[j].length <= DECODE_BYTES:
-            size += pieces[j].length
-            j += 1
-        step = pieces[i:j]
-        head = data[: pieces[0].file_header] if self.start == 0 else header(pieces[i], url)
-        batch = finish(compacted.read_run(head, data, self.start, step, url), pieces[0].group)
+        done = int(self._ends[i - 1]) if i else 0
+        j = max(i + 1, int(np.searchsorted(self._ends, done + DECODE_BYTES, side="right")))
+        step = pieces.rows(i, j)
+        head = data[: int(pieces.file_header[0])] if self.start == 0 else header(pieces[i], url)
+        batch = finish(compacted.read_run(head, data, self.start, step, url), int(pieces.group[0]))
         self._decoded = j
         if j == len(pieces):
             self._data = None
@@ -170,7 +174,7 @@ class _Fetched:
         if batch is not None:
             return batch
         step, whole = self.step(url_for, header, finish)
-        self._records.update((q.slice, b) for q, b in zip(step, compacted.split_run(whole, step)))
+        self._records.update(zip(step.slice.tolist(), compacted.split_run(whole, step)))
         return self._records.pop(p.slice)
 
 
@@ -183,7 +187,7 @@ class PieceFetcher:
         self,
         store: Storage,
         pool: FetchPool,
-        group_pieces: Callable[[int, int], list[Piece]],
+        group_pieces: Callable[[int, int], PieceColumns],
         slices: int,
         groups: set[int],
         *,
@@ -207,32 +211,46 @@ class PieceFetcher:
 
     def _schedule(self, g: int, limit: int) -> None:
         """Start the GETs of group g's next run, looking at its pieces up to slice `limit`
-        (a block's pieces by group come from the plan: no walk over every slice)."""
+        (a block's pieces by group come from the plan, as columns: no walk over every slice
+        or piece)."""
         s = self._frontier[g]
-        pieces: list[Piece] = []
+        found: list[PieceColumns] = []
+        file, start, end = "", 0, 0  # the run so far: its file and bytes [start, end)
         while s < limit:
             block = s // SLICES_PER_ROW_GROUP
             mine = self.group_pieces(block, g)
             stop = min(limit, (block + 1) * SLICES_PER_ROW_GROUP)
-            for piece in mine[bisect.bisect_left(mine, s, key=_slice_of) :]:
-                if piece.slice >= stop:
-                    break
-                if pieces and (
-                    piece.file != pieces[-1].file
-                    or piece.offset != pieces[-1].end
-                    or piece.end - pieces[0].offset > self.run_bytes
-                ):
-                    stop = piece.slice
-                    limit = stop  # the run ends before this piece
-                    break
-                pieces.append(piece)
+            a, z = np.searchsorted(mine.slice, [s, stop]).tolist()
+            if a < z:
+                if not found:
+                    file, start = mine.file_of(a), int(mine.offset[a])
+                    end = start  # the first piece joins whatever its size
+                n = self._joining(mine, a, z, file, start, end)
+                if n:
+                    found.append(mine.rows(a, a + n))
+                    end = int(mine.offset[a + n - 1] + mine.length[a + n - 1])
+                if a + n < z:  # the run ends before this piece
+                    stop = limit = int(mine.slice[a + n])
             s = stop
         self._frontier[g] = s
-        if not pieces:
+        if not found:
             return
+        pieces = PieceColumns.concat(found)
         start, end = span(pieces)
-        futures = [self._submit(pieces[0].file, a, n) for a, n in parts(start, end, self.part_bytes)]
+        futures = [self._submit(file, a, n) for a, n in parts(start, end, self.part_bytes)]
         self._runs[g].append(_Fetched(start, pieces, futures))
+
+    def _joining(self, mine: PieceColumns, a: int, z: int, file: str, start: int, end: int) -> int:
+        """How many of pieces a..z-1 carry on the run of `file` bytes [start, end): each must
+        begin in that file where the one before it ends, and the run stay within run_bytes."""
+        if mine.file_of(a) != file or mine.offset[a] != end:
+            return 0
+        ids, offsets, ends = mine.file_id[a:z], mine.offset[a:z], mine.end[a:z]
+        bad = (ends - start > self.run_bytes)[1:] | (ids[1:] != ids[:-1]) | (offsets[1:] != ends[:-1])
+        if ends[0] - start > self.run_bytes and end > start:  # a first piece joins whatever its size
+            return 0
+        first_bad = np.flatnonzero(bad)
+        return int(first_bad[0]) + 1 if len(first_bad) else z - a
 
     def _fill(self, g: int, s: int) -> None:
         """Group g's runs in flight: the one being read and, with read-ahead, the next."""
@@ -264,7 +282,7 @@ class PieceFetcher:
             self._schedule(g, min(self.slices, start + LOOKAHEAD_SLICES))
             if not runs:
                 return None
-        return runs[0].next_piece.slice
+        return runs[0].next_slice
 
     def frontier(self, g: int) -> int:
         """The first slice group g's pieces have not been looked for in yet."""
@@ -274,7 +292,7 @@ class PieceFetcher:
         """Group g's next piece, once `next_slice` said there is one: what an error names."""
         return self._runs[g][0].next_piece
 
-    def step(self, g: int) -> tuple[list[Piece], pa.RecordBatch]:
+    def step(self, g: int) -> tuple[PieceColumns, pa.RecordBatch]:
         """Group g's next pieces (once `next_slice` said there is one), decoded together:
         their records back to back. The next run is put in flight when this one ends."""
         runs = self._runs[g]
@@ -283,7 +301,7 @@ class PieceFetcher:
         if fetched.done:
             runs.popleft()
             if self.ahead:
-                self._fill(g, step[-1].slice + 1)
+                self._fill(g, fetched.last_slice + 1)
         return step, batch
 
     def _header(self, p: Piece, url: str) -> bytes:
@@ -302,13 +320,13 @@ class PieceFetcher:
         runs = self._runs[p.group]
         while runs and runs[0].last_slice < p.slice:
             runs.popleft()
-        if not runs or runs[0].pieces[0].slice > p.slice:  # not in flight (no read-ahead budget)
+        if not runs or runs[0].pieces.slice[0] > p.slice:  # not in flight (no read-ahead budget)
             runs.clear()
             self._frontier[p.group] = p.slice
             self._schedule(p.group, p.slice + 1)
         fetched = runs[0]
-        planned = fetched.slices.get(p.slice)
-        if planned is not p and planned != p:  # the same object, unless its index block was reloaded
+        at = fetched.index_of(p.slice)
+        if at is None or fetched.pieces[at] != p:
             url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
         batch = fetched.take(p, self.store.url_for, self._header, self.finish)

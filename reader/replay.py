@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from keygroups import compacted, envelope
 from keygroups.errors import KeyfillError, OptionError
+from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
@@ -195,19 +196,20 @@ class Replay:
                 heapq.heapreplace(heap, (nxt, g))
                 continue
             step, batch, counts = self._step(fetcher, g)
-            heapq.heapreplace(heap, (step[-1].slice + 1, g))
-            if not merge.put(t, [Bundle(batch, g, [p.slice for p in step], counts)], heap[0][0] if heap else slices):
+            numbers = step.slice.tolist()
+            heapq.heapreplace(heap, (numbers[-1] + 1, g))
+            if not merge.put(t, [Bundle(batch, g, numbers, counts)], heap[0][0] if heap else slices):
                 return
             if pacer.proportional:  # the seed's heuristic: a sleep per batch, lighter groups longer
-                pacer.advance(t, step[-1].max_timestamp, g, len(step))
+                pacer.advance(t, int(step.max_timestamp[-1]), g, len(step))
         merge.put(t, [], slices)  # says this thread is past every slice
 
-    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[list[compacted.Piece], pa.RecordBatch, list[int]]:
+    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int]]:
         """Group g's next decoded step and its pieces' record counts; in the slice this replay
         resumed in, without the records emitted before its checkpoint."""
-        p = fetcher.next_piece(g)
+        p = fetcher.next_piece(g)  # what an error names
         step, batch = self._named(p, fetcher.step, g)
-        counts = [q.records for q in step]
+        counts = step.records.tolist()
         if p.slice == self._skip_slice:  # only a step's first piece can be: steps start at `first`
             skip = self._skipped(p, counts[0])
             if skip:

@@ -16,7 +16,6 @@ in a clear error naming the object at fault, with nothing lost and nothing wrong
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -212,9 +211,7 @@ def damage_piece(store, kind: str):
     elif kind == "truncated file":
         store.write(victim.file, store.read(victim.file)[: victim.offset + 10])
     else:  # the index points past the end of the file
-        rows = [
-            p if p != victim else dataclasses.replace(p, offset=p.file_bytes + 100) for m in metas for p in m.pieces
-        ]
+        rows = [p if p != victim else p._replace(offset=p.file_bytes + 100) for m in metas for p in m.pieces]
         piece_index.write_index(
             store,
             piece_index.slice_table(metas),
