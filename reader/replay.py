@@ -291,19 +291,24 @@ class Replay:
             w.start()
             self._workers.append(w)
         size = self.options.batch_size
+        new = tuple.__new__  # Records(...) without its Python-level __new__: once per piece
         while self._slice < slices:
             s = self._slice
             emitted = self._emitted
             try:
                 for ready in self._merge.records(s):
-                    for bundle, k in ready:
-                        a, b, g = bundle.rows[k], bundle.rows[k + 1], bundle.group
-                        # one batch, unless the piece is over batch_size; none if the checkpoint
-                        # this replay resumed from covered it all
+                    for batch, a, b, g in ready:
+                        n = b - a
+                        if 0 < n <= size:  # the common case: the piece is one batch
+                            emitted[g] = emitted.get(g, 0) + n  # before the yield: a checkpoint may follow it
+                            yield new(Records, (batch.slice(a, n), s, g))
+                            continue
+                        # a piece over batch_size is several; none if the checkpoint this replay
+                        # resumed from covered it all
                         for at in range(a, b, size):
                             m = min(size, b - at)
-                            emitted[g] = emitted.get(g, 0) + m  # before the yield: a checkpoint may follow it
-                            yield Records(bundle.batch.slice(at, m), s, g)
+                            emitted[g] = emitted.get(g, 0) + m
+                            yield Records(batch.slice(at, m), s, g)
             except ThreadFailed as failed:
                 self.close()
                 if isinstance(failed.error, ReplayError):

@@ -24,7 +24,6 @@ full FIFO: nothing deadlocks.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 from collections import deque
@@ -45,12 +44,11 @@ class Bundle:
     """One group's records of consecutive pieces (one per slice, slices increasing), back to
     back in `batch`: piece k is rows rows[k]..rows[k + 1], of slice slices[k]."""
 
-    __slots__ = ("batch", "group", "slices", "rows", "next")
+    __slots__ = ("batch", "group", "slices", "rows")
 
     def __init__(self, batch: pa.RecordBatch, group: int, slices: list[int], counts: list[int]) -> None:
         self.batch, self.group, self.slices = batch, group, slices
         self.rows = [0, *itertools.accumulate(counts)]
-        self.next = 0  # the first piece not yet taken by the consumer
 
 
 class SliceMerge:
@@ -61,11 +59,12 @@ class SliceMerge:
         self._fifos: list[deque[tuple[list[Bundle], int]]] = [deque() for _ in range(threads)]
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
-        # consumer side: per thread, the bundles taken from its FIFO with pieces not yet handed
-        # out, by the slice of their next piece; and how far each thread is
-        self._pending: list[list[tuple[int, int, Bundle]]] = [[] for _ in range(threads)]
+        # consumer side: per thread, the pieces taken from its FIFO and not yet handed out, by
+        # slice (a dict of lists, not a heap of bundles: a heap operation per piece cost more
+        # with 10 s slices); how far each thread is; the slice being handed out
+        self._pending: list[dict[int, list[tuple[pa.RecordBatch, int, int, int]]]] = [{} for _ in range(threads)]
         self._through = [0] * threads
-        self._seq = itertools.count()  # heap tie-breaker: bundles are not comparable
+        self._slice = 0
 
     # --- producers --------------------------------------------------------------------------
 
@@ -94,31 +93,19 @@ class SliceMerge:
 
     # --- consumer ---------------------------------------------------------------------------
 
-    def records(self, s: int) -> Iterator[list[tuple[Bundle, int]]]:
-        """Every thread's pieces of slice s, as lists of (bundle, piece) as they become
-        ready; returns once every thread is past s (or the replay stopped). Raises what a
-        thread failed with."""
+    def records(self, s: int) -> Iterator[list[tuple[pa.RecordBatch, int, int, int]]]:
+        """Every thread's pieces of slice s, as lists of (batch, first row, end row, group) as
+        they become ready; returns once every thread is past s (or the replay stopped).
+        Raises what a thread failed with."""
         waiting = list(range(self.threads))
-        heapreplace, heappop = heapq.heapreplace, heapq.heappop
+        self._slice = s
         while waiting:
             progressed = False
             for t in list(waiting):
-                pending = self._pending[t]
-                if pending and pending[0][0] == s:
-                    ready = []
-                    while pending and pending[0][0] == s:
-                        bundle = pending[0][2]
-                        k = bundle.next
-                        ready.append((bundle, k))
-                        bundle.next = k = k + 1
-                        if k < len(bundle.slices):
-                            heapreplace(pending, (bundle.slices[k], pending[0][1], bundle))
-                        else:
-                            heappop(pending)
+                ready = self._pending[t].pop(s, None)
+                if ready:
                     yield ready
                     progressed = True
-                if pending and pending[0][0] < s:  # a bug, never bad input: named rather than reordered
-                    raise ThreadFailed(RuntimeError(f"replay thread {t} handed over slice {pending[0][0]} late"))
                 if self._through[t] > s:
                     waiting.remove(t)  # every piece it has of s is handed out
                 elif self._take(t):
@@ -135,9 +122,17 @@ class SliceMerge:
         with self._cond:
             bundles, through = fifo.popleft()
             self._cond.notify_all()  # t may be blocked on its full FIFO
-        pending = self._pending[t]
+        pending, s = self._pending[t], self._slice
         for b in bundles:
-            heapq.heappush(pending, (b.slices[b.next], next(self._seq), b))
+            if b.slices[0] < s:  # a bug, never bad input: named rather than reordered
+                raise ThreadFailed(RuntimeError(f"replay thread {t} handed over slice {b.slices[0]} late"))
+            batch, g, rows = b.batch, b.group, b.rows
+            for sl, a, z in zip(b.slices, rows, rows[1:]):
+                entry = pending.get(sl)
+                if entry is None:
+                    pending[sl] = [(batch, a, z, g)]
+                else:
+                    entry.append((batch, a, z, g))
         self._through[t] = through
         return True
 
