@@ -297,7 +297,10 @@ class Replay:
             emitted = self._emitted
             try:
                 for ready in self._merge.records(s):
-                    for batch, a, b, g in ready:
+                    for bundle in ready:
+                        k, rows, g = bundle.next, bundle.rows, bundle.group
+                        bundle.next = k + 1
+                        a, b, batch = rows[k], rows[k + 1], bundle.batch
                         n = b - a
                         if 0 < n <= size:  # the common case: the piece is one batch
                             emitted[g] = emitted.get(g, 0) + n  # before the yield: a checkpoint may follow it

@@ -44,11 +44,12 @@ class Bundle:
     """One group's records of consecutive pieces (one per slice, slices increasing), back to
     back in `batch`: piece k is rows rows[k]..rows[k + 1], of slice slices[k]."""
 
-    __slots__ = ("batch", "group", "slices", "rows")
+    __slots__ = ("batch", "group", "slices", "rows", "next")
 
     def __init__(self, batch: pa.RecordBatch, group: int, slices: list[int], counts: list[int]) -> None:
         self.batch, self.group, self.slices = batch, group, slices
         self.rows = [0, *itertools.accumulate(counts)]
+        self.next = 0  # the first piece the consumer has not taken
 
 
 class SliceMerge:
@@ -59,10 +60,11 @@ class SliceMerge:
         self._fifos: list[deque[tuple[list[Bundle], int]]] = [deque() for _ in range(threads)]
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
-        # consumer side: per thread, the pieces taken from its FIFO and not yet handed out, by
-        # slice (a dict of lists, not a heap of bundles: a heap operation per piece cost more
-        # with 10 s slices); how far each thread is; the slice being handed out
-        self._pending: list[dict[int, list[tuple[pa.RecordBatch, int, int, int]]]] = [{} for _ in range(threads)]
+        # consumer side: per thread, the bundles taken from its FIFO by the slices they have
+        # pieces of (a dict of lists, not a heap of bundles: a heap operation per piece cost more
+        # with 10 s slices, and no object is made per piece, which kept the garbage collector
+        # busy); how far each thread is; the slice being handed out
+        self._pending: list[dict[int, list[Bundle]]] = [{} for _ in range(threads)]
         self._through = [0] * threads
         self._slice = 0
 
@@ -93,10 +95,11 @@ class SliceMerge:
 
     # --- consumer ---------------------------------------------------------------------------
 
-    def records(self, s: int) -> Iterator[list[tuple[pa.RecordBatch, int, int, int]]]:
-        """Every thread's pieces of slice s, as lists of (batch, first row, end row, group) as
-        they become ready; returns once every thread is past s (or the replay stopped).
-        Raises what a thread failed with."""
+    def records(self, s: int) -> Iterator[list[Bundle]]:
+        """Every thread's pieces of slice s as they become ready, as lists of the bundles
+        they are in (a bundle's piece of s is its `next`: the consumer takes each bundle's
+        pieces in order, one per slice); returns once every thread is past s (or the replay
+        stopped). Raises what a thread failed with."""
         waiting = list(range(self.threads))
         self._slice = s
         while waiting:
@@ -126,13 +129,12 @@ class SliceMerge:
         for b in bundles:
             if b.slices[0] < s:  # a bug, never bad input: named rather than reordered
                 raise ThreadFailed(RuntimeError(f"replay thread {t} handed over slice {b.slices[0]} late"))
-            batch, g, rows = b.batch, b.group, b.rows
-            for sl, a, z in zip(b.slices, rows, rows[1:]):
+            for sl in b.slices:
                 entry = pending.get(sl)
                 if entry is None:
-                    pending[sl] = [(batch, a, z, g)]
+                    pending[sl] = [b]
                 else:
-                    entry.append((batch, a, z, g))
+                    entry.append(b)
         self._through[t] = through
         return True
 

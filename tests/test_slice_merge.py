@@ -65,11 +65,13 @@ def test_every_slice_comes_whole_and_in_order(streams, capacity, data):
     out: list[tuple[int, int, int]] = []  # (round, group, slice of the piece)
     for s in range(end):
         for ready in merge.records(s):
-            for batch, a, z, g in ready:
-                assert z == a + 1  # one row per piece
-                v = batch.column("v")[a].as_py()
-                assert v // 100 == g
-                out.append((s, g, v % 100))
+            for b in ready:
+                k = b.next
+                b.next += 1
+                assert b.rows[k + 1] == b.rows[k] + 1  # one row per piece
+                v = b.batch.column("v")[b.rows[k]].as_py()
+                assert v // 100 == b.group
+                out.append((s, b.group, v % 100))
     for w in workers:
         w.join(5)
     assert all(piece == s for s, _, piece in out)  # each piece in the round of its own slice
@@ -100,7 +102,7 @@ def test_a_stopped_replay_releases_producers_and_consumer():
     blocked = threading.Thread(target=merge.put, args=(0, [bundle(1, [0])], 1), daemon=True)
     blocked.start()  # thread 0's FIFO is full: it waits for the consumer
     threading.Timer(0.2, stop.set).start()
-    got = [(g, batch.column("v")[a].as_py() % 100) for ready in merge.records(0) for batch, a, _, g in ready]
+    got = [(b.group, b.batch.column("v")[0].as_py() % 100) for ready in merge.records(0) for b in ready]
     # thread 1 never said anything
     blocked.join(2)
     assert not blocked.is_alive()
@@ -113,7 +115,7 @@ def test_a_slice_handed_over_late_is_named_not_reordered():
     in the replay: it surfaces as such instead of a record out of slice order."""
     merge = SliceMerge(1, 2, threading.Event())
     merge.put(0, [bundle(0, [0])], 1)
-    assert [g for ready in merge.records(0) for _, _, _, g in ready] == [0]
+    assert [b.group for ready in merge.records(0) for b in ready] == [0]
     merge.put(0, [bundle(1, [0, 1])], 2)
     with pytest.raises(ThreadFailed, match="slice 0 late"):
         list(merge.records(1))
