@@ -187,9 +187,9 @@ class _RangedObject(io.RawIOBase):
     storage layer (its S3 limits, errors and credentials); pyarrow's own S3 filesystem and
     fsspec would each bring a second configuration of the same bucket."""
 
-    def __init__(self, store: Storage, key: str) -> None:
+    def __init__(self, store: Storage, key: str, length: int | None = None) -> None:
         self.store, self.key = store, key
-        self.length = store.size(key)
+        self.length = store.size(key) if length is None else length
         self.pos = 0
 
     def readable(self) -> bool:
@@ -218,15 +218,17 @@ class _RangedObject(io.RawIOBase):
 class PieceIndex:
     """Reads the index of an archive of `slices` slices, a row group at a time, keeping the
     files it opened (the index of a committed version never changes). `runs`: the manifest's
-    `index_runs`. Safe to share between threads: reads of the open files take turns (a
-    ParquetFile and the object under it keep a position)."""
+    `index_runs`. Safe to share between threads, and threads read row groups at once: each
+    read opens its own view of the file (a ParquetFile and the object under it keep a
+    position) with the footer read once, so a replay loading several blocks of the index
+    from S3 waits for one GET's latency, not one per block."""
 
     store: Storage
     slices: int
     runs: list[list]
 
     def __post_init__(self) -> None:
-        self._files: dict[str, pq.ParquetFile] = {}
+        self._files: dict[str, tuple[int, pq.FileMetaData]] = {}  # key -> (size, footer)
         self._lock = threading.Lock()
 
     @classmethod
@@ -237,18 +239,26 @@ class PieceIndex:
     def _key(self, kind: str, start: int) -> str:
         return index_key(kind, start, index_run(self.runs, start))
 
-    def _file(self, kind: str, start: int) -> pq.ParquetFile:
+    def _file(self, kind: str, start: int) -> tuple[str, int, pq.FileMetaData]:
+        """The index file's key, size and footer (read on first use)."""
         key = self._key(kind, start)
-        if key not in self._files:
+        with self._lock:
+            known = self._files.get(key)
+        if known is None:
             try:
                 source = _RangedObject(self.store, key)
             except ObjectNotFound:
                 raise FormatError(f"{self.store.url_for(key)}: index file missing") from None
-            try:
-                self._files[key] = pq.ParquetFile(source)
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise FormatError(f"{self.store.url_for(key)}: unreadable index file ({exc})") from None
-        return self._files[key]
+            known = (source.length, self._open(key, source).metadata)
+            with self._lock:
+                known = self._files.setdefault(key, known)
+        return key, *known
+
+    def _open(self, key: str, source: _RangedObject, meta: pq.FileMetaData | None = None) -> pq.ParquetFile:
+        try:
+            return pq.ParquetFile(source, metadata=meta)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise FormatError(f"{self.store.url_for(key)}: unreadable index file ({exc})") from None
 
     def _rows(self, kind: str, first: int, end: int) -> Iterator[pa.Table]:
         if not 0 <= first <= end <= self.slices:
@@ -256,14 +266,12 @@ class PieceIndex:
         if first == end:
             return
         for start in range(file_start(first), end, SLICES_PER_FILE):
-            with self._lock:
-                f = self._file(kind, start)
-            for rg in range(f.metadata.num_row_groups):
-                stats = f.metadata.row_group(rg).column(0).statistics
+            key, size, meta = self._file(kind, start)
+            for rg in range(meta.num_row_groups):
+                stats = meta.row_group(rg).column(0).statistics
                 if stats is not None and stats.has_min_max and (stats.max < first or stats.min >= end):
                     continue  # the row group holds none of the slices asked for
-                with self._lock:
-                    table = f.read_row_group(rg)
+                table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_group(rg)
                 s = table.column("slice")
                 yield table.filter(pc.and_(pc.greater_equal(s, first), pc.less(s, end)))
 

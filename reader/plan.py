@@ -2,10 +2,12 @@
 slices' index rows loaded a row group at a time, once for all threads, keeping only the
 blocks in use (the index of a long archive does not fit in memory).
 
-A block's successor is loaded in the background as soon as the block is: threads move
-through slices at about the same pace, so without it they all reached a block boundary
-together and waited on one of them turning 4,096 index rows into pieces (7 ms a block
-with 10 s slices, 7% of a replay)."""
+The PRELOAD_BLOCKS blocks after the furthest one asked for are loaded in the background, at
+once: threads move through slices at about the same pace, so without it they all reached a
+block boundary together and waited on one of them (7 ms a block with 10 s slices, 7% of a
+replay); and a fetcher plans a run over several blocks at once, which on S3 waited for the
+blocks' GETs one after another (+30 ms each in the layout bench). Only those blocks: a
+preload that went on to the next block would walk the whole index of a long archive."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from keygroups.storage import Storage
 
 _NONE = PieceColumns.of([])
 CACHED_BLOCKS = 16  # of SLICES_PER_ROW_GROUP slices: covers the fetchers' look-ahead and threads apart
+PRELOAD_BLOCKS = 4  # the fetchers look LOOKAHEAD_SLICES (256) = 4 blocks ahead
 
 
 class ReplayPlan:
@@ -40,6 +43,7 @@ class ReplayPlan:
         self._blocks: dict[int, tuple[dict[int, PieceColumns], dict[int, int]]] = {}
         self._by_thread: dict[int, list[dict[int, list[compacted.Piece]]]] = {}  # block -> thread -> slice -> pieces
         self._loading: dict[int, Future] = {}  # blocks being loaded, by whichever thread started first
+        self._ahead = -1  # preloads have been started up to this block
         self._lock = threading.Lock()
         self._files = Files()  # one numbering of files for all blocks: a run may span two
 
@@ -52,7 +56,18 @@ class ReplayPlan:
 
     def group_pieces(self, b: int, g: int) -> PieceColumns:
         """Group g's pieces in block b (SLICES_PER_ROW_GROUP slices), in slice order."""
+        if b + PRELOAD_BLOCKS > self._ahead:
+            self._preload_after(b)
         return (self._blocks.get(b) or self._load(b))[0].get(g, _NONE)
+
+    def _preload_after(self, b: int) -> None:
+        """Start loading blocks b + 1 .. b + PRELOAD_BLOCKS in the background, each in a
+        thread of its own (on S3 each is a GET's latency), those not started before."""
+        last = min(b + PRELOAD_BLOCKS, (self.slices - 1) // SLICES_PER_ROW_GROUP)
+        with self._lock:
+            first, self._ahead = max(b, self._ahead) + 1, max(last, self._ahead)
+        for n in range(first, last + 1):
+            threading.Thread(target=self._preload, args=(n,), name="keyfill-plan", daemon=True).start()
 
     def thread_pieces(self, b: int, t: int) -> dict[int, list[compacted.Piece]]:
         """Thread t's pieces in block b by slice, slices in order (only those it has pieces in):
@@ -106,8 +121,6 @@ class ReplayPlan:
             self._blocks, self._by_thread = blocks, threads
             del self._loading[b]
         loading.set_result(None)
-        if (b + 1) * SLICES_PER_ROW_GROUP < self.slices:
-            threading.Thread(target=self._preload, args=(b + 1,), name="keyfill-plan", daemon=True).start()
         return built
 
     def _preload(self, b: int) -> None:
