@@ -273,9 +273,9 @@ def _whole(body: bytes, pieces: PieceColumns) -> bool:
 def split_run(batch: pa.RecordBatch, pieces: Sequence[Piece]) -> list[pa.RecordBatch]:
     """A run's records (`read_run`) as one zero-copy batch per piece."""
     out, at = [], 0
-    for n in [p.records for p in pieces]:
-        out.append(batch.slice(at, n))
-        at += n
+    for p in pieces:
+        out.append(batch.slice(at, p.records))
+        at += p.records
     return out
 
 

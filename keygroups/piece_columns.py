@@ -46,8 +46,9 @@ class Files:
         return np.array(out, np.int64)
 
 
-def _column(i: int) -> property:
-    return property(lambda self: self.a[i], doc=f"the pieces' {FIELDS[i]}")
+def _column(name: str) -> property:
+    i = FIELDS.index(name)
+    return property(lambda self: self.a[i], doc=f"the pieces' {name}")
 
 
 class PieceColumns(Sequence[Piece]):
@@ -56,17 +57,17 @@ class PieceColumns(Sequence[Piece]):
 
     __slots__ = ("files", "a")
 
-    file_id = _column(0)
-    slice = _column(1)
-    group = _column(2)
-    offset = _column(3)
-    length = _column(4)
-    records = _column(5)
-    min_timestamp = _column(6)
-    max_timestamp = _column(7)
-    crc32c = _column(8)
-    file_header = _column(9)
-    file_bytes = _column(10)
+    file_id = _column("file_id")
+    slice = _column("slice")
+    group = _column("group")
+    offset = _column("offset")
+    length = _column("length")
+    records = _column("records")
+    min_timestamp = _column("min_timestamp")
+    max_timestamp = _column("max_timestamp")
+    crc32c = _column("crc32c")
+    file_header = _column("file_header")
+    file_bytes = _column("file_bytes")
 
     def __init__(self, files: Files, a: np.ndarray) -> None:
         self.files, self.a = files, a

@@ -245,10 +245,11 @@ class PieceFetcher:
         begin in that file where the one before it ends, and the run stay within run_bytes."""
         if mine.file_of(a) != file or mine.offset[a] != end:
             return 0
+        # a run's first piece joins whatever its size; a later one only within run_bytes
+        if end > start and mine.offset[a] + mine.length[a] - start > self.run_bytes:
+            return 0
         ids, offsets, ends = mine.file_id[a:z], mine.offset[a:z], mine.end[a:z]
         bad = (ends - start > self.run_bytes)[1:] | (ids[1:] != ids[:-1]) | (offsets[1:] != ends[:-1])
-        if ends[0] - start > self.run_bytes and end > start:  # a first piece joins whatever its size
-            return 0
         first_bad = np.flatnonzero(bad)
         return int(first_bad[0]) + 1 if len(first_bad) else z - a
 
