@@ -181,6 +181,14 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
     return written
 
 
+def _concat(tables: list[pa.Table], empty: pa.Table) -> pa.Table:
+    """The row groups read, as one table of `empty`'s schema (a replay reads one row group a
+    block, and concatenating it with the empty table cost a fifth of the read)."""
+    if len(tables) == 1 and tables[0].schema == empty.schema:
+        return tables[0]
+    return pa.concat_tables([*tables, empty])
+
+
 class _RangedObject(io.RawIOBase):
     """An object read through ranged GETs as pyarrow asks for bytes: the Parquet footer,
     then only the row groups wanted. Written by hand because it must go through keyfill's
@@ -260,7 +268,7 @@ class PieceIndex:
         except (pa.ArrowInvalid, OSError) as exc:
             raise FormatError(f"{self.store.url_for(key)}: unreadable index file ({exc})") from None
 
-    def _rows(self, kind: str, first: int, end: int) -> Iterator[pa.Table]:
+    def _rows(self, kind: str, first: int, end: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
         if not 0 <= first <= end <= self.slices:
             raise FormatError(f"{self.store.url}: slices {first}..{end} outside 0..{self.slices}")
         if first == end:
@@ -269,19 +277,25 @@ class PieceIndex:
             key, size, meta = self._file(kind, start)
             for rg in range(meta.num_row_groups):
                 stats = meta.row_group(rg).column(0).statistics
-                if stats is not None and stats.has_min_max and (stats.max < first or stats.min >= end):
+                known = stats is not None and stats.has_min_max
+                if known and (stats.max < first or stats.min >= end):
                     continue  # the row group holds none of the slices asked for
-                table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_group(rg)
+                table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_group(rg, columns=columns)
+                if known and first <= stats.min and stats.max < end:
+                    yield table  # all of it (what a replay asks for): filtering cost as much as the read
+                    continue
                 s = table.column("slice")
                 yield table.filter(pc.and_(pc.greater_equal(s, first), pc.less(s, end)))
 
-    def slice_rows(self, first: int, end: int) -> pa.Table:
-        """Slices [first, end) as SLICE_SCHEMA rows, in slice order."""
-        return pa.concat_tables([*self._rows("slices", first, end), SLICE_SCHEMA.empty_table()])
+    def slice_rows(self, first: int, end: int, columns: list[str] | None = None) -> pa.Table:
+        """Slices [first, end) as SLICE_SCHEMA rows (only `columns`, "slice" first, if given),
+        in slice order."""
+        empty = SLICE_SCHEMA.empty_table()
+        return _concat([*self._rows("slices", first, end, columns)], empty.select(columns or empty.column_names))
 
     def piece_rows(self, first: int, end: int) -> pa.Table:
         """Pieces of slices [first, end) as PIECE_SCHEMA rows, by (slice, group)."""
-        return pa.concat_tables([*self._rows("pieces", first, end), PIECE_SCHEMA.empty_table()])
+        return _concat([*self._rows("pieces", first, end)], PIECE_SCHEMA.empty_table())
 
     def metas(self, first: int, end: int) -> list[SliceMeta]:
         """Slices [first, end) with their pieces; every slice must have its index row."""
@@ -292,7 +306,7 @@ class PieceIndex:
     def slice_starts(self, first: int, end: int) -> np.ndarray:
         """start_ms of slices [first, end), without the rest of their rows (a replay needs
         only these and the pieces); every slice must have its index row."""
-        rows = self.slice_rows(first, end).select(["slice", "start_ms"])
+        rows = self.slice_rows(first, end, ["slice", "start_ms"])  # not the per-partition lists: 3x faster
         self._all_listed(rows.column("slice").to_pylist(), first, end)
         return rows.column("start_ms").to_numpy()
 

@@ -243,15 +243,17 @@ class PieceFetcher:
     def _joining(self, mine: PieceColumns, a: int, z: int, file: str, start: int, end: int) -> int:
         """How many of pieces a..z-1 carry on the run of `file` bytes [start, end): each must
         begin in that file where the one before it ends, and the run stay within run_bytes."""
-        if mine.file_of(a) != file or mine.offset[a] != end:
+        cut = mine.rows(a, z)  # one view, its rows read once: this runs per block per run
+        ids, offsets = cut.file_id, cut.offset
+        ends = offsets + cut.length
+        if mine.file_of(a) != file or offsets[0] != end:
             return 0
         # a run's first piece joins whatever its size; a later one only within run_bytes
-        if end > start and mine.offset[a] + mine.length[a] - start > self.run_bytes:
+        if end > start and ends[0] - start > self.run_bytes:
             return 0
-        ids, offsets, ends = mine.file_id[a:z], mine.offset[a:z], mine.end[a:z]
-        bad = (ends - start > self.run_bytes)[1:] | (ids[1:] != ids[:-1]) | (offsets[1:] != ends[:-1])
-        first_bad = np.flatnonzero(bad)
-        return int(first_bad[0]) + 1 if len(first_bad) else z - a
+        bad = (ends[1:] - start > self.run_bytes) | (ids[1:] != ids[:-1]) | (offsets[1:] != ends[:-1])
+        first_bad = int(bad.argmax()) if len(bad) else 0
+        return first_bad + 1 if len(bad) and bad[first_bad] else z - a
 
     def _fill(self, g: int, s: int) -> None:
         """Group g's runs in flight: the one being read and, with read-ahead, the next."""

@@ -108,6 +108,8 @@ def test_any_range_reads_back_what_was_written(tmp_path_factory, monkeypatch, sl
     index = ix.PieceIndex(counting, slices, runs)
     assert index.piece_rows(first, end).equals(in_range(pieces, first, end))
     assert index.slice_rows(first, end).equals(in_range(sl, first, end))
+    some = ["slice", "start_ms"]  # what a replay reads of the slice index
+    assert index.slice_rows(first, end, some).equals(in_range(sl, first, end).select(some))
     touched = {(int(k.split("/")[1][:10]), k.split("-")[1][:16]) for k in counting.reads}
     assert touched == {(s - s % 8, "b" * 16 if s >= cut else "a" * 16) for s in range(first, end)}
     metas = index.metas(first, end)  # as readers see them: every slice, its pieces by group
