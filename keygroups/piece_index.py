@@ -275,17 +275,24 @@ class PieceIndex:
             return
         for start in range(file_start(first), end, SLICES_PER_FILE):
             key, size, meta = self._file(kind, start)
+            wanted, whole = [], True
             for rg in range(meta.num_row_groups):
                 stats = meta.row_group(rg).column(0).statistics
                 known = stats is not None and stats.has_min_max
                 if known and (stats.max < first or stats.min >= end):
                     continue  # the row group holds none of the slices asked for
-                table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_group(rg, columns=columns)
-                if known and first <= stats.min and stats.max < end:
-                    yield table  # all of it (what a replay asks for): filtering cost as much as the read
-                    continue
-                s = table.column("slice")
-                yield table.filter(pc.and_(pc.greater_equal(s, first), pc.less(s, end)))
+                wanted.append(rg)
+                whole = whole and known and first <= stats.min and stats.max < end
+            if not wanted:
+                continue
+            # one read for all of them: on S3 adjacent row groups are one GET, and a replay
+            # loading 4 blocks of 10 s slices spent a third of the time in per-read overhead
+            table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_groups(wanted, columns=columns)
+            if whole:
+                yield table  # all of it (what a replay asks for): filtering cost as much as the read
+                continue
+            s = table.column("slice")
+            yield table.filter(pc.and_(pc.greater_equal(s, first), pc.less(s, end)))
 
     def slice_rows(self, first: int, end: int, columns: list[str] | None = None) -> pa.Table:
         """Slices [first, end) as SLICE_SCHEMA rows (only `columns`, "slice" first, if given),

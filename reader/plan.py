@@ -2,11 +2,13 @@
 slices' index rows loaded a row group at a time, once for all threads, keeping only the
 blocks in use (the index of a long archive does not fit in memory).
 
-The PRELOAD_BLOCKS blocks after the furthest one asked for are loaded in the background, at
-once: threads move through slices at about the same pace, so without it they all reached a
-block boundary together and waited on one of them (7 ms a block with 10 s slices, 7% of a
+The PRELOAD_BLOCKS blocks after the furthest one asked for are loaded in the background,
+together: threads move through slices at about the same pace, so without it they all reached
+a block boundary together and waited on one of them (7 ms a block with 10 s slices, 7% of a
 replay); and a fetcher plans a run over several blocks at once, which on S3 waited for the
-blocks' GETs one after another (+30 ms each in the layout bench). Only those blocks: a
+blocks' GETs one after another (+30 ms each in the layout bench). One read for all of them,
+in one thread: a thread per block cost a third more, most of it per-read overhead and the
+threads taking the GIL from each other at the start of a replay. Only those blocks: a
 preload that went on to the next block would walk the whole index of a long archive."""
 
 from __future__ import annotations
@@ -61,13 +63,13 @@ class ReplayPlan:
         return (self._blocks.get(b) or self._load(b))[0].get(g, _NONE)
 
     def _preload_after(self, b: int) -> None:
-        """Start loading blocks b + 1 .. b + PRELOAD_BLOCKS in the background, each in a
-        thread of its own (on S3 each is a GET's latency), those not started before."""
+        """Start loading blocks b + 1 .. b + PRELOAD_BLOCKS in the background (one thread,
+        one index read), those not started before."""
         last = min(b + PRELOAD_BLOCKS, (self.slices - 1) // SLICES_PER_ROW_GROUP)
         with self._lock:
             first, self._ahead = max(b, self._ahead) + 1, max(last, self._ahead)
-        for n in range(first, last + 1):
-            threading.Thread(target=self._preload, args=(n,), name="keyfill-plan", daemon=True).start()
+        if first <= last:
+            threading.Thread(target=self._preload, args=(first, last + 1), name="keyfill-plan", daemon=True).start()
 
     def thread_pieces(self, b: int, t: int) -> dict[int, list[compacted.Piece]]:
         """Thread t's pieces in block b by slice, slices in order (only those it has pieces in):
@@ -94,78 +96,105 @@ class ReplayPlan:
         return (self._blocks.get(b) or self._load(b))[1].get(s, 0)
 
     def _load(self, b: int) -> tuple[dict[int, PieceColumns], dict[int, int]]:
+        """Block b, loaded now unless another thread is loading it (then waited for)."""
         while True:
             with self._lock:
                 if b in self._blocks:
                     return self._blocks[b]
                 loading = self._loading.get(b)
                 if loading is None:
-                    loading = self._loading[b] = Future()
+                    claimed = self._claim(range(b, b + 1))
                     break
             loading.result()  # another thread loads it: wait (and raise what it raised)
+        return self._fill(claimed)[b]
+
+    def _claim(self, blocks: range) -> list[int]:
+        """Of `blocks`, those neither loaded nor being loaded, now this thread's to load.
+        Called holding the lock."""
+        mine = [n for n in blocks if n not in self._blocks and n not in self._loading]
+        for n in mine:
+            self._loading[n] = Future()
+        return mine
+
+    def _fill(self, claimed: list[int]) -> dict[int, tuple[dict[int, PieceColumns], dict[int, int]]]:
+        """Load the claimed blocks (one read of the index from the first to the last) and
+        publish them; a failure goes to every thread waiting for one of them."""
         try:
-            built = self._build(b)
+            built = self._build(claimed[0], claimed[-1] + 1)
         except BaseException as exc:
             with self._lock:
-                del self._loading[b]
-            loading.set_exception(exc)
+                futures = [self._loading.pop(n) for n in claimed]
+            for f in futures:
+                f.set_exception(exc)
             raise
         with self._lock:
-            blocks, threads = {**self._blocks, b: built}, dict(self._by_thread)
+            blocks = {**self._blocks, **{n: built[n] for n in claimed}}
+            threads = dict(self._by_thread)
             # Threads do not wait for each other, so they may be blocks apart: drop the blocks
-            # loaded longest ago (dicts keep insertion order), never the one just loaded.
-            for old in list(blocks)[: max(0, len(blocks) - CACHED_BLOCKS)]:
+            # loaded longest ago (dicts keep insertion order), never those just loaded.
+            for old in list(blocks)[: max(0, len(blocks) - max(CACHED_BLOCKS, len(claimed)))]:
                 del blocks[old]
                 threads.pop(old, None)
             # replaced whole: readers never see half
             self._blocks, self._by_thread = blocks, threads
-            del self._loading[b]
-        loading.set_result(None)
+            futures = [self._loading.pop(n) for n in claimed]
+        for f in futures:
+            f.set_result(None)
         return built
 
-    def _preload(self, b: int) -> None:
+    def _preload(self, first: int, end: int) -> None:
         with self._lock:
-            if b in self._blocks or b in self._loading:
-                return
+            claimed = self._claim(range(first, end))
+        if not claimed:
+            return
         try:
-            self._load(b)
+            self._fill(claimed)
         except BaseException:  # noqa: S110 - named to the thread that needs the block, when it loads it
             pass
 
-    def _build(self, b: int) -> tuple[dict[int, PieceColumns], dict[int, int]]:
-        """Block b's pieces by group and its slices' spreads, checked. Column-wise: with 10 s
-        slices a block is 4,096 pieces, and a loop over them cost 3.5 ms a block, a Piece
-        object per piece 6 ms more (and garbage collections, `keygroups.piece_columns`)."""
-        first = b * SLICES_PER_ROW_GROUP
-        end = min(self.slices, first + SLICES_PER_ROW_GROUP)
+    def _build(self, first_block: int, end_block: int) -> dict[int, tuple[dict[int, PieceColumns], dict[int, int]]]:
+        """Blocks first_block..end_block - 1, read from the index at once and checked: by
+        block, its pieces by group and its slices' spreads."""
+        first = first_block * SLICES_PER_ROW_GROUP
+        end = min(self.slices, end_block * SLICES_PER_ROW_GROUP)
         starts = self.index.slice_starts(first, end)
         want = (self.manifest.base + np.arange(first, end, dtype=np.int64)) * self.manifest.slice_duration_ms
         if (starts != want).any():
             bad = first + int(np.flatnonzero(starts != want)[0])
             raise FormatError(f"{self.store.url}: slice {bad} of the index does not match the manifest")
         pieces = PieceColumns.of_table(self.index.piece_rows(first, end), self._files)
+        if len(pieces):
+            sl = pieces.slice
+            outside = (sl < first) | (sl >= end)
+            if outside.any():
+                s = int(sl[outside][0])
+                raise FormatError(f"index: a piece of slice {s}, which the slice index does not list")
+            fine = compacted.rows_fine(pieces, self.manifest.groups)
+            if not fine.all():  # names the first bad row the way every reader does
+                bad = pieces[int(np.flatnonzero(~fine)[0])]
+                bad.check(self.manifest.groups, self.store.url_for)
+                raise FormatError(f"{bad.where(self.store.url_for(bad.file))}: index row out of range")
+            pieces = pieces.take(np.argsort(sl, kind="stable"))  # by slice (the index's order already)
+        blocks = range(first_block, end_block)
+        cuts = np.searchsorted(pieces.slice, [b * SLICES_PER_ROW_GROUP for b in [*blocks, end_block]]).tolist()
+        return {b: self._block(pieces.rows(a, z)) for b, a, z in zip(blocks, cuts, cuts[1:])}
+
+    def _block(self, pieces: PieceColumns) -> tuple[dict[int, PieceColumns], dict[int, int]]:
+        """A block's pieces (in slice order) by group, and its slices' spreads. Column-wise:
+        with 10 s slices a block is 4,096 pieces, and a loop over them cost 3.5 ms a block, a
+        Piece object per piece 6 ms more (and garbage collections, `keygroups.piece_columns`)."""
         if not len(pieces):
             return {}, {}
         sl, g = pieces.slice, pieces.group
-        outside = (sl < first) | (sl >= end)
-        if outside.any():
-            s = int(sl[outside][0])
-            raise FormatError(f"index: a piece of slice {s}, which the slice index does not list")
-        fine = compacted.rows_fine(pieces, self.manifest.groups)
-        if not fine.all():  # names the first bad row the way every reader does
-            bad = pieces[int(np.flatnonzero(~fine)[0])]
-            bad.check(self.manifest.groups, self.store.url_for)
-            raise FormatError(f"{bad.where(self.store.url_for(bad.file))}: index row out of range")
         order = np.lexsort((sl, g))  # by group, then slice
         ordered = pieces.take(order)
         bounds = [0, *(np.flatnonzero(np.diff(ordered.group)) + 1).tolist(), len(order)]
         by_group = {int(ordered.group[a]): ordered.rows(a, z) for a, z in zip(bounds, bounds[1:])}
         # per slice: earliest and latest record, and whether two threads or more have pieces
-        order = np.argsort(sl, kind="stable")
-        heads = np.concatenate([[0], np.flatnonzero(np.diff(sl[order])) + 1])
-        th = self.thread_of_group[g[order]]
-        lo = np.minimum.reduceat(pieces.min_timestamp[order], heads)
-        hi = np.maximum.reduceat(pieces.max_timestamp[order], heads)
+        heads = np.concatenate([[0], np.flatnonzero(np.diff(sl)) + 1])
+        th = self.thread_of_group[g]
+        lo = np.minimum.reduceat(pieces.min_timestamp, heads)
+        hi = np.maximum.reduceat(pieces.max_timestamp, heads)
         several = np.minimum.reduceat(th, heads) != np.maximum.reduceat(th, heads)
-        spreads = {int(s): int(h - x) for s, x, h in zip(sl[order][heads][several], lo[several], hi[several])}
+        spreads = {int(s): int(h - x) for s, x, h in zip(sl[heads][several], lo[several], hi[several])}
         return by_group, spreads

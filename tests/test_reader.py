@@ -231,6 +231,24 @@ def test_threads_blocks_apart_share_a_tiny_index_cache(archives, threads):
     check_invariants(got, table, before, 0)
 
 
+def test_blocks_loaded_together_are_the_blocks_loaded_one_by_one(archives):
+    """A preload reads several index blocks at once and cuts them apart: each comes out as if
+    read alone (pieces by group, slice spreads)."""
+    store = open_storage(archives["short"][0])
+    manifest = compacted.load_manifest(store)
+    plan = reader.plan.ReplayPlan(store, manifest, 3)
+    blocks = -(-manifest.slices // reader.plan.SLICES_PER_ROW_GROUP)
+    assert blocks >= 3
+    together = plan._build(0, blocks)
+    assert sorted(together) == list(range(blocks))
+    for b in range(blocks):
+        by_group, spreads = plan._build(b, b + 1)[b]
+        assert together[b][1] == spreads
+        assert together[b][0].keys() == by_group.keys() and by_group
+        for g, pieces in by_group.items():
+            assert np.array_equal(together[b][0][g].a, pieces.a)
+
+
 def watch_pacing(pacer) -> list[tuple[int, int, int | None, bool]]:
     """Record, each time a thread is let through `pace`, (thread, event time, progress of the
     slowest other active thread, whether it was the slowest itself)."""
