@@ -105,7 +105,7 @@ class ReplayPlan:
                 if loading is None:
                     claimed = self._claim(range(b, b + 1))
                     break
-            loading.result()  # another thread loads it: wait (and raise what it raised)
+            loading.result()  # another thread loads it: wait, then look again
         return self._fill(claimed)[b]
 
     def _claim(self, blocks: range) -> list[int]:
@@ -118,14 +118,16 @@ class ReplayPlan:
 
     def _fill(self, claimed: list[int]) -> dict[int, tuple[dict[int, PieceColumns], dict[int, int]]]:
         """Load the claimed blocks (one read of the index from the first to the last) and
-        publish them; a failure goes to every thread waiting for one of them."""
+        publish them. On failure the claims are dropped and raised, not handed to the threads
+        waiting: each loads its block itself, so a damaged block fails only the threads that
+        need it, with its own error, as when every block loaded alone."""
         try:
             built = self._build(claimed[0], claimed[-1] + 1)
-        except BaseException as exc:
+        except BaseException:
             with self._lock:
                 futures = [self._loading.pop(n) for n in claimed]
             for f in futures:
-                f.set_exception(exc)
+                f.set_result(None)  # the waiting threads look again (`_load`)
             raise
         with self._lock:
             blocks = {**self._blocks, **{n: built[n] for n in claimed}}

@@ -249,6 +249,41 @@ def test_blocks_loaded_together_are_the_blocks_loaded_one_by_one(archives):
             assert np.array_equal(together[b][0][g].a, pieces.a)
 
 
+def test_a_damaged_block_in_a_preload_fails_only_the_threads_that_need_it(archives, tmp_path):
+    """A preload reads several blocks at once; when one of them is damaged, a thread waiting
+    for a sound block of the same read gets that block, and the damaged one fails with its
+    own error naming the piece."""
+    import shutil
+
+    from keygroups import piece_index
+
+    dest = str(tmp_path / "copy")
+    shutil.copytree(archives["short"][0], dest)
+    store = open_storage(dest)
+    manifest = compacted.load_manifest(store)
+    metas = archive_metas(store)
+    victim = next(p for m in reversed(metas) for p in m.pieces)  # in the last block
+    rows = [p if p != victim else p._replace(offset=p.file_bytes + 100) for m in metas for p in m.pieces]
+    piece_index.write_index(
+        store, piece_index.slice_table(metas), piece_index.piece_table(rows), compacted.load_manifest(store).run
+    )
+    plan = reader.plan.ReplayPlan(store, manifest, 3)
+    last = (manifest.slices - 1) // reader.plan.SLICES_PER_ROW_GROUP
+    assert victim.slice // reader.plan.SLICES_PER_ROW_GROUP == last >= 2
+    with plan._lock:
+        claimed = plan._claim(range(1, last + 1))  # as a preload does
+    waited: list = []
+    waiting = threading.Thread(target=lambda: waited.append(plan._load(1)))
+    waiting.start()
+    time.sleep(0.2)  # the thread waits for the preload's claim on block 1
+    with pytest.raises(compacted.FormatError, match=f"slice {victim.slice}, group {victim.group}"):
+        plan._fill(claimed)
+    waiting.join(timeout=10)
+    assert waited and waited[0][0], "the sound block was not loaded"
+    with pytest.raises(compacted.FormatError, match=f"slice {victim.slice}, group {victim.group}"):
+        plan._load(last)
+
+
 def watch_pacing(pacer) -> list[tuple[int, int, int | None, bool]]:
     """Record, each time a thread is let through `pace`, (thread, event time, progress of the
     slowest other active thread, whether it was the slowest itself)."""
