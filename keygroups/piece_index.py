@@ -182,8 +182,8 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
 
 
 def _concat(tables: list[pa.Table], empty: pa.Table) -> pa.Table:
-    """The row groups read, as one table of `empty`'s schema (a replay reads one row group a
-    block, and concatenating it with the empty table cost a fifth of the read)."""
+    """The row groups read, as one table of `empty`'s schema (a replay's read is one table
+    per index file, and concatenating it with the empty table cost a fifth of the read)."""
     if len(tables) == 1 and tables[0].schema == empty.schema:
         return tables[0]
     return pa.concat_tables([*tables, empty])
@@ -224,9 +224,9 @@ class _RangedObject(io.RawIOBase):
 
 @dataclass
 class PieceIndex:
-    """Reads the index of an archive of `slices` slices, a row group at a time, keeping the
-    files it opened (the index of a committed version never changes). `runs`: the manifest's
-    `index_runs`. Safe to share between threads, and threads read row groups at once: each
+    """Reads the index of an archive of `slices` slices, only the row groups asked for,
+    keeping the files it opened (the index of a committed version never changes). `runs`: the
+    manifest's `index_runs`. Safe to share between threads, and threads read row groups at once: each
     read opens its own view of the file (a ParquetFile and the object under it keep a
     position) with the footer read once, so a replay loading several blocks of the index
     from S3 waits for one GET's latency, not one per block."""

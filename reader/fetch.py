@@ -245,7 +245,7 @@ class PieceFetcher:
         begin in that file where the one before it ends, and the run stay within run_bytes."""
         cut = mine.rows(a, z)  # one view, its rows read once: this runs per block per run
         ids, offsets = cut.file_id, cut.offset
-        ends = offsets + cut.length
+        ends = cut.end
         if mine.file_of(a) != file or offsets[0] != end:
             return 0
         # a run's first piece joins whatever its size; a later one only within run_bytes

@@ -1,6 +1,6 @@
 """What a replay reads and who reads it: groups balanced over threads by bytes, and the
-slices' index rows loaded a row group at a time, once for all threads, keeping only the
-blocks in use (the index of a long archive does not fit in memory).
+slices' index rows loaded a block (row group) at a time, once for all threads, keeping only
+the blocks in use (the index of a long archive does not fit in memory).
 
 The PRELOAD_BLOCKS blocks after the furthest one asked for are loaded in the background,
 together: threads move through slices at about the same pace, so without it they all reached
