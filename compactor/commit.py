@@ -8,7 +8,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.config import CompactConfig, CompactionError
+from compactor.history import last_records
+from compactor.lease import Lease
 from compactor.slicing import SlicePlan
+from compactor.vacuum import named_files
 from keygroups import compacted, piece_index
 from keygroups.compacted import Manifest, SliceMeta
 from keygroups.piece_index import PieceIndex
@@ -61,6 +64,7 @@ def write_manifest(
     continues: Manifest | None = None,
     old_pieces: pa.Table | None = None,
     continued: dict[int, Tail] | None = None,
+    lease: Lease | None = None,
 ) -> Manifest:
     """The index first, the version last: the archive is visible from then on (as version
     parent + 1; CommitConflict if another writer got there first). `continues`: the version
@@ -136,6 +140,7 @@ def write_manifest(
         },
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         running_max={str(p): m for p, m in sorted(plan.running_max.items())},
+        last_records=last_records(plan, prior.last_records),
         gaps=[*prior.gaps, *plan.gaps],
         version=(parent or 0) + 1,
         parent=parent,
@@ -147,8 +152,35 @@ def write_manifest(
         dropped=[d.key for d in dropped],  # this version's only: vacuum reads every version's
     )
     manifest.archive = compacted.content_id(manifest) if continues is None else continues.archive
+    if lease is not None:
+        lease.check()
+    check_named(dest, manifest, [pieces, old_pieces] if old_pieces is not None else [pieces])
     compacted.commit(dest, manifest)
     return manifest
+
+
+def check_named(dest: Storage, manifest: Manifest, pieces: list[pa.Table]) -> None:
+    """Before the version object is created: every object the version names that this run
+    wrote or re-pointed exists, segment files at the size the index records. One LIST, not a
+    HEAD per file. (The files it shares with its parent are named by the parent, the latest
+    version, which vacuum always keeps.) A file deleted meanwhile, by a vacuum or by hand,
+    fails the commit instead of publishing a version that cannot be read."""
+    present = {o.key: o.size for o in dest.list()}
+    named, _ = named_files(manifest)
+    named.discard(compacted.version_key(manifest.version))
+    wanted: dict[str, int | None] = dict.fromkeys(sorted(named))
+    for table in pieces:
+        if table.num_rows:
+            sizes = _sizes_by_file(table)
+            wanted |= dict(zip(sizes.column("file").to_pylist(), sizes.column("file_bytes_max").to_pylist()))
+    for key, size in wanted.items():
+        found = present.get(key)
+        if found is None or (size is not None and found != size):
+            what = "missing" if found is None else f"{found} bytes, the index records {size}"
+            raise CompactionError(
+                f"{dest.url_for(key)}: {what}, yet version {manifest.version} would name it (deleted or replaced "
+                "while this run wrote, e.g. by a vacuum); nothing of this run is committed: run it again"
+            )
 
 
 class _Nothing:
@@ -160,6 +192,7 @@ class _Nothing:
     totals: dict = {}
     gaps: list = []
     runs: list = []
+    last_records: dict = {}
 
 
 _EMPTY = _Nothing()

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -28,17 +31,19 @@ from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult
 from compactor.destination import check_destination, remove_legacy
+from compactor.history import check_history
+from compactor.lease import Lease
 from compactor.rewrite import run_rewrite
-from compactor.slicing import plan_slices
+from compactor.slicing import Continuation, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.statistics import run_statistics
 from keygroups import compacted, envelope, piece_index
 from keygroups.assignment import ASSIGNMENT_SCHEMA, load_assignment, write_assignment
 from keygroups.errors import OptionError
 from keygroups.piece_index import PieceIndex
-from keygroups.storage import open_storage
+from keygroups.storage import Storage, open_storage
 
-__all__ = ["CompactConfig", "CompactResult", "CompactionError", "compact"]
+__all__ = ["CompactConfig", "CompactResult", "CompactionError", "Prepared", "compact", "prepare"]
 
 log = logging.getLogger("keyfill.compact")
 
@@ -89,17 +94,39 @@ def packed_assignment(totals: pa.Table, groups: int) -> pa.Table:
     )
 
 
-def compact(cfg: CompactConfig, spark) -> CompactResult:
-    """Run the whole compaction on `spark`; returns the summary. Raises on any bad input
-    with a message naming the object at fault, leaving no visible archive."""
-    started = time.perf_counter()
-    phases: dict[str, float] = {}
+@dataclass
+class Prepared:
+    """What a compaction settles before Spark starts: the options, the source's chunks, the
+    destination's latest version and the run's lease. Every check here fails in seconds,
+    not after a Spark start-up and a statistics pass."""
 
-    def phase(name: str, t: float) -> float:
-        now = time.perf_counter()
-        phases[name] = now - t
-        return now
+    cfg: CompactConfig
+    source: SourceArchive
+    dest: Storage
+    parent: int | None
+    grows: compacted.Manifest | None
+    topic: str
+    listed: list[SourceChunk]  # the topic's chunks
+    chunks: list[SourceChunk]  # those this run reads (an append's: from the hand-off on)
+    start: Continuation | None
+    run: str
+    lease: Lease
+    list_seconds: float
 
+    @contextmanager
+    def abandoned_on_error(self) -> Iterator[None]:
+        """Mark the run failed (vacuum may take what it wrote) if the block raises."""
+        try:
+            yield
+        except BaseException:
+            self.lease.release(failed=True)
+            raise
+
+
+def prepare(cfg: CompactConfig) -> Prepared:
+    """Open the source and the destination, refuse what would destroy data, list the chunks,
+    and take the run's lease (the first write: it proves the destination is writable)."""
+    t = time.perf_counter()
     source = cfg.open_source()
     dest = open_storage(cfg.dest, threads=cfg.threads)
     parent = check_destination(source, dest, cfg.overwrite, append=cfg.append)
@@ -110,15 +137,48 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         log.info("appending to version %d of %s from its hand-off offsets", grows.version, dest.url)
     elif cfg.append:
         log.info("no archive at %s yet: --append starts it with a full compaction", dest.url)
-    run = compacted.new_run()
-    t = time.perf_counter()
-    topic, chunks = list_topic_chunks(source, cfg.topic)
+    topic, listed = list_topic_chunks(source, cfg.topic)
     start = continuation(grows) if grows is not None else None
-    if start is not None:
-        chunks = chunks_from(chunks, start.handoff)
+    chunks = chunks_from(listed, start.handoff) if start is not None else listed
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
-    t = phase("list", t)
+    run = compacted.new_run()
+    lease = Lease(dest, run, "append" if grows is not None else "compact").acquire()
+    return Prepared(cfg, source, dest, parent, grows, topic, listed, chunks, start, run, lease, time.perf_counter() - t)
 
+
+def compact(cfg: CompactConfig, spark, prepared: Prepared | None = None) -> CompactResult:
+    """Run the whole compaction on `spark`; returns the summary. Raises on any bad input
+    with a message naming the object at fault, leaving no visible archive. `prepared`: the
+    run's `prepare(cfg)`, when the caller checked before starting Spark."""
+    prepared = prepared or prepare(cfg)
+    with prepared.abandoned_on_error():
+        result = _compact(prepared, spark)
+    prepared.lease.release(failed=False)
+    return result
+
+
+def _compact(prepared: Prepared, spark) -> CompactResult:
+    started = time.perf_counter() - prepared.list_seconds
+    phases: dict[str, float] = {"list": prepared.list_seconds}
+
+    def phase(name: str, t: float) -> float:
+        now = time.perf_counter()
+        phases[name] = now - t
+        return now
+
+    cfg, source, dest, grows, start, run = (
+        prepared.cfg,
+        prepared.source,
+        prepared.dest,
+        prepared.grows,
+        prepared.start,
+        prepared.run,
+    )
+    topic, chunks, parent = prepared.topic, prepared.chunks, prepared.parent
+    t = time.perf_counter()
+    if grows is not None:
+        check_history(spark, source, prepared.listed, grows)
+        t = phase("history", t)
     stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms, start.handoff if start else None)
     t = phase("statistics", t)
 
@@ -141,6 +201,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
         assignment = packed_assignment(stats.totals, groups)
         new_keys = assignment.num_rows
+    prepared.lease.set_groups(groups)
     assignment_key = compacted.assignment_key(run)
     write_assignment(dest, assignment_key, assignment)
     t = phase("packing", t)
@@ -170,6 +231,7 @@ def compact(cfg: CompactConfig, spark) -> CompactResult:
         continues=grows,
         old_pieces=old_pieces,
         continued=continued,
+        lease=prepared.lease,
     )
     remove_legacy(dest)
     phase("commit", t)

@@ -35,6 +35,7 @@ been compacted at once (DESIGN.md, invariant 7).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,6 +65,9 @@ class Run:
     records: int
     min_timestamp: int
     max_timestamp: int
+    # the run's last record: what an append checks if it is the last one archived (compactor.history)
+    last_timestamp: int | None = None
+    last_digest: str | None = None
 
 
 @dataclass
@@ -81,12 +85,18 @@ class ChunkStats:
     runs: list[Run]
 
 
-def chunk_runs(offsets: np.ndarray, ts: np.ndarray, duration_ms: int) -> list[Run]:
+def chunk_runs(
+    offsets: np.ndarray, ts: np.ndarray, duration_ms: int, digests: Callable[[list[int]], list[str]] | None = None
+) -> list[Run]:
+    """The chunk's runs; `digests`: the digests of the records at these row numbers (each
+    run's last record: a partition's last published record is always one, see plan_slices)."""
     runmax = np.maximum.accumulate(ts)
     local = runmax // duration_ms
     cuts = np.flatnonzero(np.diff(local)) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [len(ts)]])
+    starts = np.concatenate([[0], cuts]).tolist()
+    ends = np.concatenate([cuts, [len(ts)]]).tolist()
+    lasts = [b - 1 for b in ends]
+    digest = digests(lasts) if digests is not None else [None] * len(lasts)
     return [
         Run(
             local_slice=int(local[a]),
@@ -95,8 +105,10 @@ def chunk_runs(offsets: np.ndarray, ts: np.ndarray, duration_ms: int) -> list[Ru
             records=int(b - a),
             min_timestamp=int(ts[a:b].min()),
             max_timestamp=int(ts[a:b].max()),
+            last_timestamp=int(ts[b - 1]),
+            last_digest=d,
         )
-        for a, b in zip(starts.tolist(), ends.tolist())
+        for a, b, d in zip(starts, ends, digest)
     ]
 
 
@@ -138,6 +150,8 @@ class SlicePlan:
     first: int = 0  # the first slice this plan publishes (an append's: the parent's slice count)
     made_late: int = 0  # records of idle partitions placed after their own running maximum's slice
     idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back
+    # partition -> the run holding its last published record (that record is the run's last)
+    last_runs: dict[int, Run] = field(default_factory=dict)
 
     def bounds(self, s: int) -> tuple[int, int]:
         return (self.base + s) * self.duration_ms, (self.base + s + 1) * self.duration_ms
@@ -250,6 +264,13 @@ def plan_slices(
             )
             for p, runs in sorted(parts.items())
         ]
+    # A partition's published records end where its first withheld run starts, and a run is
+    # withheld or published whole: its last published record is the last of a run.
+    last_runs: dict[int, Run] = {}
+    for parts in per_slice.values():
+        for p, runs in parts.items():
+            if p not in last_runs or runs[-1].last_offset > last_runs[p].last_offset:
+                last_runs[p] = runs[-1]
     running_max: dict[int, int] = dict(after.running_max) if after else {}
     for rs in ranges.values():
         for r in rs:
@@ -267,6 +288,7 @@ def plan_slices(
         first=first,
         made_late=made_late,
         idle=idle,
+        last_runs=last_runs,
     )
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 
 from compactor.chunks import chunk_frame, read_checked
+from compactor.history import batch_digests
 from compactor.slicing import ChunkStats, Run, chunk_runs
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope
@@ -51,7 +53,7 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
                     records=batch.num_rows,
                     min_timestamp=int(ts.min()),
                     max_timestamp=int(ts.max()),
-                    runs=chunk_runs(offsets, ts, duration_ms),
+                    runs=chunk_runs(offsets, ts, duration_ms, partial(batch_digests, batch)),
                 )
                 # n key rows (kind 0), then one row with the chunk summary (kind 1)
                 yield pa.RecordBatch.from_arrays(

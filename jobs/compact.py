@@ -23,11 +23,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from compactor.job import compact
+    from compactor.job import compact, prepare
 
-    spark = SparkSession.builder.appName("keyfill compact").getOrCreate()
+    cfg = compact_config(args)
+    prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
+    with prepared.abandoned_on_error():
+        spark = SparkSession.builder.appName("keyfill compact").getOrCreate()
     try:
-        print_compact_result(compact(compact_config(args), spark), args.json)
+        print_compact_result(compact(cfg, spark, prepared), args.json)
     finally:
         spark.stop()
     return 0

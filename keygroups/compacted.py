@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 FORMAT = "keyfill.compacted"
 FORMAT_VERSION = 3
 VERSIONS = "_versions"
+RUNS = "_runs"  # a running compaction's lease (compactor.lease): vacuum leaves its files alone
 LEGACY_MANIFEST = "_manifest.json"  # format versions 1 and 2: one unversioned manifest
 ASSIGNMENTS = "assignments"
 INDEX = "index"
@@ -67,8 +68,13 @@ def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
 _RUN = "[0-9a-f]{16}"
 # Every object this layout writes, and nothing else: what vacuum may delete.
 _ARCHIVE_KEY = re.compile(
-    rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet"
+    rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet|{RUNS}/{_RUN}\.json"
     rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.(?:slices|pieces)\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
+)
+# The run id in the name of a run's file (assignment, index, segment, lease), and a segment's group.
+_RUN_OF_KEY = re.compile(
+    rf"(?:{ASSIGNMENTS}/|{RUNS}/|{INDEX}/[0-9]{{10}}-|{GROUPS}/(?P<group>[0-9]{{5,}})/[0-9]{{10}}-)"
+    rf"(?P<run>{_RUN})\.(?:parquet|json|slices\.parquet|pieces\.parquet|avro)"
 )
 # What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
 _LEGACY_KEY = re.compile(
@@ -85,6 +91,24 @@ def is_archive_key(key: str) -> bool:
 def is_legacy_key(key: str) -> bool:
     """Whether `key` is an object of an unversioned archive (format versions 1 and 2)."""
     return _LEGACY_KEY.fullmatch(key) is not None
+
+
+def run_of(key: str) -> tuple[str, int | None] | None:
+    """(run, group) of a file a run writes: its run id, and its group for a segment file
+    (None for the others); None for version objects and names that are not the layout's."""
+    m = _RUN_OF_KEY.fullmatch(key) if is_archive_key(key) else None
+    if m is None:
+        return None
+    return m["run"], None if m["group"] is None else int(m["group"])
+
+
+def lease_key(run: str) -> str:
+    return f"{RUNS}/{run}.json"
+
+
+def run_of_lease(key: str) -> str | None:
+    found = run_of(key)
+    return found[0] if found and key.startswith(RUNS + "/") else None
 
 
 def new_run() -> str:
@@ -298,6 +322,9 @@ class Manifest:
     handoff: dict[str, int]  # partition (as a JSON string key) -> first offset not in the archive
     # partition -> the largest timestamp below its hand-off: the running maximum an append continues from
     running_max: dict[str, int] = field(default_factory=dict)
+    # partition -> {offset, timestamp, digest} of the last record archived: what an append
+    # checks the source still holds (compactor.history)
+    last_records: dict[str, dict] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
     # The version: which archive it is, where its files are, how it came to be.
     archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
@@ -337,6 +364,7 @@ class Manifest:
         numbers += list(m.running_max.values())
         numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
         numbers += [start for start, _ in m.index_runs]
+        numbers += [f.get(k) for f in m.last_records.values() for k in ("offset", "timestamp")]
         lists = (m.group_records, m.group_payload_bytes, m.group_file_bytes)
         if not all(type(v) is int for v in numbers) or any(len(x) != m.groups for x in lists) or m.slices < 0:
             raise FormatError(

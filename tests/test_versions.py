@@ -152,15 +152,21 @@ def test_vacuum_keeps_what_retained_versions_name_and_deletes_the_rest(spark, so
     }
     assert failed  # the failed run's segment files and assignment
 
-    # Within the window, version 1 was the latest a moment ago: a reader may have it open.
+    failed_run = {compacted.run_of(k)[0] for k in failed}
+    assert len(failed_run) == 1 and compacted.lease_key(*failed_run) in before  # marked failed, not deleted
+    failed.add(compacted.lease_key(*failed_run))
+    # Within the window, version 1 was the latest a moment ago: a reader may have it open. The
+    # failed run's lease says it ended: its files go at once, its lease last.
     plan = vacuum_plan(store, retain_ms=3_600_000)
-    assert (plan.retained, plan.expired, plan.files) == ([1, 2], [], [])
-    assert plan.kept_young == len(failed)
+    assert (plan.retained, plan.expired, set(plan.files)) == ([1, 2], [], failed)
+    assert plan.files[-1] == compacted.lease_key(*failed_run) and (plan.kept_live, plan.kept_unknown) == (0, 0)
     # An hour on, version 1 has expired: its files and the failed run's go, nothing else.
     plan = vacuum_plan(store, retain_ms=3_600_000, now_ms=v2.created_ms + 3_600_001)
     assert (plan.retained, plan.expired) == ([2], [1])
     assert plan.files[0] == compacted.version_key(1)  # invisible before its files go
-    assert set(plan.files) == {k for k in before if v1.run in k} | {compacted.version_key(1)} | failed
+    expired_run = {compacted.version_key(1), compacted.lease_key(v1.run)}  # its lease, written by vacuum, goes last
+    assert set(plan.files) == {k for k in before if v1.run in k} | expired_run | failed
+    assert [lease.run for lease in plan.mark_expired] == [v1.run]  # first: a stopped vacuum resumes
     assert main(["vacuum", url, "--retain", "0s"]) == 0  # a dry run lists ...
     out = capsys.readouterr().out
     assert "would delete" in out and store.url_for(compacted.version_key(1)) in out

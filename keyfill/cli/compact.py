@@ -180,15 +180,17 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from compactor.job import compact
+    from compactor.job import compact, prepare
     from compactor.spark_session import local_spark
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = compact_config(args)
-    spark = local_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
+    prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
+    with prepared.abandoned_on_error():
+        spark = local_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
     spark.sparkContext.setLogLevel("WARN")
     try:
-        print_compact_result(compact(cfg, spark), args.json)
+        print_compact_result(compact(cfg, spark, prepared), args.json)
     finally:
         spark.stop()
     return 0

@@ -11,9 +11,10 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="delete files no retained version of a compacted archive needs (dry run unless --delete)",
         description="Commits never delete: an --overwrite or a failed run leaves files behind. vacuum keeps the "
         "latest version and every version that was still the latest within --retain (a reader may have opened it "
-        "then), and lists every other file of the archive layout: files of expired versions, and files no version "
-        "names (failed runs) once they are older than --retain, so a compaction still running keeps its files. "
-        "Files keyfill did not write are never touched. Nothing is deleted without --delete.",
+        "then), and lists the files of expired versions and of runs that ended without committing (their lease, "
+        "_runs/<run>.json, says they failed, or went unrenewed for 20 minutes). A compaction or append still "
+        "running renews its lease, so its files are never listed, however long it runs; files no version or lease "
+        "knows are never touched. Nothing is deleted without --delete.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("url", help="compacted archive")
@@ -44,7 +45,12 @@ def run(args: argparse.Namespace) -> int:
         f"{verb} {len(plan.files):,} files, {mb(plan.bytes)}; keeping versions "
         f"{', '.join(map(str, plan.retained))}"
         + (f"; expiring versions {', '.join(map(str, plan.expired))}" if plan.expired else "")
-        + (f"; {plan.kept_young} unnamed files younger than {args.retain} kept" if plan.kept_young else "")
+        + (f"; {plan.kept_live:,} files of runs still writing kept" if plan.kept_live else "")
+        + (
+            f"; {plan.kept_unknown:,} files of runs no version or lease knows left alone"
+            if plan.kept_unknown
+            else ""
+        )
     )
     if args.delete:
         vacuum(store, plan)

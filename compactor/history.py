@@ -1,0 +1,158 @@
+"""Appends check the history they continue.
+
+An append reads the source from each partition's hand-off on and trusts that everything
+below it is what the archive already holds. A source whose chunks were rewritten (a
+re-export, a restore from another cluster, offsets shifted by a replayed connector) would
+otherwise be appended with exit 0 and replay some records twice, or skip some. So every
+version keeps, per partition, a fingerprint of the last record it archived (its offset,
+timestamp and a digest of key, value and headers: `Manifest.last_records`), and an append
+first reads that record from the source and refuses when it differs or is missing.
+
+The fingerprint costs the compaction nothing extra to take: the statistics pass digests the
+last record of every run (records whose running maximum stays in one slice), and a
+partition's last published record is always the last of a run (slicing.plan_slices).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compactor.config import CompactionError
+from compactor.slicing import SlicePlan
+from compactor.sources import SourceArchive, SourceChunk
+from keygroups import compacted
+
+log = logging.getLogger("keyfill.compact")
+
+
+class HistoryChanged(CompactionError):
+    """The source's record at an archived offset is not the one the archive holds."""
+
+
+def _framed(h, data: bytes | None) -> None:
+    if data is None:
+        h.update(b"\x00")
+    else:
+        h.update(b"\x01" + len(data).to_bytes(8, "big") + data)
+
+
+def record_digest(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> str:
+    """32 hex digits of the SHA-256 of a record's key, value and headers, each length-framed
+    (so no two records share a byte string)."""
+    h = hashlib.sha256()
+    _framed(h, key)
+    _framed(h, value)
+    h.update(len(headers).to_bytes(8, "big"))
+    for k, v in headers:
+        _framed(h, k.encode())
+        _framed(h, v)
+    return h.hexdigest()[:32]
+
+
+def batch_digests(batch: pa.RecordBatch, rows: list[int]) -> list[str]:
+    """The digests of these rows of an envelope batch."""
+    picked = batch.select(["key", "value", "headers"]).take(pa.array(rows, pa.int64())).to_pylist()
+    return [record_digest(r["key"], r["value"], [(h["key"], h["value"]) for h in r["headers"] or []]) for r in picked]
+
+
+def last_records(plan: SlicePlan, previous: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Per partition (a string key, as in the manifest), the fingerprint of the last record
+    the new version holds: this run's last published record, or the previous version's."""
+    out = dict(previous or {})
+    for p, run in plan.last_runs.items():
+        if run.last_digest is not None:
+            out[str(p)] = {"offset": run.last_offset, "timestamp": run.last_timestamp, "digest": run.last_digest}
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+@dataclass(frozen=True)
+class Expected:
+    partition: int
+    offset: int
+    timestamp: int
+    digest: str
+    chunk: int | None  # index into the listed chunks of the one that should hold it
+
+
+def expected_records(chunks: list[SourceChunk], manifest: compacted.Manifest) -> list[Expected]:
+    """Where the source should hold each partition's last archived record: the last chunk of
+    the partition starting at or before its offset."""
+    by_partition: dict[int, list[int]] = {}
+    for i, c in enumerate(chunks):
+        by_partition.setdefault(c.partition, []).append(i)
+    out = []
+    for p, f in sorted(manifest.last_records.items(), key=lambda kv: int(kv[0])):
+        before = [i for i in by_partition.get(int(p), []) if chunks[i].first_offset <= f["offset"]]
+        holder = max(before, key=lambda i: chunks[i].first_offset) if before else None
+        out.append(Expected(int(p), f["offset"], f["timestamp"], f["digest"], holder))
+    return out
+
+
+def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
+    def run(item: tuple[int, int]) -> tuple[int, int | None, str | None]:
+        idx, offset = item
+        batch = source.read(chunks[idx])
+        at = pc.index(batch.column("offset"), offset).as_py()
+        if at < 0:
+            return idx, None, None
+        ts = batch.column("timestamp").cast(pa.int64())[at].as_py()
+        return idx, ts, batch_digests(batch, [at])[0]
+
+    return run
+
+
+def check_history(spark, source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest) -> None:
+    """Refuse an append whose source no longer holds, at each partition's last archived
+    offset, the record the archive holds there. `chunks`: the topic's chunks as listed (not
+    only those the append reads: the record may lie in the chunk before the hand-off)."""
+    wanted = expected_records(chunks, manifest)
+    if not manifest.last_records:
+        log.warning(
+            "version %d records no fingerprint of its last records (written by an older keyfill): this append cannot "
+            "check that the source below the hand-off is unchanged",
+            manifest.version,
+        )
+        return
+    items = [(e.chunk, e.offset) for e in wanted if e.chunk is not None]
+    found = {}
+    if items:
+        spark.sparkContext.setJobDescription("keyfill compact: history check")
+        rdd = spark.sparkContext.parallelize(items, len(items))
+        found = {idx: (ts, digest) for idx, ts, digest in rdd.map(_found_task(source, chunks)).collect()}
+    handoff = {int(p): o for p, o in manifest.handoff.items()}
+    for e in wanted:
+        if e.chunk is None:
+            starts = [c.first_offset for c in chunks if c.partition == e.partition]
+            if starts and min(starts) == handoff.get(e.partition):
+                log.warning(
+                    "partition %d: the source starts at the hand-off (%d), the archived records below it are gone "
+                    "from the source (retention): its history cannot be checked",
+                    e.partition,
+                    min(starts),
+                )
+                continue
+            raise HistoryChanged(
+                f"partition {e.partition}: the source holds no chunk with offset {e.offset}, the last record version "
+                f"{manifest.version} archived; an append continues the same history (compact the source again with "
+                "--overwrite if it was replaced)"
+            )
+        ts, digest = found[e.chunk]
+        url = source.store.url_for(chunks[e.chunk].key)
+        if digest is None:
+            raise HistoryChanged(
+                f"{url}: holds no record at offset {e.offset} of partition {e.partition}, the last record version "
+                f"{manifest.version} archived; the source below the hand-off changed (compact it again with "
+                "--overwrite if it was replaced)"
+            )
+        if (ts, digest) != (e.timestamp, e.digest):
+            raise HistoryChanged(
+                f"{url}: the record at offset {e.offset} of partition {e.partition} differs from the one version "
+                f"{manifest.version} archived there (timestamp {ts} vs {e.timestamp}, or its key, value or headers); "
+                "the source below the hand-off was rewritten, so an append would deliver records twice or lose some "
+                "(compact it again with --overwrite if it was replaced)"
+            )

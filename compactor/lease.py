@@ -1,0 +1,169 @@
+"""A compaction run's lease: how a run that has not committed yet tells `keyfill vacuum` that
+its files are in use.
+
+A run writes its files long before its version object names them (a real rewrite takes
+hours), so vacuum cannot tell a live run's files from a dead run's by their age. Before it
+writes anything, a run creates `_runs/<run>.json` (create-only: this also proves, before
+any Spark job, that the destination is reachable, writable and the credentials work) and
+rewrites it every `RENEW_EVERY` of the lease's duration from a daemon thread. Vacuum
+deletes the files of a run that never committed only once its lease has ended: marked
+`failed` by the run itself, or not renewed for `LEASE_MS` plus another `LEASE_MS` of grace
+(the run's and vacuum's clocks may differ by less than that).
+
+The other half is on the run's side: a run whose lease went unrenewed for `LEASE_MS` (the
+process froze, or storage refused every renewal) may have had its files deleted, so it
+never commits (`LeaseLost`), and every commit checks that the files its version names
+exist (`compactor.commit.check_named`). Delta Lake and Iceberg judge orphan files by age
+alone (`RETAIN`, `older_than`), and a writer slower than the window loses its files there:
+this protocol does not depend on how long a run takes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from keygroups import compacted
+from keygroups.errors import KeyfillError, StorageError
+from keygroups.storage import Storage
+
+log = logging.getLogger("keyfill.compact")
+
+LEASE_MS = 10 * 60_000  # a lease not renewed for this long has ended
+RENEW_EVERY = 0.25  # of LEASE_MS: three renewals may fail before the lease ends
+GRACE_MS = LEASE_MS  # vacuum waits this much longer: clock skew between the run and vacuum
+
+
+class LeaseLost(KeyfillError, RuntimeError):
+    """The run's lease went unrenewed long enough that vacuum may have deleted its files."""
+
+
+@dataclass
+class LeaseRecord:
+    """What `_runs/<run>.json` holds."""
+
+    run: str
+    kind: str  # compact | append
+    host: str
+    pid: int
+    started_ms: int
+    renewed_ms: int
+    expires_ms: int  # renewed_ms + LEASE_MS, by the run's clock
+    state: str = "running"  # running | failed (ended: vacuum may take its files at once)
+    groups: int | None = None  # once known: segment files of higher groups are not the run's
+
+    def ended(self, now_ms: int) -> bool:
+        """Whether vacuum may take the run's files (if no version names the run)."""
+        return self.state != "running" or now_ms > self.expires_ms + GRACE_MS
+
+    @classmethod
+    def parse(cls, data: bytes) -> LeaseRecord | None:
+        """The lease, or None for bytes that are not one (not ours: vacuum leaves the run alone)."""
+        try:
+            d = json.loads(data)
+            rec = cls(**d)
+        except (ValueError, TypeError):
+            return None
+        numbers = (rec.pid, rec.started_ms, rec.renewed_ms, rec.expires_ms)
+        if not all(type(v) is int for v in numbers) or not isinstance(rec.run, str):
+            return None
+        return rec
+
+
+def read_leases(store: Storage) -> dict[str, LeaseRecord]:
+    """Every run's lease by run id (unreadable ones left out: their runs are never vacuumed)."""
+    out = {}
+    for o in store.list(compacted.RUNS + "/"):
+        run = compacted.run_of_lease(o.key)
+        if run is None:
+            continue
+        try:
+            rec = LeaseRecord.parse(store.read(o.key))
+        except StorageError:
+            continue  # deleted meanwhile (its run committed)
+        if rec is not None and rec.run == run:
+            out[run] = rec
+    return out
+
+
+class Lease:
+    """Held by a running compaction from before its first write until it commits or fails."""
+
+    def __init__(self, store: Storage, run: str, kind: str, duration_ms: int = LEASE_MS) -> None:
+        self.store, self.key, self.duration_ms = store, compacted.lease_key(run), duration_ms
+        now = int(time.time() * 1000)
+        self.record = LeaseRecord(run, kind, socket.gethostname(), os.getpid(), now, now, now + duration_ms)
+        self._renewed = time.monotonic()  # of the last renewal that reached storage
+        self._lost = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> Lease:
+        """Create the lease (before the run writes anything) and start renewing it."""
+        self.store.create(self.key, self._body())
+        self._renewed = time.monotonic()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"keyfill-lease-{self.record.run}", daemon=True)
+        self._thread.start()
+        return self
+
+    def set_groups(self, groups: int) -> None:
+        with self._lock:
+            self.record.groups = groups
+        self.renew()
+
+    def _body(self) -> bytes:
+        return compacted.dumps(asdict(self.record))
+
+    def renew(self) -> None:
+        with self._lock:
+            if self._lost:
+                return
+            started = time.monotonic()
+            if started - self._renewed > self.duration_ms / 1000:
+                self._lost = True  # vacuum may already have judged it ended: never renew again
+                return
+            now = int(time.time() * 1000)
+            self.record.renewed_ms, self.record.expires_ms = now, now + self.duration_ms
+            try:
+                self.store.write(self.key, self._body())
+            except StorageError as exc:
+                log.warning("could not renew the run's lease %s: %s", self.store.url_for(self.key), exc)
+                return
+            self._renewed = started
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.duration_ms / 1000 * RENEW_EVERY):
+            self.renew()
+
+    def check(self) -> None:
+        """Raise LeaseLost unless the lease has been held without a gap (right before a commit)."""
+        self.renew()
+        if self._lost:
+            raise LeaseLost(
+                f"{self.store.url_for(self.key)}: this run's lease went unrenewed for more than "
+                f"{self.duration_ms // 1000} s (the process stalled, or storage refused the renewals), so a "
+                "vacuum may have deleted its files; nothing of this run is committed: run it again"
+            )
+
+    def release(self, *, failed: bool) -> None:
+        """Stop renewing; after a commit the lease goes, after a failure it stays marked
+        failed (vacuum may then take the run's files without waiting for it to expire)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._lost = True
+            try:
+                if failed:
+                    self.record.state = "failed"
+                    self.store.write(self.key, self._body())
+                else:
+                    self.store.delete(self.key)
+            except StorageError as exc:  # vacuum will judge it by its age
+                log.warning("could not release the run's lease %s: %s", self.store.url_for(self.key), exc)
