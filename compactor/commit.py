@@ -84,7 +84,7 @@ def write_manifest(
         )
         index_pieces = pa.concat_tables([old_pieces, pieces.cast(piece_index.PIECE_SCHEMA)])
         index_runs = [e for e in continues.index_runs if e[0] < start] + [[start, run]]
-    piece_index.write_index(dest, index_slices, index_pieces, run)
+    index_files = piece_index.write_index(dest, index_slices, index_pieces, run)
     prior = continues or _EMPTY
     # what was written: the assignment's counts include an unsealed tail
     group_records = group_sums(pieces, "records", groups) + np.asarray(prior.group_records or 0, np.int64)
@@ -151,6 +151,8 @@ def write_manifest(
         runs=[*prior.runs, run],
         dropped=[d.key for d in dropped],  # this version's only: vacuum reads every version's
     )
+    named, _ = named_files(manifest)
+    manifest.index_files = {k: v for k, v in {**prior.index_files, **index_files}.items() if k in named}
     manifest.archive = compacted.content_id(manifest) if continues is None else continues.archive
     if lease is not None:
         lease.check()
@@ -193,6 +195,7 @@ class _Nothing:
     gaps: list = []
     runs: list = []
     last_records: dict = {}
+    index_files: dict = {}
 
 
 _EMPTY = _Nothing()

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from compactor.slicing import parse_duration
 from compactor.sources import FORMATS, SourceArchive, open_source
-from keygroups import envelope
+from keygroups import bounds, envelope
+from keygroups.bounds import within
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.segments import DEFAULT_TARGET_BYTES
 
@@ -43,21 +44,20 @@ class CompactConfig:
     fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
 
     def __post_init__(self) -> None:
-        if self.groups is not None and self.groups < 1:
-            raise OptionError("--groups must be at least 1")
-        if self.target_file_bytes < 4096:
-            raise OptionError("--target-file-bytes must be at least 4096")
+        if self.groups is not None:
+            within("--groups", self.groups, 1, bounds.MAX_GROUPS, "a segment file and an index row per slice each")
+        within("--target-file-bytes", self.target_file_bytes, 4096, bounds.MAX_TARGET_FILE_BYTES)
+        within("--block-bytes", self.block_bytes, 1024, bounds.MAX_BLOCK_BYTES)
+        within("--threads", self.threads, 1, bounds.MAX_THREADS)
         if self.codec not in envelope.CODECS:
             raise OptionError(f"--codec must be one of {', '.join(envelope.CODECS)}")
         if self.source_format not in FORMATS:
             raise OptionError(f"--format must be one of {', '.join(FORMATS)}")
         if self.null_keys not in NULL_KEY_POLICIES:
             raise OptionError(f"--null-keys must be one of {', '.join(NULL_KEY_POLICIES)}")
-        if self.block_bytes < 1024:
-            raise OptionError("--block-bytes must be at least 1024")
-        parse_duration(self.slice_duration)
+        within("--slice-duration", parse_duration(self.slice_duration), 1, bounds.MAX_DURATION_MS)
         if self.idle_after is not None:
-            parse_duration(self.idle_after, option="--idle-after")
+            within("--idle-after", parse_duration(self.idle_after, option="--idle-after"), 1, bounds.MAX_DURATION_MS)
         if self.append and self.overwrite:
             raise OptionError("--append and --overwrite exclude each other: one grows the archive, one replaces it")
 

@@ -325,6 +325,8 @@ class Manifest:
     # partition -> {offset, timestamp, digest} of the last record archived: what an append
     # checks the source still holds (compactor.history)
     last_records: dict[str, dict] = field(default_factory=dict)
+    # index file key -> {bytes, footer_crc32c} of every index file the version names (keygroups.piece_index)
+    index_files: dict[str, dict] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
     # The version: which archive it is, where its files are, how it came to be.
     archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
@@ -400,7 +402,9 @@ def content_id(manifest: Manifest) -> str:
     return hashlib.sha256(dumps(content)).hexdigest()[:16]
 
 
-_VERSION_FIELDS = {"archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs", "runs"}
+_VERSION_FIELDS = {
+    *("archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs", "runs", "index_files")
+}
 
 
 _VERSION_KEY = re.compile(rf"{VERSIONS}/([0-9]{{20}})\.json")

@@ -1,4 +1,4 @@
-"""The piece index of format v2 (DESIGN.md "Format v2").
+"""The piece index of the compacted archive (docs/compacted-archive.md, "The index").
 
 A group's records of one slice (a *piece*) are a run of whole Avro blocks inside a segment
 file that holds many consecutive slices of that group. Readers find pieces here:
@@ -26,13 +26,14 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keygroups.compacted import INDEX, Manifest, PartitionRange, Piece, SliceMeta, index_run
-from keygroups.errors import FormatError
+from keygroups.errors import FormatError, IntegrityError, KeyfillError
 from keygroups.storage import ObjectNotFound, Storage
 
 SLICES_PER_FILE = 4096
@@ -146,10 +147,13 @@ def _sorted(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys])
 
 
-def _write(store: Storage, key: str, table: pa.Table) -> None:
-    """One Parquet file whose row groups each hold SLICES_PER_ROW_GROUP slices."""
+def _write(store: Storage, key: str, table: pa.Table) -> dict:
+    """One Parquet file whose row groups each hold SLICES_PER_ROW_GROUP slices, with page
+    checksums; returns its check (`footer_check`)."""
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, table.schema, compression="zstd", write_statistics=["slice"]) as writer:
+    with pq.ParquetWriter(
+        sink, table.schema, compression="zstd", write_statistics=["slice"], write_page_checksum=True
+    ) as writer:
         bucket = table.column("slice").to_numpy() // SLICES_PER_ROW_GROUP
         bounds = (np.flatnonzero(np.diff(bucket)) + 1).tolist() + [table.num_rows] if table.num_rows else []
         start = 0
@@ -158,17 +162,40 @@ def _write(store: Storage, key: str, table: pa.Table) -> None:
             start = end
         if not table.num_rows:
             writer.write_table(table)
-    store.write(key, sink.getvalue().to_pybytes())
+    data = sink.getvalue().to_pybytes()
+    store.write(key, data)
+    return footer_check(data)
 
 
-def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) -> list[str]:
+def _footer_length(tail: bytes) -> int:
+    """Bytes of a Parquet file's footer region (Thrift metadata, its length, the magic) from
+    the file's last bytes; 0 if they do not end like a Parquet file."""
+    if len(tail) < 8 or tail[-4:] != _MAGIC:
+        return 0
+    return int.from_bytes(tail[-8:-4], "little") + 8
+
+
+def footer_check(data: bytes) -> dict:
+    """What the manifest keeps of an index file: its size and the CRC-32C of its footer. Page
+    checksums (Parquet's own) cover the rows; the footer holds the row groups' places and
+    slice statistics, whose damage would otherwise pass unseen (a row group skipped)."""
+    n = _footer_length(data)
+    return {"bytes": len(data), "footer_crc32c": google_crc32c.value(data[len(data) - n :])}
+
+
+_MAGIC = b"PAR1"
+_TAIL_BYTES = 64 << 10  # one GET fetches the footer of any index file up to this size of footer
+
+
+def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) -> dict[str, dict]:
     """Write the index files for these slices and pieces, named by `run` (slice numbers must
-    cover whole index files except the last); returns the keys written."""
+    cover whole index files except the last); returns each written file's key and check
+    (`footer_check`), which the manifest keeps (`index_files`)."""
     slices = _sorted(slices.cast(SLICE_SCHEMA), ["slice"])
     pieces = _sorted(pieces.cast(PIECE_SCHEMA), ["slice", "group"])
     if not slices.num_rows:
-        return []
-    written = []
+        return {}
+    written = {}
     first = file_start(int(pc.min(slices.column("slice")).as_py()))
     last = int(pc.max(slices.column("slice")).as_py())
     for start in range(first, last + 1, SLICES_PER_FILE):
@@ -176,8 +203,7 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
         for kind, table in (("slices", slices), ("pieces", pieces)):
             s = table.column("slice")
             part = table.filter(pc.and_(pc.greater_equal(s, start), pc.less(s, end)))
-            _write(store, index_key(kind, start, run), part)
-            written.append(index_key(kind, start, run))
+            written[index_key(kind, start, run)] = _write(store, index_key(kind, start, run), part)
     return written
 
 
@@ -234,6 +260,7 @@ class PieceIndex:
     store: Storage
     slices: int
     runs: list[list]
+    checks: dict[str, dict] | None = None  # the manifest's `index_files` (None: an archive written before them)
 
     def __post_init__(self) -> None:
         self._files: dict[str, tuple[int, pq.FileMetaData]] = {}  # key -> (size, footer)
@@ -242,7 +269,7 @@ class PieceIndex:
     @classmethod
     def of(cls, store: Storage, manifest: Manifest) -> PieceIndex:
         """The index of the version `manifest` describes."""
-        return cls(store, manifest.slices, manifest.index_runs)
+        return cls(store, manifest.slices, manifest.index_runs, manifest.index_files or None)
 
     def _key(self, kind: str, start: int) -> str:
         return index_key(kind, start, index_run(self.runs, start))
@@ -257,14 +284,34 @@ class PieceIndex:
                 source = _RangedObject(self.store, key)
             except ObjectNotFound:
                 raise FormatError(f"{self.store.url_for(key)}: index file missing") from None
-            known = (source.length, self._open(key, source).metadata)
+            check = (self.checks or {}).get(key)
+            meta = self._checked_footer(key, source.length, check) if check is not None else None
+            known = (source.length, self._open(key, source, meta).metadata)
             with self._lock:
                 known = self._files.setdefault(key, known)
         return key, *known
 
+    def _checked_footer(self, key: str, size: int, check: dict) -> pq.FileMetaData:
+        """The file's footer, read in one GET and checked against the manifest before pyarrow
+        trusts it: damage is named as the index file's, not blamed on a segment it misplaces."""
+        url = self.store.url_for(key)
+        if size != check["bytes"]:
+            raise IntegrityError(f"{url}: index file of {size} bytes, the manifest records {check['bytes']}")
+        tail = self.store.read_range(key, max(0, size - _TAIL_BYTES), min(size, _TAIL_BYTES))
+        n = _footer_length(tail)
+        if n > len(tail) and n <= size:
+            tail = self.store.read_range(key, size - n, n)
+        if not 8 < n <= len(tail) or google_crc32c.value(tail[len(tail) - n :]) != check["footer_crc32c"]:
+            raise IntegrityError(f"{url}: index file footer damaged (CRC-32C differs from the manifest)")
+        try:
+            return pq.read_metadata(pa.BufferReader(_MAGIC + tail[len(tail) - n :]))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise IntegrityError(f"{url}: unreadable index file footer ({exc})") from None
+
     def _open(self, key: str, source: _RangedObject, meta: pq.FileMetaData | None = None) -> pq.ParquetFile:
         try:
-            return pq.ParquetFile(source, metadata=meta)
+            # page checksums where the file has them (index files written since they carry them)
+            return pq.ParquetFile(source, metadata=meta, page_checksum_verification=True)
         except (pa.ArrowInvalid, OSError) as exc:
             raise FormatError(f"{self.store.url_for(key)}: unreadable index file ({exc})") from None
 
@@ -287,7 +334,14 @@ class PieceIndex:
                 continue
             # one read for all of them: on S3 adjacent row groups are one GET, and a replay
             # loading 4 blocks of 10 s slices spent a third of the time in per-read overhead
-            table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_groups(wanted, columns=columns)
+            try:
+                table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_groups(
+                    wanted, columns=columns
+                )
+            except (pa.ArrowInvalid, OSError) as exc:
+                if isinstance(exc, KeyfillError):
+                    raise  # the storage layer's own error, naming the object
+                raise IntegrityError(f"{self.store.url_for(key)}: damaged index file ({exc})") from None
             if whole:
                 yield table  # all of it (what a replay asks for): filtering cost as much as the read
                 continue

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keygroups import compacted
+from keygroups import bounds, compacted
+from keygroups.bounds import within
 from keygroups.errors import OptionError
 
 PACINGS = ("drift", "proportional", "none")
@@ -27,10 +28,8 @@ class ReplayOptions:
     pacing_sleep_s: float = 0.001  # proportional pacing's longest sleep per batch
 
     def __post_init__(self) -> None:
-        if self.threads < 1:
-            raise OptionError(f"threads={self.threads}: must be at least 1")
-        if self.batch_size < 1:
-            raise OptionError(f"batch_size={self.batch_size}: must be at least 1")
+        within("threads", self.threads, 1, bounds.MAX_THREADS, "each is an OS thread with read-ahead of its own")
+        within("batch_size", self.batch_size, 1, bounds.MAX_BATCH_ROWS)
         if self.pacing not in PACINGS:
             raise OptionError(f"pacing={self.pacing!r}: must be 'drift' (with max_drift_ms), 'proportional' or 'none'")
         if self.max_drift_ms is not None and self.max_drift_ms < 0:
@@ -46,6 +45,13 @@ class ReplayOptions:
             )
         if self.queue_batches is not None and self.queue_batches < 1:
             raise OptionError(f"queue_batches={self.queue_batches}: must be at least 1")
+        within("watermark_bound_ms", self.watermark_bound_ms, 0, bounds.MAX_DURATION_MS)
+        if self.max_drift_ms is not None:
+            within("max_drift_ms", self.max_drift_ms, 0, bounds.MAX_DURATION_MS)
+        within("range_bytes", self.range_bytes, 0, bounds.MAX_RANGE_BYTES)
+        within("read_ahead_bytes", self.read_ahead_bytes, 0, bounds.MAX_READ_AHEAD_BYTES)
+        if self.queue_batches is not None:
+            within("queue_batches", self.queue_batches, 1, 1 << 20)
 
     @property
     def queue_size(self) -> int:

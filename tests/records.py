@@ -76,8 +76,23 @@ def rewrite_group(store, group, change):
     new = writer.close()
     others = [p for m in metas for p in m.pieces if p.group != group]
     pieces = pa.concat_tables([piece_index.piece_table(others), piece_index.piece_table(new)])
-    piece_index.write_index(store, piece_index.slice_table(metas), pieces, manifest.run)
+    rewrite_index(store, piece_index.slice_table(metas), pieces)
     return new
+
+
+def rewrite_index(store, slices, pieces):
+    """Replace the latest version's index files (written by its run) with these rows, and its
+    manifest's record of them: an archive whose index says something else, consistently (to
+    test the checks that come after the index's own)."""
+    import json
+
+    from keygroups import compacted, piece_index
+
+    manifest = compacted.load_manifest(store)
+    written = piece_index.write_index(store, slices, pieces, manifest.run)
+    manifest.index_files = {**manifest.index_files, **written}
+    store.write(compacted.version_key(manifest.version), compacted.dumps(manifest.to_json()))
+    assert json.loads(store.read(compacted.version_key(manifest.version)))["index_files"] == manifest.index_files
 
 
 def archive_assignment(store):

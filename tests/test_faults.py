@@ -37,7 +37,7 @@ from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import StorageError, open_storage
-from tests.records import archive_metas, below_handoff, envelope_records
+from tests.records import archive_metas, below_handoff, envelope_records, rewrite_index
 
 try:
     from tests.s3server import S3Server, start_seaweedfs
@@ -192,7 +192,6 @@ DAMAGE = ["flipped byte", "swapped file", "missing file", "truncated file", "ind
 
 def damage_piece(store, kind: str):
     """Damage the largest piece of slice 1 as `kind` says; the piece as the index had it."""
-    import pyarrow as pa
 
     from keygroups import piece_index
 
@@ -212,12 +211,7 @@ def damage_piece(store, kind: str):
         store.write(victim.file, store.read(victim.file)[: victim.offset + 10])
     else:  # the index points past the end of the file
         rows = [p if p != victim else p._replace(offset=p.file_bytes + 100) for m in metas for p in m.pieces]
-        piece_index.write_index(
-            store,
-            piece_index.slice_table(metas),
-            pa.concat_tables([piece_index.piece_table(rows)]),
-            compacted.load_manifest(store).run,
-        )
+        rewrite_index(store, piece_index.slice_table(metas), piece_index.piece_table(rows))
     return victim
 
 

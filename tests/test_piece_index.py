@@ -99,13 +99,13 @@ def test_any_range_reads_back_what_was_written(tmp_path_factory, monkeypatch, sl
     runs = [[0, "a" * 16], [cut, "b" * 16]] if cut else [[0, "b" * 16]]
     shuffled = pieces.take(pa.array(list(reversed(range(pieces.num_rows))), pa.int64()))
     written = ix.write_index(store, in_range(sl, 0, cut), in_range(shuffled, 0, cut), "a" * 16)
-    written += ix.write_index(store, in_range(sl, cut, slices), in_range(shuffled, cut, slices), "b" * 16)
+    written |= ix.write_index(store, in_range(sl, cut, slices), in_range(shuffled, cut, slices), "b" * 16)
     assert len(written) == 2 * -(-slices // 8)
     ix.write_index(store, sl, pieces, "c" * 16)  # a run that never committed: not read
     first = data.draw(st.integers(0, slices))
     end = data.draw(st.integers(first, slices))
     counting = CountingStore(store)
-    index = ix.PieceIndex(counting, slices, runs)
+    index = ix.PieceIndex(counting, slices, runs, written)
     assert index.piece_rows(first, end).equals(in_range(pieces, first, end))
     assert index.slice_rows(first, end).equals(in_range(sl, first, end))
     some = ["slice", "start_ms"]  # what a replay reads of the slice index

@@ -23,7 +23,7 @@ from compactor.sources.envelope import build_index, read_chunk, write_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import open_storage
-from tests.records import archive_metas, below_handoff
+from tests.records import archive_metas, below_handoff, rewrite_index
 
 
 def hypothesis_settings(examples: int) -> settings:
@@ -264,10 +264,8 @@ def test_a_damaged_block_in_a_preload_fails_only_the_threads_that_need_it(archiv
     metas = archive_metas(store)
     victim = next(p for m in reversed(metas) for p in m.pieces)  # in the last block
     rows = [p if p != victim else p._replace(offset=p.file_bytes + 100) for m in metas for p in m.pieces]
-    piece_index.write_index(
-        store, piece_index.slice_table(metas), piece_index.piece_table(rows), compacted.load_manifest(store).run
-    )
-    plan = reader.plan.ReplayPlan(store, manifest, 3)
+    rewrite_index(store, piece_index.slice_table(metas), piece_index.piece_table(rows))
+    plan = reader.plan.ReplayPlan(store, compacted.load_manifest(store), 3)
     last = (manifest.slices - 1) // reader.plan.SLICES_PER_ROW_GROUP
     assert victim.slice // reader.plan.SLICES_PER_ROW_GROUP == last >= 2
     with plan._lock:

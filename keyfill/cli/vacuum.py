@@ -46,11 +46,7 @@ def run(args: argparse.Namespace) -> int:
         f"{', '.join(map(str, plan.retained))}"
         + (f"; expiring versions {', '.join(map(str, plan.expired))}" if plan.expired else "")
         + (f"; {plan.kept_live:,} files of runs still writing kept" if plan.kept_live else "")
-        + (
-            f"; {plan.kept_unknown:,} files of runs no version or lease knows left alone"
-            if plan.kept_unknown
-            else ""
-        )
+        + (f"; {plan.kept_unknown:,} files of runs no version or lease knows left alone" if plan.kept_unknown else "")
     )
     if args.delete:
         vacuum(store, plan)
