@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from compactor.config import CompactionError
 from compactor.slicing import SlicePlan
 from compactor.sources import SourceArchive, SourceChunk
+from compactor.task_errors import TaskErrors
 from keygroups import compacted
 
 log = logging.getLogger("keyfill.compact")
@@ -106,7 +107,9 @@ def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
     return run
 
 
-def check_history(spark, source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest) -> None:
+def check_history(
+    spark, source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest, errors: TaskErrors
+) -> None:
     """Refuse an append whose source no longer holds, at each partition's last archived
     offset, the record the archive holds there. `chunks`: the topic's chunks as listed (not
     only those the append reads: the record may lie in the chunk before the hand-off)."""
@@ -121,9 +124,10 @@ def check_history(spark, source: SourceArchive, chunks: list[SourceChunk], manif
     items = [(e.chunk, e.offset) for e in wanted if e.chunk is not None]
     found = {}
     if items:
-        spark.sparkContext.setJobDescription("keyfill compact: history check")
-        rdd = spark.sparkContext.parallelize(items, len(items))
-        found = {idx: (ts, digest) for idx, ts, digest in rdd.map(_found_task(source, chunks)).collect()}
+        sc = spark.sparkContext
+        task = errors.guard(lambda items_: map(_found_task(source, chunks), items_))
+        rdd = sc.parallelize(items, len(items)).mapPartitions(task)
+        found = {idx: (ts, digest) for idx, ts, digest in errors.run(sc, "history check", rdd.collect)}
     handoff = {int(p): o for p, o in manifest.handoff.items()}
     for e in wanted:
         if e.chunk is None:

@@ -37,6 +37,7 @@ from compactor.rewrite import run_rewrite
 from compactor.slicing import Continuation, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.statistics import run_statistics
+from compactor.task_errors import TaskErrors
 from keygroups import compacted, envelope, piece_index
 from keygroups.assignment import ASSIGNMENT_SCHEMA, load_assignment, write_assignment
 from keygroups.errors import OptionError
@@ -176,10 +177,11 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
     )
     topic, chunks, parent = prepared.topic, prepared.chunks, prepared.parent
     t = time.perf_counter()
+    errors = TaskErrors(dest, run)
     if grows is not None:
-        check_history(spark, source, prepared.listed, grows)
+        check_history(spark, source, prepared.listed, grows, errors)
         t = phase("history", t)
-    stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms, start.handoff if start else None)
+    stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms, start.handoff if start else None, errors)
     t = phase("statistics", t)
 
     plan = plan_slices(
@@ -212,7 +214,18 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         old_pieces = PieceIndex.of(dest, grows).piece_rows(index_start, plan.first)
         continued = tails(old_pieces, index_start, cfg.target_file_bytes)
     pieces = run_rewrite(
-        spark, cfg, groups, source, chunks, dest, plan, run, assignment_key, start.handoff if start else None, continued
+        spark,
+        cfg,
+        groups,
+        source,
+        chunks,
+        dest,
+        plan,
+        run,
+        assignment_key,
+        start.handoff if start else None,
+        continued,
+        errors,
     )
     t = phase("rewrite", t)
 

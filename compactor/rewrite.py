@@ -13,6 +13,7 @@ from compactor.chunks import chunk_frame, read_checked
 from compactor.config import CompactConfig, CompactionError
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
+from compactor.task_errors import TaskErrors
 from keygroups import envelope, piece_index
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.segments import SegmentWriter, Tail
@@ -192,6 +193,7 @@ def run_rewrite(
     assignment_key: str,
     handoff: dict[int, int] | None = None,
     tails: dict[int, Tail] | None = None,
+    errors: TaskErrors | None = None,
 ) -> pa.Table:
     """The pieces written (PIECE_SCHEMA rows), in files named by `run`.
 
@@ -201,12 +203,10 @@ def run_rewrite(
     one piece and one file in memory at most; Spark spills the sort. `handoff`: for an
     append, each partition's first offset to write; `tails`: the groups' last files it
     continues (`compactor.append.tails`)."""
-    spark.sparkContext.setJobDescription("keyfill compact: rewrite")
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
-    records = frame.mapInArrow(
-        _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices), RECORD_SCHEMA
-    )
-    written = (
+    decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices)
+    records = frame.mapInArrow(errors.guard(decode) if errors else decode, RECORD_SCHEMA)
+    action = (
         records.repartition(groups, "grp")
         .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
         .mapInArrow(
@@ -215,6 +215,7 @@ def run_rewrite(
             ),
             _SPARK_DDL,
         )
-        .toArrow()
+        .toArrow
     )
+    written = errors.run(spark.sparkContext, "rewrite", action) if errors else action()
     return written.cast(piece_index.PIECE_SCHEMA)

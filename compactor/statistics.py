@@ -15,6 +15,7 @@ from compactor.chunks import chunk_frame, read_checked
 from compactor.history import batch_digests
 from compactor.slicing import ChunkStats, Run, chunk_runs
 from compactor.sources import SourceArchive, SourceChunk
+from compactor.task_errors import TaskErrors
 from keygroups import envelope
 
 STATS_SCHEMA = "kind int, key binary, null_part int, bytes long, records long, chunk string"
@@ -72,26 +73,38 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
 
 
 def run_statistics(
-    spark, source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, handoff: dict[int, int] | None = None
+    spark,
+    source: SourceArchive,
+    chunks: list[SourceChunk],
+    duration_ms: int,
+    handoff: dict[int, int] | None = None,
+    errors: TaskErrors | None = None,
 ) -> Statistics:
-    """`handoff`: for an append, each partition's first offset to count (the archive holds the rest)."""
+    """`handoff`: for an append, each partition's first offset to count (the archive holds the
+    rest); `errors`: the run's channel for bad input found in a task (raised here, at once)."""
     from pyspark.sql import functions as F
 
-    spark.sparkContext.setJobDescription("keyfill compact: statistics")
+    sc = spark.sparkContext
+    task = _stats_task(source, chunks, duration_ms)
     stats = (
         chunk_frame(spark, chunks, handoff=handoff)
-        .mapInArrow(_stats_task(source, chunks, duration_ms), STATS_SCHEMA)
+        .mapInArrow(errors.guard(task) if errors else task, STATS_SCHEMA)
         .persist()
     )
+
+    def run(name: str, action):
+        return errors.run(sc, name, action) if errors else action()
+
     try:
-        totals = (
+        totals = run(
+            "statistics",
             stats.filter("kind = 0")
             .groupBy("key", "null_part")
             .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"))
-            .toArrow()
+            .toArrow,
         )
         chunk_stats = []
-        for row in stats.filter("kind = 1").select("chunk").toArrow().column("chunk").to_pylist():
+        for row in run("chunk summaries", stats.filter("kind = 1").select("chunk").toArrow).column("chunk").to_pylist():
             d = json.loads(row)
             d["runs"] = [Run(**r) for r in d["runs"]]
             chunk_stats.append(ChunkStats(**d))

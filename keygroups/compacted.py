@@ -68,13 +68,13 @@ def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
 _RUN = "[0-9a-f]{16}"
 # Every object this layout writes, and nothing else: what vacuum may delete.
 _ARCHIVE_KEY = re.compile(
-    rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet|{RUNS}/{_RUN}\.json"
+    rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet|{RUNS}/{_RUN}(?:\.error)?\.json"
     rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.(?:slices|pieces)\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
 )
 # The run id in the name of a run's file (assignment, index, segment, lease), and a segment's group.
 _RUN_OF_KEY = re.compile(
     rf"(?:{ASSIGNMENTS}/|{RUNS}/|{INDEX}/[0-9]{{10}}-|{GROUPS}/(?P<group>[0-9]{{5,}})/[0-9]{{10}}-)"
-    rf"(?P<run>{_RUN})\.(?:parquet|json|slices\.parquet|pieces\.parquet|avro)"
+    rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|slices\.parquet|pieces\.parquet|avro)"
 )
 # What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
 _LEGACY_KEY = re.compile(
@@ -106,9 +106,14 @@ def lease_key(run: str) -> str:
     return f"{RUNS}/{run}.json"
 
 
+def run_error_key(run: str) -> str:
+    """Where a Spark task of the run reports a deterministic input error (compactor.task_errors)."""
+    return f"{RUNS}/{run}.error.json"
+
+
 def run_of_lease(key: str) -> str | None:
     found = run_of(key)
-    return found[0] if found and key.startswith(RUNS + "/") else None
+    return found[0] if found and key == lease_key(found[0]) else None
 
 
 def new_run() -> str:
