@@ -7,19 +7,19 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     from keyfill.cli import add_compact_arguments, compact_config, print_compact_result
+    from keyfill.cli.compact import log_to_terminal
 
     parser = argparse.ArgumentParser(
         prog="jobs/compact.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_compact_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    log_to_terminal()
 
     from pyspark.sql import SparkSession
 
@@ -36,5 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> int:
+    """main(), with keyfill's errors as one line on stderr and exit status 2 (as `keyfill compact`)."""
+    from keygroups.errors import KeyfillError
+
+    try:
+        return main()
+    except KeyfillError as exc:
+        print(f"jobs/compact.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

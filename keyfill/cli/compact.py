@@ -120,6 +120,15 @@ def compact_config(args: argparse.Namespace):
     )
 
 
+def log_to_terminal() -> None:
+    """keyfill's own progress lines at INFO on stderr; everyone else's (botocore, py4j) only
+    from WARNING, so the last line a failed run prints is keyfill's error."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("keyfill").setLevel(logging.INFO)
+
+
 def print_compact_result(r, as_json: bool) -> None:
     from dataclasses import asdict
 
@@ -178,12 +187,10 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from compactor.job import compact, prepare
     from compactor.spark_session import local_spark
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    log_to_terminal()
     cfg = compact_config(args)
     prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
     with prepared.abandoned_on_error():

@@ -1,0 +1,358 @@
+"""The fault suite, part two: keyfill beside concurrent maintenance and bad input.
+
+- vacuum looping (--retain 0s --delete) while a compaction and an append run, on local
+  disk and on the S3 server: nothing of the running version is deleted, every version
+  committed replays whole;
+- a commit whose version would name a deleted file refuses, naming it; a run whose lease
+  went unrenewed past its length never commits;
+- vacuum deletes only files of expired versions and of runs whose lease ended, whatever
+  else is named like an archive file;
+- an append whose source was rewritten below the hand-off (offsets shifted, a chunk gone)
+  refuses, naming the chunk and the offset;
+- damage to an index file is named as the index file's;
+- numeric options out of range, a missing bucket: refused before Spark starts;
+- a corrupt chunk: the CLI's last line is the error naming it, no traceback, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import reader
+from compactor import job as job_module
+from compactor.history import HistoryChanged
+from compactor.job import CompactConfig, CompactionError, compact
+from compactor.lease import Lease, LeaseLost, LeaseRecord
+from compactor.sources import open_source
+from compactor.sources.envelope import write_chunk
+from compactor.vacuum import plan_vacuum, vacuum
+from compactor.verify import verify
+from keyfill.cli import main
+from keyfill.synth.generate import GeneratorConfig, generate
+from keygroups import compacted
+from keygroups.errors import FormatError, KeyfillError, StorageError
+from keygroups.storage import open_storage
+from tests.records import below_handoff
+
+RUN_A, RUN_B, RUN_C, RUN_D = ("a" * 16, "b" * 16, "c" * 16, "d" * 16)
+
+
+@pytest.fixture(scope="module")
+def full_source(tmp_path_factory):
+    src = str(tmp_path_factory.mktemp("maint") / "full")
+    generate(
+        GeneratorConfig(
+            out=src,
+            records=9_000,
+            keys=150,
+            partitions=3,
+            chunk_records=1_500,
+            skew=1.1,
+            null_keys=0.02,
+            headers=True,
+            rate=150.0,
+            seed=5,
+            codec="null",
+        ),
+        progress=False,
+    )
+    return src
+
+
+def read_lease(store, key: str) -> LeaseRecord:
+    return LeaseRecord.parse(store.read(key))
+
+
+def chunk_files(root: str) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".avro"))
+
+
+def early_source(full: str, dest) -> str:
+    """The full source less each partition's last chunk: what an append later grows."""
+    shutil.copytree(full, dest)
+    by_partition: dict[str, list[str]] = {}
+    for f in chunk_files(str(dest)):
+        by_partition.setdefault(os.path.dirname(f), []).append(f)
+    for files in by_partition.values():
+        os.remove(files[-1])
+    return str(dest)
+
+
+def records_below_handoff(src: str, url: str) -> set[tuple[int, int]]:
+    s = open_source(src)
+    table = below_handoff(pa.Table.from_batches([s.read(c) for c in s.list_chunks()]), url)
+    return set(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist()))
+
+
+def replayed(url: str) -> list[tuple[int, int]]:
+    out = []
+    with reader.replay(url, threads=3) as events:
+        for e in events:
+            if isinstance(e, reader.Records):
+                out += zip(e.batch.column("partition").to_pylist(), e.batch.column("offset").to_pylist())
+    return out
+
+
+def compact_with_vacuum_looping(cfg: CompactConfig, spark, url: str) -> int:
+    """Run the compaction in a thread while vacuum (retain 0, delete) loops; returns the
+    largest number of live-run files a vacuum kept (its protection was exercised)."""
+    store = open_storage(url)
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(compact(cfg, spark)))
+    worker.start()
+    kept = 0
+    while worker.is_alive():
+        plan = plan_vacuum(store, retain_ms=0)
+        kept = max(kept, plan.kept_live)
+        vacuum(store, plan)
+        time.sleep(0.05)
+    worker.join()
+    assert outcome, "the compaction failed"
+    return kept
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_vacuum_looping_beside_a_compaction_and_an_append_loses_nothing(spark, full_source, tmp_path, request, backend):
+    src = early_source(full_source, tmp_path / "src")
+    url = request.getfixturevalue(f"{backend}_url")
+    cfg = dict(source=src, dest=url, groups=4, slice_duration="5s")
+    compact(CompactConfig(**cfg), spark)
+    assert compact_with_vacuum_looping(CompactConfig(**cfg, overwrite=True), spark, url) > 0
+    for f in chunk_files(full_source):  # the source grows: the chunks left out come back
+        target = os.path.join(src, os.path.relpath(f, full_source))
+        if not os.path.exists(target):
+            shutil.copy(f, target)
+    assert compact_with_vacuum_looping(CompactConfig(**cfg, append=True), spark, url) > 0
+    store = open_storage(url)
+    assert compacted.load_manifest(store).version == 3
+    got = replayed(url)
+    assert len(got) == len(set(got)) and set(got) == records_below_handoff(src, url)
+    assert verify(open_source(src), store).ok
+
+
+def test_a_commit_refuses_a_version_naming_a_deleted_file(spark, full_source, tmp_path, monkeypatch):
+    url = str(tmp_path / "c")
+    cfg = dict(source=full_source, dest=url, groups=3, slice_duration="10s")
+    compact(CompactConfig(**cfg), spark)
+    store = open_storage(url)
+    original = job_module.write_manifest
+
+    def vacuumed_meanwhile(*args, **kwargs):  # someone deletes one of the run's files before it commits
+        victim = next(o.key for o in store.list(compacted.GROUPS + "/") if kwargs["run"] in o.key)
+        store.delete(victim)
+        vacuumed_meanwhile.victim = store.url_for(victim)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(job_module, "write_manifest", vacuumed_meanwhile)
+    with pytest.raises(CompactionError, match="missing, yet version 2 would name it") as err:
+        compact(CompactConfig(**cfg, overwrite=True), spark)
+    assert vacuumed_meanwhile.victim in str(err.value)
+    assert compacted.versions(store) == [1]
+    leases = [read_lease(store, o.key) for o in store.list(compacted.RUNS + "/") if compacted.run_of_lease(o.key)]
+    assert [lease.state for lease in leases] == ["failed"]  # vacuum may take the failed run's files now
+
+
+def test_a_lease_left_unrenewed_past_its_length_is_lost(tmp_path):
+    store = open_storage(str(tmp_path))
+    healthy = Lease(store, RUN_A, "compact", duration_ms=2_000).acquire()
+    first = LeaseRecord.parse(store.read(compacted.lease_key(RUN_A)))
+    time.sleep(1.2)
+    healthy.check()  # renewed every 0.5 s: held
+    assert LeaseRecord.parse(store.read(compacted.lease_key(RUN_A))).renewed_ms > first.renewed_ms
+    healthy.release(failed=False)
+    assert not store.exists(compacted.lease_key(RUN_A))  # a committed run's lease goes
+
+    frozen = Lease(store, RUN_B, "compact", duration_ms=1_000).acquire()
+    frozen._stop.set()  # the process stalls: no renewal reaches storage
+    frozen._thread.join()
+    time.sleep(1.2)
+    with pytest.raises(LeaseLost, match=f"{RUN_B}.json"):
+        frozen.check()
+    frozen.release(failed=True)
+    assert LeaseRecord.parse(store.read(compacted.lease_key(RUN_B))).state == "failed"
+
+
+@pytest.fixture(scope="module")
+def small_archive(spark, full_source, tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("maint") / "archive")
+    compact(CompactConfig(source=full_source, dest=url, groups=4, slice_duration="10s", codec="null"), spark)
+    return url
+
+
+def test_vacuum_deletes_only_what_expired_versions_and_ended_runs_wrote(small_archive, tmp_path):
+    url = str(tmp_path / "c")
+    shutil.copytree(small_archive, url)
+    store = open_storage(url)
+    before = {o.key for o in store.list()}
+    now = int(time.time() * 1000)
+
+    def lease(run: str, state: str, expires_ms: int, groups: int | None) -> None:
+        rec = LeaseRecord(run, "compact", "host", 1, now - 10_000, now - 10_000, expires_ms, state, groups)
+        store.write(compacted.lease_key(run), compacted.dumps(rec.__dict__))
+
+    def seg(group: int, run: str) -> str:
+        key = compacted.segment_key(group, 0, run)
+        store.write(key, b"x")
+        return key
+
+    lease(RUN_A, "running", now + 600_000, None)  # a live run, however old its files
+    live = {seg(0, RUN_A), compacted.assignment_key(RUN_A)}
+    store.write(compacted.assignment_key(RUN_A), b"x")
+    lease(RUN_B, "failed", now + 600_000, 4)  # a failed run of 4 groups
+    failed = {seg(1, RUN_B), compacted.run_error_key(RUN_B)}
+    store.write(compacted.run_error_key(RUN_B), b"{}")
+    beyond = seg(99, RUN_B)  # named like the failed run's, yet not one it could write
+    lease(RUN_C, "running", now - 3_600_000, None)  # unrenewed for an hour: ended
+    stale = {seg(2, RUN_C)}
+    unknown = {seg(0, RUN_D), f"index/0000000000-{RUN_D}.pieces.parquet", compacted.assignment_key(RUN_D)}
+    for key in unknown - {compacted.segment_key(0, 0, RUN_D)}:
+        store.write(key, b"x")
+    (tmp_path / "c" / "notes.txt").write_text("the team's")
+
+    plan = plan_vacuum(store, retain_ms=0)
+    gone = failed | stale | {compacted.lease_key(RUN_B), compacted.lease_key(RUN_C)}
+    assert set(plan.files) == gone
+    assert set(plan.files[-2:]) == {compacted.lease_key(RUN_B), compacted.lease_key(RUN_C)}  # leases last
+    assert (plan.kept_live, plan.kept_unknown) == (len(live) + 1, len(unknown) + 1)  # + the lease; + `beyond`
+    vacuum(store, plan)
+    after = {o.key for o in store.list()}
+    assert after == (before | live | unknown | {beyond, compacted.lease_key(RUN_A), "notes.txt"})
+    assert len(replayed(url)) == compacted.load_manifest(store).totals["records"]
+
+
+def shift_partition_from(src: str, partition: int, offset: int, by: int) -> str:
+    """Replace the chunk of `partition` holding `offset`, and the chunks after it, with
+    copies whose offsets are shifted by `by`; returns the URL of the copy that holds `offset` now."""
+    source = open_source(src)
+    store = open_storage(src)
+    mine = sorted((c for c in source.list_chunks() if c.partition == partition), key=lambda c: c.first_offset)
+    holder = max(i for i, c in enumerate(mine) if c.first_offset <= offset)
+    written = []
+    for c in mine[holder:]:
+        batch = source.read(c)
+        offsets = pc.add(batch.column("offset"), by)
+        store.delete(c.key)
+        written.append(write_chunk(store, batch.set_column(1, "offset", offsets), c.topic, codec="null"))
+    return store.url_for(written[0])
+
+
+@pytest.mark.parametrize("change", ["shifted", "missing"])
+def test_an_append_refuses_a_source_rewritten_below_its_handoff(spark, full_source, tmp_path, change):
+    src = early_source(full_source, tmp_path / "src")
+    url = str(tmp_path / "c")
+    compact(CompactConfig(source=src, dest=url, groups=4, slice_duration="5s"), spark)
+    manifest = compacted.load_manifest(open_storage(url))
+    last = manifest.last_records["1"]
+    assert last["offset"] == manifest.handoff["1"] - 1  # the record just below the hand-off
+    for f in chunk_files(full_source):  # the source grows
+        target = os.path.join(src, os.path.relpath(f, full_source))
+        if not os.path.exists(target):
+            shutil.copy(f, target)
+    if change == "shifted":
+        chunk = shift_partition_from(src, 1, last["offset"], 7)
+        with pytest.raises(HistoryChanged, match=f"offset {last['offset']} of partition 1 differs") as err:
+            compact(CompactConfig(source=src, dest=url, append=True), spark)
+    else:  # the chunk holding it, less that record
+        source, store = open_source(src), open_storage(src)
+        holder = max(
+            (c for c in source.list_chunks() if c.partition == 1 and c.first_offset <= last["offset"]),
+            key=lambda c: c.first_offset,
+        )
+        chunk = source.store.url_for(holder.key)
+        batch = source.read(holder)
+        store.delete(holder.key)
+        write_chunk(
+            store, batch.filter(pc.not_equal(batch.column("offset"), last["offset"])), holder.topic, codec="null"
+        )
+        with pytest.raises(HistoryChanged, match=f"holds no record at offset {last['offset']} of partition 1") as err:
+            compact(CompactConfig(source=src, dest=url, append=True), spark)
+    assert chunk in str(err.value)
+    assert compacted.versions(open_storage(url)) == [1]
+
+
+@pytest.mark.parametrize("where", ["rows", "footer"])
+def test_damage_to_an_index_file_is_named_as_the_index_files(small_archive, tmp_path, where):
+    url = str(tmp_path / "c")
+    shutil.copytree(small_archive, url)
+    store = open_storage(url)
+    key = next(o.key for o in store.list(compacted.INDEX + "/") if o.key.endswith(".pieces.parquet"))
+    data = bytearray(store.read(key))
+    at = len(data) // 3 if where == "rows" else len(data) - 40  # a data page, or the footer
+    data[at] ^= 0x10
+    store.write(key, bytes(data))
+    with pytest.raises(KeyfillError) as err:  # the replay's own error type, with the index file's message
+        replayed(url)
+    assert store.url_for(key) in str(err.value) and ".avro" not in str(err.value)
+
+
+def test_options_out_of_range_and_a_missing_bucket_are_refused_before_spark_starts(
+    full_source, small_archive, s3_server, tmp_path, monkeypatch, capsys
+):
+    import compactor.spark_session
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark started before the options were checked")
+
+    monkeypatch.setattr(compactor.spark_session, "local_spark", no_spark)
+    cases = [
+        (["compact", full_source, str(tmp_path / "c"), "--groups", "1000000000000"], "--groups", "65,536"),
+        (["compact", full_source, str(tmp_path / "c"), "--slice-duration", "10000d"], "--slice-duration", "between"),
+        (["compact", full_source, "s3://no-such-bucket-kf/c"], "no-such-bucket-kf", ""),
+        (["replay", small_archive, "--threads", "100000"], "threads 100,000", "1,024"),
+        (["replay", small_archive, "--watermark-bound-ms", str(10**15)], "watermark_bound_ms", "between"),
+    ]
+    for argv, names, limit in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and names in err and limit in err, err
+    assert not os.path.exists(tmp_path / "c")
+
+
+def test_a_corrupt_chunk_ends_the_cli_with_one_line_naming_it(full_source, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(full_source, bad)
+    victim = chunk_files(str(bad))[4]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) - 300)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "keyfill"),
+            "compact",
+            str(bad),
+            str(tmp_path / "c"),
+            "--master",
+            "local[2]",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[-1].startswith("keyfill compact: error: ") and os.path.basename(victim) in lines[-1], done.stderr
+    assert "Traceback" not in done.stderr and "Exception in task" not in done.stderr, done.stderr
+    store = open_storage(str(tmp_path / "c"))
+    assert compacted.versions(store) == []
+    (lease,) = [read_lease(store, o.key) for o in store.list(compacted.RUNS + "/") if compacted.run_of_lease(o.key)]
+    assert lease.state == "failed"
+    assert json.loads(store.read(compacted.run_error_key(lease.run)))["message"] == lines[-1].split("error: ", 1)[1]
+
+
+def test_vacuum_refuses_to_judge_what_it_cannot_read(tmp_path):
+    store = open_storage(str(tmp_path))
+    store.write(compacted.segment_key(0, 0, RUN_A), b"x")
+    with pytest.raises((FormatError, StorageError)):
+        plan_vacuum(store, retain_ms=0)  # no version: not an archive, nothing deleted
+    assert store.exists(compacted.segment_key(0, 0, RUN_A))
