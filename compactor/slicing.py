@@ -5,7 +5,7 @@ slice in which its partition's *running maximum* timestamp (over all earlier off
 itself) falls. The running maximum never decreases along a partition, so each slice is a
 contiguous offset range of every partition, and a record that lands in a later slice with
 a small timestamp was already below its own partition's maximum: late in the original
-order too (DESIGN.md, invariant 3).
+order too (docs/design.md, invariant 3).
 
 Tasks see one chunk at a time. The running maximum of a chunk's records is the larger of
 the chunk's own running maximum and the maximum of all earlier chunks of the partition (its
@@ -29,7 +29,7 @@ made late, and an idle partition holds the seal until it moves.
 
 Appends (`Continuation`): the next compaction reads each partition from its hand-off on and
 continues its running maximum, so sealed slices come out exactly as if the grown source had
-been compacted at once (DESIGN.md, invariant 7).
+been compacted at once (docs/design.md, invariant 7).
 """
 
 from __future__ import annotations

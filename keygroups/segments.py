@@ -1,4 +1,4 @@
-"""Segment files of format v2 (DESIGN.md "Format v2"): one Avro container per run of
+"""Segment files of the compacted archive (docs/compacted-archive.md, "Segment files"): one Avro container per run of
 consecutive slices of one group, each slice's records (a *piece*) a run of whole blocks.
 
     <root>/groups/<group:05d>/<first slice:010d>-<run>.avro

@@ -6,7 +6,7 @@ behind first (`reader.fetch`: runs of upcoming pieces are already in flight), an
 step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
 thread's steps and yields the watermark of s once every thread is past s
 (`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
-of s and before any record of s + 1 (DESIGN.md invariants 1-4), and no thread waits for
+of s and before any record of s + 1 (docs/design.md, invariants 1-4), and no thread waits for
 another. Inside a slice `reader.pacing` bounds how far threads
 drift apart in event time; `reader.checkpoint` is the position the consumer can resume from.
 """

@@ -4,7 +4,7 @@ Each thread puts bundles on a FIFO of its own (a bundle: one group's records of 
 pieces, decoded together), with how far it has got (`through`: every piece of a slice before
 it is handed over). The consumer takes slice s's pieces out of every thread's bundles and
 announces s only when every thread is past it, so all records of slice s come before the
-watermark of s and before any record of s + 1 (DESIGN.md invariants 1-4) while no thread
+watermark of s and before any record of s + 1 (docs/design.md, invariants 1-4) while no thread
 ever waits for another.
 
 Bundles, not one item per piece: with 10 s slices a piece is ~150 records, and per-piece

@@ -9,7 +9,7 @@ A streaming offset is a slice position, `{"slice": n, "archive": <id>, "version"
 every micro-batch holds whole slices and never part of one, so the micro-batch boundary is the reader's barrier made
 cluster-wide. Spark's watermark (the largest event time seen, minus the delay) then moves
 once per batch, at a slice end, and a record is late in the replay only if it was late in
-its own Kafka partition with the same delay (DESIGN.md invariant 3).
+its own Kafka partition with the same delay (docs/design.md, invariant 3).
 
 A micro-batch's input partitions are key groups (or bundles of groups balanced by bytes,
 with the `numPartitions` option). Each reads its groups' pieces of the batch's slices, a

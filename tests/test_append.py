@@ -1,4 +1,4 @@
-"""Appends (`keyfill compact --append`, DESIGN.md invariant 7): a source that grows in steps,
+"""Appends (`keyfill compact --append`, docs/design.md, invariant 7): a source that grows in steps,
 each appended as a new version, replays (across checkpoints taken on older versions) to
 exactly the grown source, per-key order kept, no record made late that was not late in its
 own partition (or counted as made late by --idle-after), watermarks monotone; and the

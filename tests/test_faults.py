@@ -36,6 +36,7 @@ from compactor.verify import CHECKS, verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
+from keygroups.errors import KeyfillError
 from keygroups.storage import StorageError, open_storage
 from tests.records import archive_metas, below_handoff, envelope_records, rewrite_index
 
@@ -122,10 +123,13 @@ def test_overwrite_from_a_bad_source_keeps_the_previous_archive(spark, source, a
         "overlapping": lambda: overlapping_source(tmp_path),
         "corrupt": lambda: corrupt_source(tmp_path, source),
     }[bad]()
-    with pytest.raises(Exception) as err:  # a bad chunk fails inside a Spark task: Spark wraps the error
+    with pytest.raises(KeyfillError) as err:  # a bad chunk found inside a Spark task: raised as the task raised it
         compact(CompactConfig(source=bad_url, dest=dest, groups=3, slice_duration="10s", overwrite=True), spark)
     assert bad_url in str(err.value)
-    assert snapshot(dest) == before  # nothing deleted, nothing half-written
+    after = snapshot(dest)
+    added = set(after) - set(before)  # nothing deleted, nothing half-written: the failed run's lease and error only
+    assert {k: after[k] for k in before} == before and all(compacted.run_of(k) for k in added)
+    assert {k.split("/")[0] for k in added} <= {compacted.RUNS} and len({compacted.run_of(k)[0] for k in added}) <= 1
     assert verify(open_source(source), open_storage(dest)).ok
 
 

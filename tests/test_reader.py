@@ -1,4 +1,4 @@
-"""The barrier-synchronised replay: DESIGN.md invariants 1-4 for any thread count, and
+"""The barrier-synchronised replay: docs/design.md, invariants 1-4 for any thread count, and
 exactly-once across any number of checkpoint/restore points."""
 
 from __future__ import annotations

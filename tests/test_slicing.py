@@ -1,5 +1,5 @@
 """Slicing by running-maximum timestamp: checked against a per-record brute force, and the
-watermark rule of DESIGN.md (invariant 3) as a property."""
+watermark rule of docs/design.md (invariant 3) as a property."""
 
 from __future__ import annotations
 

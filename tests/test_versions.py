@@ -1,4 +1,4 @@
-"""Versioned commits (DESIGN.md "version"): every compaction publishes a new version in one
+"""Versioned commits (docs/design.md, "version"): every compaction publishes a new version in one
 create-only step; readers keep the version they opened; a failed or losing run leaves the
 previous version as it was."""
 
