@@ -47,15 +47,32 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fast historical backfill: compact a Kafka archive into volume-balanced key "
         "groups once, then replay it in parallel with per-key order and lockstep event time.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", action="store_const", const=1, dest="verbosity", help="more log lines")
+    loud.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity", help="warnings only")
+    parser.set_defaults(verbosity=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in (generate, inspect_source, compact, verify, replay, handoff, versions, vacuum):
         command.add(sub)
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("keyfill")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from keyfill.cli.compact import log_to_terminal
     from keygroups.errors import KeyfillError
+
+    log_to_terminal(args.verbosity)
 
     try:
         return args.run(args)

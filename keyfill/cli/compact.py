@@ -120,13 +120,16 @@ def compact_config(args: argparse.Namespace):
     )
 
 
-def log_to_terminal() -> None:
+def log_to_terminal(verbosity: int = 0) -> None:
     """keyfill's own progress lines at INFO on stderr; everyone else's (botocore, py4j) only
-    from WARNING, so the last line a failed run prints is keyfill's error."""
+    from WARNING, so the last line a failed run prints is keyfill's error. `verbosity`: -1
+    (-q) keyfill's warnings only; 1 (-v) keyfill's debug lines and others' INFO."""
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("keyfill").setLevel(logging.INFO)
+    others = logging.INFO if verbosity > 0 else logging.WARNING
+    ours = {-1: logging.WARNING, 0: logging.INFO}.get(min(verbosity, 1), logging.DEBUG)
+    logging.basicConfig(level=others, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("keyfill").setLevel(ours)
 
 
 def print_compact_result(r, as_json: bool) -> None:
@@ -190,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
     from compactor.job import compact, prepare
     from compactor.spark_session import local_spark
 
-    log_to_terminal()
     cfg = compact_config(args)
     prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
     with prepared.abandoned_on_error():
