@@ -20,6 +20,10 @@ class CompactionError(KeyfillError, RuntimeError):
     """The two passes over the source disagree: the source changed while it was compacted."""
 
 
+class HeldBack(KeyfillError, ValueError):
+    """More of the source would be held back (in slices not sealed yet) than --max-held-back allows."""
+
+
 @dataclass(frozen=True)
 class CompactConfig:
     source: str
@@ -42,6 +46,7 @@ class CompactConfig:
     threads: int = 16
     null_keys: str = "partition"
     fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
+    max_held_back: float | None = None  # fail, committing nothing, when a larger share of records would be held back
 
     def __post_init__(self) -> None:
         if self.groups is not None:
@@ -58,6 +63,8 @@ class CompactConfig:
         within("--slice-duration", parse_duration(self.slice_duration), 1, bounds.MAX_DURATION_MS)
         if self.idle_after is not None:
             within("--idle-after", parse_duration(self.idle_after, option="--idle-after"), 1, bounds.MAX_DURATION_MS)
+        if self.max_held_back is not None and not 0 <= self.max_held_back <= 1:
+            raise OptionError(f"--max-held-back {self.max_held_back}: must be a fraction between 0 and 1")
         if self.append and self.overwrite:
             raise OptionError("--append and --overwrite exclude each other: one grows the archive, one replaces it")
 

@@ -29,12 +29,12 @@ import pyarrow.compute as pc
 from compactor.append import continuation, continuing, extend_assignment, tails
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
-from compactor.config import CompactConfig, CompactionError, CompactResult
+from compactor.config import CompactConfig, CompactionError, CompactResult, HeldBack
 from compactor.destination import check_destination, remove_legacy
 from compactor.history import check_history
 from compactor.lease import Lease
 from compactor.rewrite import run_rewrite
-from compactor.slicing import Continuation, plan_slices
+from compactor.slicing import Continuation, SlicePlan, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.statistics import run_statistics
 from compactor.task_errors import TaskErrors
@@ -147,6 +147,31 @@ def prepare(cfg: CompactConfig) -> Prepared:
     return Prepared(cfg, source, dest, parent, grows, topic, listed, chunks, start, run, lease, time.perf_counter() - t)
 
 
+HELD_BACK_WARNING = 0.05  # a share of the run's records held back that is worth a warning
+
+
+def check_held_back(plan: SlicePlan, limit: float | None, url: str) -> None:
+    """Say loudly how many records this run leaves for later and why (or refuse, over
+    `limit`): a compaction that publishes a sliver of its source and exits 0 looks like a
+    success to a script."""
+    if not plan.withheld:
+        return
+    published = sum(r.records for rs in plan.ranges.values() for r in rs)
+    share = plan.withheld / (published + plan.withheld)
+    why = (
+        f"partition {plan.seal_holder}'s running maximum is still in slice {plan.base + plan.slices} (absolute), so "
+        "later records may belong to the slices from there on; they are published once every partition has passed "
+        "them (append later), or now with --seal-all (a topic that will not grow) or --idle-after (quiet partitions)"
+    )
+    message = f"{plan.withheld:,} of {published + plan.withheld:,} records ({share:.1%}) of {url} held back: {why}"
+    if limit is not None and share > limit:
+        raise HeldBack(f"{message}; more than --max-held-back {limit:g}, so nothing is committed")
+    if share > HELD_BACK_WARNING:
+        log.warning(message)
+    else:
+        log.info(message)
+
+
 def compact(cfg: CompactConfig, spark, prepared: Prepared | None = None) -> CompactResult:
     """Run the whole compaction on `spark`; returns the summary. Raises on any bad input
     with a message naming the object at fault, leaving no visible archive. `prepared`: the
@@ -194,8 +219,7 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         after=start,
         name=source.store.url_for,
     )
-    if plan.withheld:
-        log.info("%d records of unsealed slices left for a later compaction (see --seal-all)", plan.withheld)
+    check_held_back(plan, cfg.max_held_back, source.url)
     if grows is not None:
         groups = grows.groups
         assignment, new_keys = extend_assignment(load_assignment(dest, grows.assignment), stats.totals, groups)

@@ -152,6 +152,7 @@ class SlicePlan:
     idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back
     # partition -> the run holding its last published record (that record is the run's last)
     last_runs: dict[int, Run] = field(default_factory=dict)
+    seal_holder: int | None = None  # the partition whose running maximum set the seal (None: seal_all)
 
     def bounds(self, s: int) -> tuple[int, int]:
         return (self.base + s) * self.duration_ms, (self.base + s + 1) * self.duration_ms
@@ -227,12 +228,12 @@ def plan_slices(
     newest = max(final_max.values())
     idle = sorted(p for p, m in final_max.items() if idle_after_ms is not None and m < newest - idle_after_ms)
     holding = {p: m for p, m in final_max.items() if p not in idle}
+    lagging = min(holding, key=lambda p: holding[p])  # the partition whose running maximum sets the seal
     if seal_all:
         seal = max([*per_slice, base + first - 1]) + 1
     else:
         seal = min(m // duration_ms for m in holding.values())
     if seal <= base + first:
-        lagging = min(holding, key=lambda p: holding[p])
         if after:
             raise NothingSealed(
                 f"no new slice is sealed: partition {lagging}'s running maximum is still in the archive's next slice "
@@ -289,6 +290,7 @@ def plan_slices(
         made_late=made_late,
         idle=idle,
         last_runs=last_runs,
+        seal_holder=None if seal_all else lagging,
     )
 
 

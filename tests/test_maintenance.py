@@ -31,13 +31,13 @@ import pytest
 import reader
 from compactor import job as job_module
 from compactor.history import HistoryChanged
-from compactor.job import CompactConfig, CompactionError, compact
+from compactor.job import CompactConfig, CompactionError, HeldBack, compact
 from compactor.lease import Lease, LeaseLost, LeaseRecord
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.vacuum import plan_vacuum, vacuum
 from compactor.verify import verify
-from keyfill.cli import main
+from keyfill.cli import main, print_compact_result
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.errors import FormatError, KeyfillError, StorageError
@@ -356,3 +356,17 @@ def test_vacuum_refuses_to_judge_what_it_cannot_read(tmp_path):
     with pytest.raises((FormatError, StorageError)):
         plan_vacuum(store, retain_ms=0)  # no version: not an archive, nothing deleted
     assert store.exists(compacted.segment_key(0, 0, RUN_A))
+
+
+def test_records_held_back_are_loud_and_can_fail_a_scripted_run(spark, full_source, tmp_path, capsys):
+    url = str(tmp_path / "c")
+    with pytest.raises(HeldBack, match=r"held back: partition \d's running maximum") as err:
+        compact(CompactConfig(source=full_source, dest=url, groups=3, slice_duration="5s", max_held_back=0.01), spark)
+    share = float(str(err.value).split("(")[1].split("%")[0]) / 100
+    assert share > 0.01 and "more than --max-held-back 0.01" in str(err.value)
+    assert not compacted.versions(open_storage(url))  # nothing committed
+    print_compact_result(
+        compact(CompactConfig(source=full_source, dest=url, groups=3, slice_duration="5s"), spark), False
+    )
+    out = capsys.readouterr().out
+    assert "WARNING: " in out and f"({share:.1%} of this run's)" in out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from keyfill.cli.args import byte_size, mb, positive_int
+from keyfill.cli.args import byte_size, fraction, mb, positive_int
 
 
 def add_source_options(p: argparse.ArgumentParser) -> None:
@@ -78,6 +78,13 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
         "not grow); by default they are left out and the hand-off offsets point at their first records",
     )
     p.add_argument(
+        "--max-held-back",
+        type=fraction,
+        metavar="FRACTION",
+        help="fail, committing nothing, when more than this share of the run's records would be held back in slices "
+        "not sealed yet (e.g. 0.05 in scheduled jobs); by default more than 5%% is a warning",
+    )
+    p.add_argument(
         "--idle-after",
         metavar="DURATION",
         help="a partition whose running maximum is this far behind the newest partition's does not hold sealing "
@@ -114,6 +121,7 @@ def compact_config(args: argparse.Namespace):
         allow_gaps=args.allow_gaps,
         seal_all=args.seal_all,
         idle_after=args.idle_after,
+        max_held_back=args.max_held_back,
         overwrite=args.overwrite,
         append=args.append,
         threads=args.threads,
@@ -161,9 +169,14 @@ def print_compact_result(r, as_json: bool) -> None:
         f" = {r.max_group_bytes / max(r.mean_group_bytes, 1):.3f}"
     )
     if r.withheld:
+        from compactor.job import HELD_BACK_WARNING
+
+        share = r.withheld / max(r.new_records + r.withheld, 1)
+        loud = "WARNING: " if share > HELD_BACK_WARNING else ""
         print(
-            f"  {r.withheld:,} records of slices not sealed yet left out: the hand-off offsets point at them "
-            "(`keyfill handoff`); --seal-all publishes them"
+            f"  {loud}{r.withheld:,} records ({share:.1%} of this run's) of slices not sealed yet held back: the "
+            "hand-off offsets point at them (`keyfill handoff`); --seal-all publishes them, --max-held-back makes too "
+            "many an error"
         )
     if r.idle:
         print(f"  partitions {', '.join(map(str, r.idle))} idle (--idle-after): they did not hold sealing back")
