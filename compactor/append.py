@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.config import DEFAULT_SLICE_DURATION, CompactConfig
+from compactor.config import CompactConfig
 from compactor.slicing import Continuation
 from compactor.sources import SourceArchive
 from keygroups import compacted
@@ -45,7 +45,7 @@ def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArc
         raise OptionError(f"--topic {cfg.topic}: the archive holds topic {parent.topic}")
     if cfg.groups not in (None, parent.groups):
         raise OptionError(f"--groups {cfg.groups}: an append keeps the archive's {parent.groups} groups")
-    if cfg.slice_duration != DEFAULT_SLICE_DURATION and cfg.slice_duration_ms != parent.slice_duration_ms:
+    if cfg.slice_duration is not None and cfg.slice_duration_ms != parent.slice_duration_ms:
         raise OptionError(
             f"--slice-duration {cfg.slice_duration}: an append keeps the archive's slices of "
             f"{parent.config['slice_duration']}"

@@ -12,7 +12,6 @@ from keygroups.errors import KeyfillError, OptionError
 from keygroups.segments import DEFAULT_TARGET_BYTES
 
 DEFAULT_BLOCK_BYTES = 1 << 20
-DEFAULT_SLICE_DURATION = "1m"
 NULL_KEY_POLICIES = ("partition",)
 
 
@@ -29,7 +28,7 @@ class CompactConfig:
     source: str
     dest: str
     groups: int | None = None  # None: derived from the statistics (compactor.defaults)
-    slice_duration: str = DEFAULT_SLICE_DURATION
+    slice_duration: str | None = None  # None: derived from the statistics (compactor.slice_length)
     source_format: str = "envelope"
     key_field: str | None = None
     timestamp_field: str | None = None
@@ -60,7 +59,8 @@ class CompactConfig:
             raise OptionError(f"--format must be one of {', '.join(FORMATS)}")
         if self.null_keys not in NULL_KEY_POLICIES:
             raise OptionError(f"--null-keys must be one of {', '.join(NULL_KEY_POLICIES)}")
-        within("--slice-duration", parse_duration(self.slice_duration), 1, bounds.MAX_DURATION_MS)
+        if self.slice_duration is not None:
+            within("--slice-duration", parse_duration(self.slice_duration), 1, bounds.MAX_DURATION_MS)
         if self.idle_after is not None:
             within("--idle-after", parse_duration(self.idle_after, option="--idle-after"), 1, bounds.MAX_DURATION_MS)
         if self.max_held_back is not None and not 0 <= self.max_held_back <= 1:
@@ -70,6 +70,8 @@ class CompactConfig:
 
     @property
     def slice_duration_ms(self) -> int:
+        if self.slice_duration is None:
+            raise AttributeError("the slice duration is derived from the statistics: not known yet")
         return parse_duration(self.slice_duration)
 
     @property

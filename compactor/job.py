@@ -16,6 +16,7 @@ new version is built beside the old one, whose readers keep reading it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactor import slice_length
 from compactor.append import continuation, continuing, extend_assignment, tails
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
@@ -206,8 +208,23 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
     if grows is not None:
         check_history(spark, source, prepared.listed, grows, errors)
         t = phase("history", t)
-    stats = run_statistics(spark, source, chunks, cfg.slice_duration_ms, start.handoff if start else None, errors)
+    derived = cfg.slice_duration is None
+    stats_ms = slice_length.STATS_MS if derived else cfg.slice_duration_ms
+    stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors)
     t = phase("statistics", t)
+    groups = grows.groups if grows is not None else cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
+    if derived:
+        payload = int(pc.sum(stats.totals.column("bytes")).as_py() or 0)
+        chosen = slice_length.derive(payload, slice_length.span(stats.chunks), groups)
+        cfg = dataclasses.replace(cfg, slice_duration=chosen)
+        stats = dataclasses.replace(stats, chunks=slice_length.coarsen(stats.chunks, cfg.slice_duration_ms))
+        log.info(
+            "slices of %s (derived: the shortest with %d KiB of payload per group on average, at most %s; "
+            "--slice-duration sets it)",
+            chosen,
+            slice_length.MIN_PIECE_BYTES >> 10,
+            slice_length.MAX_DERIVED,
+        )
 
     plan = plan_slices(
         stats.chunks,
@@ -221,10 +238,8 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
     )
     check_held_back(plan, cfg.max_held_back, source.url)
     if grows is not None:
-        groups = grows.groups
         assignment, new_keys = extend_assignment(load_assignment(dest, grows.assignment), stats.totals, groups)
     else:
-        groups = cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
         assignment = packed_assignment(stats.totals, groups)
         new_keys = assignment.num_rows
     prepared.lease.set_groups(groups)

@@ -44,7 +44,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="10 seconds",
         help="Spark watermark delay: at least the source's own out-of-orderness",
     )
-    p.add_argument("--max-slices-per-trigger", type=int, default=4, help="slices per micro-batch")
+    p.add_argument(
+        "--max-slices-per-trigger", type=int, help="slices per micro-batch (default: by bytes, the source's default)"
+    )
+    p.add_argument("--max-bytes-per-trigger", type=int, help="compacted bytes per micro-batch (default: 512 MiB)")
     p.add_argument("--top", type=int, default=5, help="busiest windows to print")
     p.add_argument("--overwrite", action="store_true", help="start over: remove earlier output and checkpoint")
     return p.parse_args(argv)
@@ -70,9 +73,10 @@ def run(spark, args: argparse.Namespace) -> dict:
         out_store.delete("handoff.csv")
 
     reader.spark.register(spark)
+    limits = {"maxSlicesPerTrigger": args.max_slices_per_trigger, "maxBytesPerTrigger": args.max_bytes_per_trigger}
     payments = (
         spark.readStream.format("keyfill")
-        .option("maxSlicesPerTrigger", str(args.max_slices_per_trigger))
+        .options(**{k: str(v) for k, v in limits.items() if v is not None})
         .load(args.archive)
         .select("timestamp", F.from_json(F.col("value").cast("string"), PAYMENT).alias("p"))
         .where(F.col("p.user").isNotNull())  # records without a user key are not payments by anyone

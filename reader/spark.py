@@ -85,6 +85,15 @@ class ArchiveChanged(KeyfillError, ValueError):
     """A query's checkpointed offsets belong to another archive than the one now at its URL."""
 
 
+OPTION_NAMES = ("path", "maxSlicesPerTrigger", "maxBytesPerTrigger", "numPartitions", "batchRows", "startingSlice")
+_KNOWN = {name.lower() for name in OPTION_NAMES}
+# Micro-batches without a limit set: whole slices up to this many compacted bytes (at least one
+# slice), as Spark's Kafka source sizes them by maxOffsetsPerTrigger. Without a default a long
+# archive is one micro-batch holding every window at once; with a fixed slice count, a
+# three-month archive of short slices was 33,000 micro-batches.
+DEFAULT_MAX_BYTES_PER_TRIGGER = 512 << 20
+
+
 @dataclass(frozen=True)
 class Options:
     """The source's options, parsed from Spark's string map (names are case-insensitive)."""
@@ -99,6 +108,12 @@ class Options:
     @classmethod
     def parse(cls, options: dict[str, str]) -> Options:
         opts = {k.lower(): v for k, v in options.items()}
+        unknown = sorted(k for k in options if k.lower() not in _KNOWN)
+        if unknown:  # a misspelt limit would otherwise be ignored without a word
+            raise SourceOptionError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the keyfill source knows "
+                f"{', '.join(sorted(OPTION_NAMES))} (names are case-insensitive)"
+            )
         path = opts.get("path")
         if not path:
             raise SourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
@@ -375,9 +390,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_slices_per_trigger:
             return ReadMaxFiles(self.opts.max_slices_per_trigger)
-        if self.opts.max_bytes_per_trigger:
-            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
-        return ReadAllAvailable()
+        return ReadMaxBytes(self.opts.max_bytes_per_trigger or DEFAULT_MAX_BYTES_PER_TRIGGER)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.available_now = True  # the target: the end of the version latest now

@@ -235,6 +235,13 @@ def test_option_errors_name_the_option(spark, tmp_path):
         reader.spark.Options.parse({"path": "x", "numPartitions": "0"})
     with pytest.raises(reader.spark.SourceOptionError, match="archive URL"):
         reader.spark.Options.parse({})
+    with pytest.raises(
+        reader.spark.SourceOptionError, match="unknown option maxSlicesPerTriger; .*, maxSlicesPerTrigger"
+    ):
+        reader.spark.Options.parse({"path": "x", "maxSlicesPerTriger": "4"})  # misspelt: not silently ignored
+    # without a limit, micro-batches are sized by bytes, as Spark's Kafka source sizes them by offsets
+    default = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": "x"})).getDefaultReadLimit()
+    assert isinstance(default, ReadMaxBytes) and default.max_bytes == reader.spark.DEFAULT_MAX_BYTES_PER_TRIGGER
     with pytest.raises(Exception, match="_versions"):
         spark.read.format("keyfill").load(str(tmp_path)).count()
 
@@ -359,6 +366,7 @@ def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, ar
         window="1 minute",
         watermark_delay="10 seconds",
         max_slices_per_trigger=3,
+        max_bytes_per_trigger=None,
         top=3,
         overwrite=True,
     )

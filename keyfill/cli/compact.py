@@ -53,8 +53,9 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--slice-duration",
-        default="1m",
-        help="event-time length of a slice (the watermark step): 500ms, 90s, 10m, 1h (--append: the archive's)",
+        help="event-time length of a slice (the watermark step): 500ms, 90s, 10m, 1h. Default: derived from the "
+        "statistics, the shortest of 1m, 2m, 5m, ... 12h, 1d whose slices hold 64 KiB of payload per group on "
+        "average (busy topics get 1m, sparse ones hours); --append keeps the archive's",
     )
     p.add_argument(
         "--target-file-bytes",
