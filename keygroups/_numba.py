@@ -31,9 +31,22 @@ def _ensure_cache_dir() -> None:
 _ensure_cache_dir()
 
 import numba  # noqa: E402  (must follow the cache-dir setup)
-from numba import njit  # noqa: E402
 
 if os.environ.get("NUMBA_CACHE_DIR") and numba.config.CACHE_DIR != os.environ["NUMBA_CACHE_DIR"]:
     numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # numba was imported before us
+
+# Imported from a zip (`spark-submit --py-files keyfill-*.whl`): numba finds a cache only for
+# functions whose source is a real file, and `cache=True` then fails at import ("no locator
+# available"). There each process compiles once instead (seconds, on first use); install
+# the wheel on the executors (pip, a packed environment, an image) to keep the cache.
+FROM_ZIP = not os.path.isfile(__file__)
+
+
+def njit(*args, **kwargs):
+    """numba.njit, without `cache` when keyfill runs from a zip."""
+    if FROM_ZIP:
+        kwargs.pop("cache", None)
+    return numba.njit(*args, **kwargs)
+
 
 __all__ = ["njit"]
