@@ -17,6 +17,7 @@ example: $(BIN)/keyfill
 	$(BIN)/keyfill generate --out $(EXAMPLE)/source --partitions 4 --keys 2000 --records 200000 \
 		--chunk-records 20000 --skew 1.1 --null-keys 0.01 --headers --seed 7 --overwrite
 	$(BIN)/keyfill inspect $(EXAMPLE)/source --top 5 --no-progress
+	$(BIN)/keyfill plan $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s
 	$(BIN)/keyfill compact $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
 	$(BIN)/keyfill verify $(EXAMPLE)/source $(EXAMPLE)/compacted --no-progress
 	$(BIN)/keyfill replay $(EXAMPLE)/compacted --threads 4 --no-progress

@@ -108,7 +108,11 @@ def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
 
 
 def check_history(
-    spark, source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest, errors: TaskErrors
+    spark,
+    source: SourceArchive,
+    chunks: list[SourceChunk],
+    manifest: compacted.Manifest,
+    errors: TaskErrors | None = None,
 ) -> None:
     """Refuse an append whose source no longer holds, at each partition's last archived
     offset, the record the archive holds there. `chunks`: the topic's chunks as listed (not
@@ -125,9 +129,13 @@ def check_history(
     found = {}
     if items:
         sc = spark.sparkContext
-        task = errors.guard(lambda items_: map(_found_task(source, chunks), items_))
-        rdd = sc.parallelize(items, len(items)).mapPartitions(task)
-        found = {idx: (ts, digest) for idx, ts, digest in errors.run(sc, "history check", rdd.collect)}
+
+        def task(part):
+            return map(_found_task(source, chunks), part)
+
+        rdd = sc.parallelize(items, len(items)).mapPartitions(errors.guard(task) if errors else task)
+        rows = errors.run(sc, "history check", rdd.collect) if errors else rdd.collect()
+        found = {idx: (ts, digest) for idx, ts, digest in rows}
     handoff = {int(p): o for p, o in manifest.handoff.items()}
     for e in wanted:
         if e.chunk is None:

@@ -38,7 +38,7 @@ from compactor.lease import Lease
 from compactor.rewrite import run_rewrite
 from compactor.slicing import Continuation, SlicePlan, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.statistics import run_statistics
+from compactor.statistics import Statistics, run_statistics
 from compactor.task_errors import TaskErrors
 from keygroups import compacted, envelope, piece_index
 from keygroups.assignment import ASSIGNMENT_SCHEMA, load_assignment, write_assignment
@@ -113,7 +113,7 @@ class Prepared:
     chunks: list[SourceChunk]  # those this run reads (an append's: from the hand-off on)
     start: Continuation | None
     run: str
-    lease: Lease
+    lease: Lease | None  # None: a dry run (keyfill plan)
     list_seconds: float
 
     @contextmanager
@@ -122,13 +122,15 @@ class Prepared:
         try:
             yield
         except BaseException:
-            self.lease.release(failed=True)
+            if self.lease is not None:
+                self.lease.release(failed=True)
             raise
 
 
-def prepare(cfg: CompactConfig) -> Prepared:
+def prepare(cfg: CompactConfig, *, dry_run: bool = False) -> Prepared:
     """Open the source and the destination, refuse what would destroy data, list the chunks,
-    and take the run's lease (the first write: it proves the destination is writable)."""
+    and take the run's lease (the first write: it proves the destination is writable; a
+    dry run writes nothing)."""
     t = time.perf_counter()
     source = cfg.open_source()
     dest = open_storage(cfg.dest, threads=cfg.threads)
@@ -145,7 +147,7 @@ def prepare(cfg: CompactConfig) -> Prepared:
     chunks = chunks_from(listed, start.handoff) if start is not None else listed
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
     run = compacted.new_run()
-    lease = Lease(dest, run, "append" if grows is not None else "compact").acquire()
+    lease = None if dry_run else Lease(dest, run, "append" if grows is not None else "compact").acquire()
     return Prepared(cfg, source, dest, parent, grows, topic, listed, chunks, start, run, lease, time.perf_counter() - t)
 
 
@@ -185,26 +187,37 @@ def compact(cfg: CompactConfig, spark, prepared: Prepared | None = None) -> Comp
     return result
 
 
-def _compact(prepared: Prepared, spark) -> CompactResult:
-    started = time.perf_counter() - prepared.list_seconds
-    phases: dict[str, float] = {"list": prepared.list_seconds}
+@dataclass
+class Analysis:
+    """What a compaction settles from the statistics pass alone: the slice length, the slices,
+    the groups and the key assignment. All a dry run (`keyfill plan`) needs."""
+
+    cfg: CompactConfig  # with the slice duration chosen
+    stats: Statistics
+    plan: SlicePlan
+    groups: int
+    assignment: pa.Table
+    new_keys: int
+
+
+def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErrors | None) -> Analysis:
+    """The history check of an append, the statistics pass, the slice length, the slices
+    and the packing; `phases` gets their times."""
+    cfg, source, dest, grows, start, chunks = (
+        prepared.cfg,
+        prepared.source,
+        prepared.dest,
+        prepared.grows,
+        prepared.start,
+        prepared.chunks,
+    )
 
     def phase(name: str, t: float) -> float:
         now = time.perf_counter()
         phases[name] = now - t
         return now
 
-    cfg, source, dest, grows, start, run = (
-        prepared.cfg,
-        prepared.source,
-        prepared.dest,
-        prepared.grows,
-        prepared.start,
-        prepared.run,
-    )
-    topic, chunks, parent = prepared.topic, prepared.chunks, prepared.parent
     t = time.perf_counter()
-    errors = TaskErrors(dest, run)
     if grows is not None:
         check_history(spark, source, prepared.listed, grows, errors)
         t = phase("history", t)
@@ -236,16 +249,41 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         after=start,
         name=source.store.url_for,
     )
-    check_held_back(plan, cfg.max_held_back, source.url)
+    check_held_back(plan, None if prepared.lease is None else cfg.max_held_back, source.url)
     if grows is not None:
         assignment, new_keys = extend_assignment(load_assignment(dest, grows.assignment), stats.totals, groups)
     else:
         assignment = packed_assignment(stats.totals, groups)
         new_keys = assignment.num_rows
+    t = phase("packing", t)
+    return Analysis(cfg, stats, plan, groups, assignment, new_keys)
+
+
+def _compact(prepared: Prepared, spark) -> CompactResult:
+    started = time.perf_counter() - prepared.list_seconds
+    phases: dict[str, float] = {"list": prepared.list_seconds}
+
+    def phase(name: str, t: float) -> float:
+        now = time.perf_counter()
+        phases[name] = now - t
+        return now
+
+    cfg, source, dest, grows, start, run = (
+        prepared.cfg,
+        prepared.source,
+        prepared.dest,
+        prepared.grows,
+        prepared.start,
+        prepared.run,
+    )
+    topic, chunks, parent = prepared.topic, prepared.chunks, prepared.parent
+    errors = TaskErrors(dest, run)
+    found = analyse(prepared, spark, phases, errors)
+    cfg, plan, groups, assignment, new_keys = found.cfg, found.plan, found.groups, found.assignment, found.new_keys
     prepared.lease.set_groups(groups)
     assignment_key = compacted.assignment_key(run)
     write_assignment(dest, assignment_key, assignment)
-    t = phase("packing", t)
+    t = time.perf_counter()
 
     old_pieces, continued = None, {}
     if grows is not None:  # the rows of the index file the append rewrites, and the tails it may continue

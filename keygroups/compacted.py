@@ -57,6 +57,11 @@ GROUPS = "groups"
 # per request; shuffle through object storage pays off from 8 MiB (BlobShuffle). 16 MiB keeps
 # a replay under 128 GETs per GB once the index's own reads are counted.
 GET_BYTES = 16 << 20
+# A streaming micro-batch without a limit set: whole slices up to this many compacted bytes
+# (at least one slice), as Spark's Kafka source sizes batches by maxOffsetsPerTrigger. Without
+# a default a long archive is one micro-batch holding every window at once; with a fixed slice
+# count, a three-month archive of short slices was 33,000 micro-batches.
+TRIGGER_BYTES = 512 << 20
 
 
 def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:

@@ -87,11 +87,7 @@ class ArchiveChanged(KeyfillError, ValueError):
 
 OPTION_NAMES = ("path", "maxSlicesPerTrigger", "maxBytesPerTrigger", "numPartitions", "batchRows", "startingSlice")
 _KNOWN = {name.lower() for name in OPTION_NAMES}
-# Micro-batches without a limit set: whole slices up to this many compacted bytes (at least one
-# slice), as Spark's Kafka source sizes them by maxOffsetsPerTrigger. Without a default a long
-# archive is one micro-batch holding every window at once; with a fixed slice count, a
-# three-month archive of short slices was 33,000 micro-batches.
-DEFAULT_MAX_BYTES_PER_TRIGGER = 512 << 20
+DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""`keyfill plan`: a compaction's statistics pass alone, and what the compaction would make."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    from keyfill.cli.compact import add_compact_arguments
+
+    p = sub.add_parser(
+        "plan",
+        help="what a compaction would produce, from its statistics pass alone (writes nothing)",
+        description="Run the compaction's statistics pass and packing, write nothing, and report what `keyfill "
+        "compact` with the same options would make: slices, pieces, files, archive size, GETs per GB, Spark "
+        "micro-batches at the default trigger, group balance, records held back, and what to change.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_compact_arguments(p)
+    p.add_argument("--master", default="local[*]", help="Spark master of the embedded session")
+    p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from compactor.estimate import estimate
+    from compactor.job import analyse, prepare
+    from compactor.spark_session import local_spark
+    from keyfill.cli.compact import compact_config
+
+    prepared = prepare(compact_config(args), dry_run=True)
+    spark = local_spark(args.master, app="keyfill plan", driver_memory=args.driver_memory, progress=False)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        e = estimate(prepared, analyse(prepared, spark, {}, None))
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(e.to_json(), indent=2))
+    else:
+        print_estimate(e)
+    return 0
+
+
+def print_estimate(e) -> None:
+    from keyfill.cli.args import mb
+
+    how = "derived from the data" if e.derived else "as given"
+    print(f"plan for {e.source} -> {e.dest} (nothing written)")
+    print(f"  slices of {e.slice_duration} ({how}): {e.slices:,} ({e.empty_slices:,} empty)")
+    print(f"  {e.groups} groups, largest / mean = {e.group_balance:.2f}; {e.keys:,} keys")
+    print(f"  {e.records:,} records published ({mb(e.payload_bytes)} payload in all)")
+    if e.held_back:
+        print(
+            f"  {e.held_back:,} records ({e.held_back_share:.1%}) held back in slices not sealed yet "
+            f"(partition {e.seal_holder} holds the seal)"
+        )
+    print(
+        f"  about {e.pieces:,} pieces in {e.files:,} files, {mb(e.archive_bytes)} (source {mb(e.source_bytes)}); "
+        f"{e.gets_per_gb:,.0f} GETs per GB"
+    )
+    print(f"  Spark source: {e.micro_batches:,} micro-batches at its default trigger (512 MiB)")
+    for r in e.recommendations:
+        print(f"  recommendation: {r}")
