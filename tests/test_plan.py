@@ -58,7 +58,9 @@ def test_the_plan_matches_what_the_compaction_makes(spark, source, tmp_path, sli
 
 
 def test_a_plan_recommends_the_derived_length_when_slices_are_short(spark, source, tmp_path):
-    prepared = prepare(CompactConfig(source=source, dest=str(tmp_path / "c"), groups=64, slice_duration="1s"), dry_run=True)
+    prepared = prepare(
+        CompactConfig(source=source, dest=str(tmp_path / "c"), groups=64, slice_duration="1s"), dry_run=True
+    )
     e = estimate(prepared, analyse(prepared, spark, {}, None))
     assert e.records / e.pieces < 50
     assert any("--slice-duration" in r for r in e.recommendations), e.recommendations
