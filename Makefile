@@ -21,6 +21,7 @@ example: $(BIN)/keyfill
 	$(BIN)/keyfill compact $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
 	$(BIN)/keyfill verify $(EXAMPLE)/source $(EXAMPLE)/compacted --no-progress
 	$(BIN)/keyfill replay $(EXAMPLE)/compacted --threads 4 --no-progress
+	$(BIN)/keyfill report $(EXAMPLE)/compacted --out $(EXAMPLE)/report.html --replay-seconds 10
 	$(BIN)/keyfill handoff $(EXAMPLE)/compacted --format csv
 	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(abspath $(BIN))/python $(BIN)/spark-submit --master 'local[*]' \
 		--conf spark.log.level=WARN --conf spark.sql.shuffle.partitions=4 \

@@ -141,6 +141,7 @@ def write_manifest(
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         running_max={str(p): m for p, m in sorted(plan.running_max.items())},
         last_records=last_records(plan, prior.last_records),
+        held_back={str(p): n for p, n in plan.withheld_by_partition.items()},
         gaps=[*prior.gaps, *plan.gaps],
         version=(parent or 0) + 1,
         parent=parent,

@@ -147,6 +147,7 @@ class SlicePlan:
     gaps: list[str] = field(default_factory=list)
     running_max: dict[int, int] = field(default_factory=dict)  # partition -> max timestamp below its hand-off
     withheld: int = 0  # records of unsealed slices, left for a later compaction
+    withheld_by_partition: dict[int, int] = field(default_factory=dict)  # the same, per partition
     first: int = 0  # the first slice this plan publishes (an append's: the parent's slice count)
     made_late: int = 0  # records of idle partitions placed after their own running maximum's slice
     idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back
@@ -247,11 +248,11 @@ def plan_slices(
             "arrived, use a shorter --slice-duration, declare quiet partitions idle with --idle-after, or pass "
             "--seal-all if the topic will not grow"
         )
-    withheld = 0
+    withheld: dict[int, int] = {}
     for s in [s for s in per_slice if s >= seal]:
         for p, runs in per_slice.pop(s).items():
             handoff[p] = min(handoff[p], runs[0].first_offset)
-            withheld += sum(r.records for r in runs)
+            withheld[p] = withheld.get(p, 0) + sum(r.records for r in runs)
     ranges: dict[int, list[PartitionRange]] = {}
     for s, parts in per_slice.items():
         ranges[s - base] = [
@@ -285,7 +286,8 @@ def plan_slices(
         handoff=handoff,
         gaps=gaps,
         running_max=running_max,
-        withheld=withheld,
+        withheld=sum(withheld.values()),
+        withheld_by_partition=dict(sorted(withheld.items())),
         first=first,
         made_late=made_late,
         idle=idle,

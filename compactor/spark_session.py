@@ -5,13 +5,21 @@ from __future__ import annotations
 import os
 import sys
 
+from keygroups.errors import KeyfillError
+
 
 def local_spark(master: str = "local[*]", *, app: str = "keyfill", driver_memory: str = "4g", progress: bool = True):
     """A local SparkSession whose Python workers run this interpreter (else they may start
     another Python that lacks keyfill and fail to connect back)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise KeyfillError(
+            "this command runs Spark on this machine: pip install 'keyfill[spark]' (or run the job with "
+            "spark-submit on a cluster that has Spark, see docs/deploy.md)"
+        ) from None
 
     return (
         SparkSession.builder.master(master)

@@ -1,6 +1,7 @@
 """spark-submit entry point of the compaction job; same options as `keyfill compact`.
 
-    spark-submit --py-files keyfill.zip jobs/compact.py s3://archive/payments s3://compacted/payments \\
+    spark-submit --py-files keyfill-0.1.0-py3-none-any.whl jobs/compact.py \\
+        s3://archive/payments s3://compacted/payments \\
         --groups 256 --slice-duration 10m
 """
 
@@ -11,24 +12,31 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jobs import spark_log
     from keyfill.cli import add_compact_arguments, compact_config, print_compact_result
-    from keyfill.cli.compact import log_to_terminal
 
     parser = argparse.ArgumentParser(
         prog="jobs/compact.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_compact_arguments(parser)
     args = parser.parse_args(argv)
-    log_to_terminal()
+    held = spark_log.hold()
 
     from pyspark.sql import SparkSession
 
     from compactor.job import compact, prepare
+    from jobs.shipping import ship_to_executors
 
-    cfg = compact_config(args)
-    prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
-    with prepared.abandoned_on_error():
-        spark = SparkSession.builder.appName("keyfill compact").getOrCreate()
+    try:
+        cfg = compact_config(args)
+        prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
+        with prepared.abandoned_on_error():
+            spark = SparkSession.builder.appName("keyfill compact").getOrCreate()
+            ship_to_executors(spark)
+    except BaseException:
+        spark_log.release(held)
+        raise
+    spark_log.to_spark(spark, held)
     try:
         print_compact_result(compact(cfg, spark, prepared), args.json)
     finally:
@@ -37,14 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> int:
-    """main(), with keyfill's errors as one line on stderr and exit status 2 (as `keyfill compact`)."""
-    from keygroups.errors import KeyfillError
+    from jobs.exit import one_line_errors
 
-    try:
-        return main()
-    except KeyfillError as exc:
-        print(f"jobs/compact.py: error: {exc}", file=sys.stderr)
-        return 2
+    return one_line_errors(main, "jobs/compact.py")
 
 
 if __name__ == "__main__":

@@ -163,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from jobs.shipping import ship_to_executors
+
     spark = (
         SparkSession.builder.appName("keyfill fraud backfill").config("spark.sql.session.timeZone", "UTC").getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    ship_to_executors(spark)
     try:
         report(run(spark, args), args)
     finally:

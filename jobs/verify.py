@@ -1,7 +1,7 @@
 """spark-submit entry point of the audit; same arguments as `keyfill verify`, records
 checked by Spark (source and archive joined on partition and offset).
 
-    spark-submit --py-files keyfill.zip jobs/verify.py s3://archive/payments s3://compacted/payments
+    spark-submit --py-files keyfill-0.1.0-py3-none-any.whl jobs/verify.py s3://archive/payments s3://compacted/payments
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jobs import spark_log
     from keyfill.cli import add_source_options, print_verify_report, source_from_args
 
     parser = argparse.ArgumentParser(
@@ -21,15 +22,23 @@ def main(argv: list[str] | None = None) -> int:
     add_source_options(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable report")
     args = parser.parse_args(argv)
+    held = spark_log.hold()
 
     from pyspark.sql import SparkSession
 
     from compactor.verify_spark import verify_spark
+    from jobs.shipping import ship_to_executors
     from keygroups.storage import open_storage
 
-    spark = SparkSession.builder.appName("keyfill verify").getOrCreate()
     try:
-        source = source_from_args(args, args.source)
+        source = source_from_args(args, args.source)  # its checks before Spark starts
+    except BaseException:
+        spark_log.release(held)
+        raise
+    spark = SparkSession.builder.appName("keyfill verify").getOrCreate()
+    spark_log.to_spark(spark, held)
+    ship_to_executors(spark)
+    try:
         report = verify_spark(source, open_storage(args.dest), spark)
     finally:
         spark.stop()
@@ -37,5 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
+def run() -> int:
+    from jobs.exit import one_line_errors
+
+    return one_line_errors(main, "jobs/verify.py")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

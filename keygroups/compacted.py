@@ -337,6 +337,10 @@ class Manifest:
     last_records: dict[str, dict] = field(default_factory=dict)
     # index file key -> {bytes, footer_crc32c} of every index file the version names (keygroups.piece_index)
     index_files: dict[str, dict] = field(default_factory=dict)
+    # partition -> records of slices not sealed yet when this version was committed (left for
+    # a later append; `keyfill report` draws them). Not part of the content id: it says what
+    # the source holds beyond the archive, not what the archive holds.
+    held_back: dict[str, int] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
     # The version: which archive it is, where its files are, how it came to be.
     archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
@@ -373,7 +377,7 @@ class Manifest:
             )
         m = cls(**d)
         numbers = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
-        numbers += list(m.running_max.values())
+        numbers += list(m.running_max.values()) + list(m.held_back.values())
         numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
         numbers += [start for start, _ in m.index_runs]
         numbers += [f.get(k) for f in m.last_records.values() for k in ("offset", "timestamp")]
@@ -413,7 +417,19 @@ def content_id(manifest: Manifest) -> str:
 
 
 _VERSION_FIELDS = {
-    *("archive", "version", "parent", "kind", "created_ms", "run", "assignment", "index_runs", "runs", "index_files")
+    *(
+        "archive",
+        "version",
+        "parent",
+        "kind",
+        "created_ms",
+        "run",
+        "assignment",
+        "index_runs",
+        "runs",
+        "index_files",
+        "held_back",
+    )
 }
 
 

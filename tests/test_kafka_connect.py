@@ -596,3 +596,28 @@ def test_keys_files_of_every_codec_decode_in_the_compiled_path(codec):
     fastavro.writer(out, fastavro.parse_schema(["null", "string"]), keys, codec=codec, sync_interval=64)
     got = fast_keys(out.getvalue(), f"k.{codec}.avro", 0, 0)
     assert got.to_pylist() == [None if k is None else k.encode() for k in keys]
+
+
+@pytest.mark.parametrize("ext", ["avro", "json"])
+def test_a_connect_archive_read_with_another_format_names_the_format_it_is(local_url, ext):
+    """The default format over a Connect archive, and Connect over an envelope archive or a
+    broker's log directory: the error says which --format the files are laid out like."""
+    store = fresh(local_url)
+    write_connect_archive([batch_from_records(records(0, 8))], store.sub("c"), topic=TOPIC, records_per_file=4)
+    if ext == "json":  # no .avro file at all: the default format finds no chunk
+        for o in store.list():
+            if o.key.endswith(".avro"):
+                store.write(o.key[: -len(".avro")] + ".json", b"{}\n")
+                store.delete(o.key)
+    with pytest.raises(ArchiveError, match="laid out like --format kafka-connect"):
+        open_source(f"{store.url}/c").list_chunks()
+    from compactor.sources.envelope import write_chunk
+
+    write_chunk(store.sub("e"), batch_from_records(records(0, 3)), TOPIC)
+    with pytest.raises(ArchiveError, match="laid out like --format envelope"):
+        open_source(f"{store.url}/e", format="kafka-connect", timestamp_field="ts").list_chunks()
+    store.write(f"k/{TOPIC}-0/{0:020d}.log", b"")
+    with pytest.raises(ArchiveError, match="laid out like --format kafka-segments"):
+        open_source(f"{store.url}/k", format="kafka-connect", timestamp_field="ts").list_chunks()
+    with pytest.raises(ArchiveError, match="laid out like --format kafka-connect"):
+        open_source(f"{store.url}/c", format="kafka-segments").list_chunks()

@@ -168,9 +168,21 @@ def build_index(store: Storage, *, threads: int = 16) -> ArchiveIndex:
     Raises ArchiveError when two chunks of a partition overlap; offset gaps (compacted
     topics have them) are recorded in `gaps`.
     """
-    listing = [o for o in store.list() if o.key.endswith(".avro")]
+    from compactor.sources.hints import hint
+
+    everything = store.list()
+    listing = [o for o in everything if o.key.endswith(".avro")]
     if not listing:
-        raise ArchiveError(f"{store.url}: no envelope chunks (<topic>/partition=<p>/<offset>.avro) found")
+        raise ArchiveError(
+            f"{store.url}: no envelope chunks (<topic>/partition=<p>/<offset>.avro) found"
+            + hint((o.key for o in everything), "envelope")
+        )
+    for o in listing:
+        if not _CHUNK_RE.match(o.key):
+            raise ArchiveError(
+                f"{store.url_for(o.key)}: not a chunk name (<topic>/partition=<p>/<first offset>.avro)"
+                + hint([o.key], "envelope")
+            )
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         infos = list(pool.map(lambda o: read_chunk_header(store, o.key, o.size), listing))
     index = ArchiveIndex(url=store.url)

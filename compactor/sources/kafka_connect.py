@@ -215,6 +215,8 @@ class KafkaConnectSource(SourceArchive):
         """One chunk per value file, from a single listing. Raises ArchiveError for names
         outside the layout, two value files of a partition with the same start offset, and
         keys/headers files without their value file or two of a kind for one."""
+        from compactor.sources.hints import hint
+
         url = self.store.url_for
         listing = [o for o in self.store.list() if o.key.endswith(tuple(EXTENSIONS))]
         if any(_UNDER_ROOT.match(o.key) for o in listing):
@@ -230,7 +232,7 @@ class KafkaConnectSource(SourceArchive):
             if not m:
                 raise ArchiveError(
                     f"{url(obj.key)}: not a Kafka Connect S3 sink file ({shape}); only the default "
-                    "partitioner's layout is read"
+                    "partitioner's layout is read" + hint([obj.key], "kafka-connect")
                 )
             topic, part = m["topic"], int(m["part"])
             if m["ftopic"] != topic or int(m["fpart"]) != part:
@@ -254,7 +256,10 @@ class KafkaConnectSource(SourceArchive):
                 )
             stems[obj.key] = stem
         if not chunks:
-            raise ArchiveError(f"{self.store.url}: no Kafka Connect value files ({shape}) found")
+            raise ArchiveError(
+                f"{self.store.url}: no Kafka Connect value files ({shape}) found"
+                + hint((o.key for o in self.store.list()), "kafka-connect")
+            )
         value_stems = set(stems.values())
         for (stem, _), key in siblings.items():
             if stem not in value_stems:

@@ -80,7 +80,8 @@ class KafkaSegmentsSource(SourceArchive):
     def list_chunks(self) -> list[SourceChunk]:
         chunks, txn = [], []
         remote: dict[str, dict[str, int]] = {}  # tiered segment stem -> kind -> object size
-        for o in self.store.list():
+        listing = self.store.list()
+        for o in listing:
             if m := tiered.KEY.match(o.key):
                 remote.setdefault(m["stem"], {})[m["kind"]] = o.size
                 continue
@@ -102,6 +103,13 @@ class KafkaSegmentsSource(SourceArchive):
             aborted.setdefault((topic, part), []).extend(entries)
         self._aborted = aborted
         chunks += tiered_chunks
+        if not chunks and listing:
+            from compactor.sources.hints import hint
+
+            raise ArchiveError(
+                f"{self.store.url}: no Kafka log segments (<topic>-<p>/<20-digit base offset>.log, or tiered "
+                "<topic>-<id>/<p>/<offset>-<id>.log) found" + hint((o.key for o in listing), "kafka-segments")
+            )
         chunks.sort(key=lambda c: (c.topic, c.partition, c.first_offset))
         return chunks
 

@@ -10,7 +10,19 @@ import argparse
 import re
 import sys
 
-from keyfill.cli import compact, generate, handoff, inspect_source, plan, replay, vacuum, verify, versions
+from keyfill.cli import (
+    compact,
+    generate,
+    handoff,
+    inspect_source,
+    jobs,
+    plan,
+    replay,
+    report,
+    vacuum,
+    verify,
+    versions,
+)
 from keyfill.cli.compact import (
     add_compact_arguments,
     add_source_options,
@@ -53,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     loud.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity", help="warnings only")
     parser.set_defaults(verbosity=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (generate, inspect_source, plan, compact, verify, replay, handoff, versions, vacuum):
+    for command in (generate, inspect_source, plan, compact, verify, replay, report, handoff, versions, vacuum, jobs):
         command.add(sub)
     return parser
 

@@ -1,0 +1,38 @@
+"""Which other `--format` a listing is laid out like: the fix to name when files do not fit
+the layout asked for (a Connect archive read with the default format, a broker's log
+directory read as Connect files, ...)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+_ICEBERG = re.compile(r"(?:^|/)metadata/[^/]*\.metadata\.json$")
+
+
+def _layouts() -> dict[str, list[re.Pattern]]:
+    # imported here: each source module imports this one for its errors
+    from compactor.sources import envelope, kafka_connect, kafka_segments, kafka_tiered
+
+    return {
+        "envelope": [envelope._CHUNK_RE],
+        "kafka-connect": [kafka_connect._UNDER_ROOT, kafka_connect._IN_TOPICS_DIR],
+        "kafka-segments": [kafka_segments._BROKER, kafka_tiered.KEY],
+        "iceberg": [_ICEBERG],
+    }
+
+
+def layout_of(keys: Iterable[str], asked: str) -> str | None:
+    """The first format other than `asked` whose file names some of `keys` are."""
+    layouts = {name: patterns for name, patterns in _layouts().items() if name != asked}
+    for key in keys:
+        for name, patterns in layouts.items():
+            if any(p.match(key) for p in patterns):
+                return name
+    return None
+
+
+def hint(keys: Iterable[str], asked: str) -> str:
+    """'; it is laid out like --format X' or nothing."""
+    found = layout_of(keys, asked)
+    return f"; these files are laid out like --format {found}" if found else ""

@@ -1,0 +1,37 @@
+"""`keyfill jobs`: where the spark-submit entry points of this installation are."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+JOBS = {
+    "compact": ("jobs.compact", "the compaction (same options as `keyfill compact`)"),
+    "verify": ("jobs.verify", "the audit, records checked in Spark (as `keyfill verify --spark`)"),
+    "fraud-backfill": ("jobs.fraud_backfill", "the worked example: a stateful streaming job over the archive"),
+}
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "jobs",
+        help="print the paths of the spark-submit job scripts",
+        description="spark-submit takes a job's main script as a file. The scripts come with keyfill: this prints "
+        'where this installation keeps them, e.g. spark-submit --py-files dist/keyfill-*.whl "$(keyfill jobs '
+        'compact)" SRC DEST ...; each also runs as python -m jobs.compact, on an embedded local Spark.',
+    )
+    p.add_argument("name", nargs="?", choices=sorted(JOBS), help="one job: print its path alone")
+    p.set_defaults(run=run)
+
+
+def path(name: str) -> str:
+    return importlib.util.find_spec(JOBS[name][0]).origin
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.name:
+        print(path(args.name))
+        return 0
+    for name, (module, what) in JOBS.items():
+        print(f"{name:15} {path(name)}\n{'':15} {what}; python -m {module}")
+    return 0
