@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from compactor.chunks import chunk_frame, read_checked
 from compactor.config import CompactConfig, CompactionError
+from compactor.group_partitioning import group_slots
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
@@ -20,7 +21,7 @@ from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
 RECORD_SCHEMA = (
-    "slice int, grp int, order_ts long, partition int, offset long, timestamp long, key binary, "
+    "slot long, slice int, grp int, order_ts long, partition int, offset long, timestamp long, key binary, "
     "value binary, headers array<struct<key:string,value:binary>>"
 )
 _assignment_cache: dict[str, KeyAssignment] = {}
@@ -43,9 +44,11 @@ def _decode_task(
     duration_ms: int,
     base: int,
     published: int,
+    slots: np.ndarray,
 ):
-    """Tags each record with its slice and group; drops records of slices past the
-    `published` ones (unsealed: left for a later compaction)."""
+    """Tags each record with its slice, group and the group's shuffle slot
+    (`compactor.group_partitioning`); drops records of slices past the `published` ones
+    (unsealed: left for a later compaction)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assignment = _load_assignment(dest, assignment_key)
@@ -70,6 +73,7 @@ def _decode_task(
                     )
                 yield pa.RecordBatch.from_arrays(
                     [
+                        pa.array(slots[grp], pa.int64()),
                         pa.array(slices, pa.int32()),
                         pa.array(grp, pa.int32()),
                         pa.array(order_ts, pa.int64()),
@@ -82,7 +86,18 @@ def _decode_task(
                             pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
                         ),
                     ],
-                    names=["slice", "grp", "order_ts", "partition", "offset", "timestamp", "key", "value", "headers"],
+                    names=[
+                        "slot",
+                        "slice",
+                        "grp",
+                        "order_ts",
+                        "partition",
+                        "offset",
+                        "timestamp",
+                        "key",
+                        "value",
+                        "headers",
+                    ],
                 )
 
     return run
@@ -204,11 +219,13 @@ def run_rewrite(
     append, each partition's first offset to write; `tails`: the groups' last files it
     continues (`compactor.append.tails`)."""
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
-    decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices)
+    slots = group_slots(spark, groups)
+    decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
     records = frame.mapInArrow(errors.guard(decode) if errors else decode, RECORD_SCHEMA)
     action = (
-        records.repartition(groups, "grp")
+        records.repartition(groups, "slot")  # task g holds group g alone
         .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
+        .drop("slot")
         .mapInArrow(
             _write_task(
                 dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files, tails or {}
