@@ -5,6 +5,11 @@ Packing pulls in numba; it is imported on first use so that `import keygroups` s
 for Spark workers that only need storage.
 """
 
+from keygroups._from_zip import files_for
+
+__path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: the extracted copy (numba caches)
+
+
 _PACKING = ("pack", "place", "group_loads", "assign_threads")
 
 

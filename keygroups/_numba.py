@@ -35,7 +35,7 @@ import numba  # noqa: E402  (must follow the cache-dir setup)
 if os.environ.get("NUMBA_CACHE_DIR") and numba.config.CACHE_DIR != os.environ["NUMBA_CACHE_DIR"]:
     numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # numba was imported before us
 
-# Imported from a zip (`spark-submit --py-files keyfill-*.whl`): numba finds a cache only for
+# Imported from a zip that keygroups._from_zip could not extract: numba finds a cache only for
 # functions whose source is a real file, and `cache=True` then fails at import ("no locator
 # available"). There each process compiles once instead (seconds, on first use); install
 # the wheel on the executors (pip, a packed environment, an image) to keep the cache.

@@ -11,6 +11,11 @@ On Spark, `reader.spark.register(spark)` adds `format("keyfill")` (batch and str
 see docs/spark-source.md). It is a submodule so that `import reader` never loads pyspark.
 """
 
+from keygroups._from_zip import files_for
+
+__path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: the extracted copy (numba caches)
+
+
 from reader.checkpoint import CheckpointError
 from reader.flink_keyby import consumer_indexes, partition_batches
 from reader.options import ReplayOptions
