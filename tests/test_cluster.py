@@ -1,6 +1,7 @@
-"""The compaction shipped to a cluster as users ship it: `spark-submit --py-files
-keyfill-*.whl jobs/compact.py` on `local-cluster[2,1,1024]`, two executor JVMs with Python
-workers of their own apart from the driver, sharing only storage with it.
+"""keyfill shipped to a cluster as users ship it: `spark-submit --py-files keyfill-*.whl
+jobs/compact.py` on `local-cluster[2,1,1024]`, two executor JVMs with Python workers of
+their own apart from the driver, sharing only storage with it; then the audit in Spark and
+a batch read of the `format("keyfill")` source, the same way.
 
 keyfill is installed in the test environment (editable), so the driver and the workers run a
 Python that does not read this environment's .pth files (`-S`): they find pyspark, numba and
@@ -8,6 +9,7 @@ the other dependencies in site-packages, and keyfill only in the shipped wheel."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from keyfill.cli import jobs
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from tests.test_reader import source_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,40 +63,42 @@ def python_without_keyfill(folder) -> str:
     return str(path)
 
 
-def test_spark_submit_with_the_wheel_compacts_on_separate_executors(wheel, tmp_path):
+def spark_submit(wheel: str, folder, script: str, *args: str) -> subprocess.CompletedProcess:
+    python = python_without_keyfill(folder)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
+    env |= {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    return subprocess.run(
+        [submit, "--master", "local-cluster[2,1,1024]", "--conf", "spark.log.level=WARN", "--py-files", wheel]
+        + [script, *args],
+        capture_output=True,
+        text=True,
+        cwd=folder,  # not the checkout: keyfill must come from the wheel
+        env=env,
+        timeout=900,
+    )
+
+
+def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_executors(wheel, tmp_path):
     src, dest = str(tmp_path / "src"), str(tmp_path / "compacted")
     generate(
         GeneratorConfig(out=src, records=12_000, keys=200, partitions=3, chunk_records=2_000, seed=5), progress=False
     )
-    python = python_without_keyfill(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
-    env |= {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
-    done = subprocess.run(
-        [
-            os.path.join(os.path.dirname(sys.executable), "spark-submit"),
-            "--master",
-            "local-cluster[2,1,1024]",
-            "--conf",
-            "spark.log.level=WARN",
-            "--py-files",
-            wheel,
-            jobs.path("compact"),  # what `keyfill jobs compact` prints
-            src,
-            dest,
-            "--groups",
-            "4",
-            "--seal-all",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,  # not the checkout: keyfill must come from the wheel
-        env=env,
-        timeout=900,
-    )
+    # the job script where `keyfill jobs compact` says it is
+    done = spark_submit(wheel, tmp_path, jobs.path("compact"), src, dest, "--groups", "4", "--seal-all", "--json")
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.lstrip().startswith("{")  # --json: the result alone on stdout, logs on stderr
     manifest = compacted.load_manifest(open_storage(dest))
     assert manifest.totals["records"] == 12_000 and manifest.groups == 4
     report = verify(open_source(src), open_storage(dest))
     assert report.ok, report.violations
+
+    # the audit in Spark and a batch read of the source, on the executors (streaming: see docs/deploy.md)
+    job = os.path.join(ROOT, "tests", "cluster_job.py")
+    done = spark_submit(wheel, tmp_path, job, src, dest)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["verified"], got["violations"]
+    assert got["executors"] == 2
+    assert got["records"] == 12_000
+    assert got["offset_sum"] == sum(source_table(src).column("offset").to_pylist())

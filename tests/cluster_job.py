@@ -1,0 +1,42 @@
+"""Submitted by tests/test_cluster.py with `spark-submit --py-files keyfill-*.whl`: the
+audit in Spark (`verify_spark`) and the `format("keyfill")` source, batch and streaming, on
+executors apart from this driver. Prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(source_url: str, dest_url: str) -> None:
+    from pyspark.sql import SparkSession
+
+    from compactor.sources import open_source
+    from compactor.verify_spark import verify_spark
+    from jobs.shipping import ship_to_executors
+    from keygroups.storage import open_storage
+    from reader.spark import register
+
+    spark = SparkSession.builder.appName("keyfill cluster test").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    ship_to_executors(spark)
+    register(spark)
+    try:
+        report = verify_spark(open_source(source_url), open_storage(dest_url), spark)
+        rows = spark.read.format("keyfill").load(dest_url)
+        batch = rows.groupBy().agg({"offset": "sum", "*": "count"}).collect()[0]
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # without the driver
+    finally:
+        spark.stop()
+    out = {
+        "verified": report.ok,
+        "violations": str(report.violations)[:2000],
+        "records": batch["count(1)"],
+        "offset_sum": batch["sum(offset)"],
+        "executors": executors,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
