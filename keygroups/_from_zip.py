@@ -24,16 +24,25 @@ import zipfile
 _ARCHIVE = re.compile(r"^(.+?\.(?:zip|whl|egg))[/\\]", re.IGNORECASE)
 
 
-def _root() -> str:
+def user_cache_dir(name: str) -> str | None:
+    """A writable folder for keyfill's `name` cache: under $XDG_CACHE_HOME (or ~/.cache),
+    else the temp dir; None if neither can be made."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for candidate in (os.path.join(base, "keyfill", "code"), os.path.join(tempfile.gettempdir(), "keyfill-code")):
+    for candidate in (os.path.join(base, "keyfill", name), os.path.join(tempfile.gettempdir(), f"keyfill-{name}")):
         try:
             os.makedirs(candidate, exist_ok=True)
         except OSError:
             continue
         if os.access(candidate, os.W_OK):
             return candidate
-    raise OSError("no writable folder for keyfill's extracted code")
+    return None
+
+
+def _root() -> str:
+    found = user_cache_dir("code")
+    if found is None:
+        raise OSError("no writable folder for keyfill's extracted code")
+    return found
 
 
 def _extract(archive: str) -> str:

@@ -8,7 +8,6 @@ function). Point NUMBA_CACHE_DIR at a user cache folder before numba is imported
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -17,15 +16,11 @@ def _ensure_cache_dir() -> None:
         return
     if os.access(Path(__file__).parent, os.W_OK):
         return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for candidate in (os.path.join(base, "keyfill", "numba"), os.path.join(tempfile.gettempdir(), "keyfill-numba")):
-        try:
-            os.makedirs(candidate, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(candidate, os.W_OK):
-            os.environ["NUMBA_CACHE_DIR"] = candidate
-            return
+    from keygroups._from_zip import user_cache_dir
+
+    found = user_cache_dir("numba")
+    if found is not None:
+        os.environ["NUMBA_CACHE_DIR"] = found
 
 
 _ensure_cache_dir()

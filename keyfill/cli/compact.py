@@ -198,9 +198,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_compact_arguments(p)
+    add_embedded_spark_arguments(p)
+    p.set_defaults(run=run)
+
+
+def add_embedded_spark_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default="local[*]", help="Spark master of the embedded session")
     p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

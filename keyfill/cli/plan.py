@@ -7,7 +7,7 @@ import json
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    from keyfill.cli.compact import add_compact_arguments
+    from keyfill.cli.compact import add_compact_arguments, add_embedded_spark_arguments
 
     p = sub.add_parser(
         "plan",
@@ -18,8 +18,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_compact_arguments(p)
-    p.add_argument("--master", default="local[*]", help="Spark master of the embedded session")
-    p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
+    add_embedded_spark_arguments(p)
     p.set_defaults(run=run)
 
 
