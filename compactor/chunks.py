@@ -21,8 +21,26 @@ def chunk_frame(
     (an append's hand-off; 0 for a full compaction)."""
     sc = spark.sparkContext
     parallel = max(1, min(len(chunks), sc.defaultParallelism * 4))
-    rows = [(i, (prefix_max or {}).get(c.key, 0), (handoff or {}).get(c.partition, 0)) for i, c in enumerate(chunks)]
-    return spark.createDataFrame(sc.parallelize(rows, parallel), CHUNK_COLUMNS)
+    rows = chunk_rows(chunks, prefix_max, handoff)
+    return spark.createDataFrame(sc.parallelize([tuple(r.values()) for r in rows], parallel), CHUNK_COLUMNS)
+
+
+def chunk_rows(
+    chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
+) -> list[dict[str, int]]:
+    """The rows of `chunk_frame`, as dicts (what the tasks see of them)."""
+    return [
+        {"idx": i, "prefix_max": (prefix_max or {}).get(c.key, 0), "from_offset": (handoff or {}).get(c.partition, 0)}
+        for i, c in enumerate(chunks)
+    ]
+
+
+def chunk_batches(
+    chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
+) -> list[pa.RecordBatch]:
+    """The rows of `chunk_frame` as one Arrow batch: a task's input when the passes run in
+    this process instead of on Spark (`spark=None`)."""
+    return [pa.RecordBatch.from_pylist(chunk_rows(chunks, prefix_max, handoff))]
 
 
 def read_checked(source: SourceArchive, chunk: SourceChunk, from_offset: int = 0) -> pa.RecordBatch:

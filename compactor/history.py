@@ -127,7 +127,9 @@ def check_history(
         return
     items = [(e.chunk, e.offset) for e in wanted if e.chunk is not None]
     found = {}
-    if items:
+    if items and spark is None:  # in this process (`compactor.job.compact`)
+        found = {idx: (ts, digest) for idx, ts, digest in map(_found_task(source, chunks), items)}
+    elif items:
         sc = spark.sparkContext
 
         def task(part):

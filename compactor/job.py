@@ -176,10 +176,14 @@ def check_held_back(plan: SlicePlan, limit: float | None, url: str) -> None:
         log.info(message)
 
 
-def compact(cfg: CompactConfig, spark, prepared: Prepared | None = None) -> CompactResult:
+def compact(cfg: CompactConfig, spark=None, prepared: Prepared | None = None) -> CompactResult:
     """Run the whole compaction on `spark`; returns the summary. Raises on any bad input
     with a message naming the object at fault, leaving no visible archive. `prepared`: the
-    run's `prepare(cfg)`, when the caller checked before starting Spark."""
+    run's `prepare(cfg)`, when the caller checked before starting Spark.
+
+    `spark=None` runs the same tasks in this process, with the whole archive in memory: for
+    small archives (tests, `keyfill.testing`), where a Spark job's fixed cost of ~1.5 s per
+    compaction is most of the time. The files are byte for byte those Spark writes."""
     prepared = prepared or prepare(cfg)
     with prepared.abandoned_on_error():
         result = _compact(prepared, spark)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from compactor.chunks import chunk_frame, read_checked
+from compactor.chunks import chunk_batches, chunk_frame, read_checked
 from compactor.config import CompactConfig, CompactionError
 from compactor.group_partitioning import group_slots
 from compactor.slicing import SlicePlan, record_slices
@@ -217,7 +217,13 @@ def run_rewrite(
     exactly the sizes the layout promises, no small tails from split groups). A task holds
     one piece and one file in memory at most; Spark spills the sort. `handoff`: for an
     append, each partition's first offset to write; `tails`: the groups' last files it
-    continues (`compactor.append.tails`)."""
+    continues (`compactor.append.tails`). `spark=None`: the same tasks run in this process
+    (`compactor.job.compact`)."""
+    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files, tails or {})
+    if spark is None:
+        slots = np.zeros(groups, np.int64)  # no shuffle to steer
+        decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
+        return _rewrite_in_process(decode(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
     slots = group_slots(spark, groups)
     decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
@@ -226,13 +232,27 @@ def run_rewrite(
         records.repartition(groups, "slot")  # task g holds group g alone
         .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
         .drop("slot")
-        .mapInArrow(
-            _write_task(
-                dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files, tails or {}
-            ),
-            _SPARK_DDL,
-        )
+        .mapInArrow(write, _SPARK_DDL)
         .toArrow
     )
     written = errors.run(spark.sparkContext, "rewrite", action) if errors else action()
     return written.cast(piece_index.PIECE_SCHEMA)
+
+
+_SORT = [(c, "ascending") for c in ("grp", "slice", "order_ts", "partition", "offset")]
+
+
+def _rewrite_in_process(decoded: Iterator[pa.RecordBatch], write) -> pa.Table:
+    """The shuffle and sort of `run_rewrite` without Spark: every record in memory at once,
+    sorted as the Spark tasks sort theirs, written by one task (it takes groups one after
+    another, as a Spark task holding several would)."""
+    batches = list(decoded)
+    if not batches:
+        return piece_index.PIECE_SCHEMA.empty_table()
+    records = pa.Table.from_batches(batches).sort_by(_SORT).drop_columns(["slot"]).combine_chunks()
+    written = list(write(iter(records.to_batches())))
+    return (
+        pa.Table.from_batches(written, _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)
+        if written
+        else piece_index.PIECE_SCHEMA.empty_table()
+    )

@@ -11,7 +11,7 @@ from functools import partial
 import numpy as np
 import pyarrow as pa
 
-from compactor.chunks import chunk_frame, read_checked
+from compactor.chunks import chunk_batches, chunk_frame, read_checked
 from compactor.history import batch_digests
 from compactor.slicing import ChunkStats, Run, chunk_runs
 from compactor.sources import SourceArchive, SourceChunk
@@ -19,6 +19,10 @@ from compactor.task_errors import TaskErrors
 from keygroups import envelope
 
 STATS_SCHEMA = "kind int, key binary, null_part int, bytes long, records long, chunk string"
+_STATS_ARROW = pa.schema(
+    [("kind", pa.int32()), ("key", pa.binary()), ("null_part", pa.int32()), ("bytes", pa.int64()),
+     ("records", pa.int64()), ("chunk", pa.string())]
+)  # fmt: skip
 
 
 @dataclass
@@ -81,7 +85,10 @@ def run_statistics(
     errors: TaskErrors | None = None,
 ) -> Statistics:
     """`handoff`: for an append, each partition's first offset to count (the archive holds the
-    rest); `errors`: the run's channel for bad input found in a task (raised here, at once)."""
+    rest); `errors`: the run's channel for bad input found in a task (raised here, at once).
+    `spark=None`: the same task runs in this process (`compactor.job.compact`)."""
+    if spark is None:
+        return _statistics_in_process(source, chunks, duration_ms, handoff)
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
@@ -103,11 +110,40 @@ def run_statistics(
             .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"))
             .toArrow,
         )
-        chunk_stats = []
-        for row in run("chunk summaries", stats.filter("kind = 1").select("chunk").toArrow).column("chunk").to_pylist():
-            d = json.loads(row)
-            d["runs"] = [Run(**r) for r in d["runs"]]
-            chunk_stats.append(ChunkStats(**d))
+        summaries = run("chunk summaries", stats.filter("kind = 1").select("chunk").toArrow).column("chunk")
     finally:
         stats.unpersist()
-    return Statistics(totals, chunk_stats)
+    return Statistics(totals, _chunk_stats(summaries.to_pylist()))
+
+
+def _chunk_stats(rows: list[str]) -> list[ChunkStats]:
+    out = []
+    for row in rows:
+        d = json.loads(row)
+        d["runs"] = [Run(**r) for r in d["runs"]]
+        out.append(ChunkStats(**d))
+    return out
+
+
+def _statistics_in_process(
+    source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, handoff: dict[int, int] | None
+) -> Statistics:
+    """The pass without Spark: one task over every chunk, the sums by pyarrow."""
+    rows = pa.Table.from_batches(
+        _stats_task(source, chunks, duration_ms)(iter(chunk_batches(chunks, handoff=handoff))), _STATS_ARROW
+    )
+    kind = rows.column("kind").to_numpy()
+    sums = (
+        rows.filter(pa.array(kind == 0))
+        .group_by(["key", "null_part"], use_threads=False)
+        .aggregate([("bytes", "sum"), ("records", "sum")])
+    )
+    totals = pa.table(
+        {
+            "key": sums.column("key"),
+            "null_part": sums.column("null_part"),
+            "bytes": sums.column("bytes_sum"),
+            "records": sums.column("records_sum"),
+        }
+    )
+    return Statistics(totals, _chunk_stats(rows.filter(pa.array(kind == 1)).column("chunk").to_pylist()))

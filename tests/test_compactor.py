@@ -312,7 +312,8 @@ def small_archive(draw):
         cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3))) - {n})
         for a, b in zip([0, *cuts], [*cuts, n]):
             chunks.append((p, list(range(a, b)), ts[a:b].tolist(), ks[a:b]))
-    return chunks, draw(st.integers(1, 5)), draw(st.sampled_from(["2s", "10s", "1m"]))
+    sizes = draw(st.sampled_from([{}, {"target_file_bytes": 4096, "block_bytes": 1024}]))
+    return chunks, draw(st.integers(1, 5)), draw(st.sampled_from(["2s", "10s", "1m"])), sizes
 
 
 @settings(
@@ -320,13 +321,14 @@ def small_archive(draw):
 )
 @given(case=small_archive())
 def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
-    chunks, groups, duration = case
+    """Also: the compaction run in this process (`spark=None`) writes the same bytes as Spark."""
+    chunks, groups, duration, sizes = case
     root = tmp_path_factory.mktemp("h")
     src = open_storage(str(root / "src"))
     for p, offs, ts, ks in chunks:
         write_chunk(src, records(p, offs, ts, ks), "t", codec="null")
     a, b = str(root / "a"), str(root / "b")
-    cfg = dict(source=src.url, groups=groups, slice_duration=duration)
+    cfg = dict(source=src.url, groups=groups, slice_duration=duration, **sizes)
     try:
         compact(CompactConfig(**cfg, dest=a), spark)
     except SlicingError as e:  # so small an archive may have nothing sealed yet: publish it whole
@@ -345,7 +347,7 @@ def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
         k = (r["key"], r["partition"])
         assert r["offset"] > last.get(k, -1)
         last[k] = r["offset"]
-    compact(CompactConfig(**cfg, dest=b), spark)
+    compact(CompactConfig(**cfg, dest=b), spark=None)
     assert canonical_files(a) == canonical_files(b)
 
 
