@@ -328,7 +328,7 @@ def main() -> None:
         v1 = measure_v1(args.v1, src, args.dir, records, durations, args.rounds)
 
     if "s3" in cases:
-        from tests.s3server import start_seaweedfs
+        from keyfill.testing.s3server import start_seaweedfs
 
         server = start_seaweedfs("keyfill-bench-layout")
         server.apply_env()

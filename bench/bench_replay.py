@@ -443,7 +443,7 @@ def main() -> None:
         results["local"] = measure_case(open_storage(src_root), open_storage(dest_root), args, records, False)
 
     if "s3" in cases:
-        from tests.s3server import start_seaweedfs
+        from keyfill.testing.s3server import start_seaweedfs
 
         print("\nS3: starting SeaweedFS and uploading both archives ...", flush=True)
         server = start_seaweedfs("keyfill-bench-replay")

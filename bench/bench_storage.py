@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from keyfill.testing.s3server import start_seaweedfs
 from keygroups.storage import LocalStorage, S3Storage, Storage, open_storage
-from tests.s3server import start_seaweedfs
 
 KiB, MiB = 1024, 1024 * 1024
 

@@ -12,10 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-try:
-    from tests.s3server import S3Server, start_seaweedfs
-except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    from s3server import S3Server, start_seaweedfs
+from keyfill.testing.s3server import S3Server, start_seaweedfs
 
 
 @pytest.fixture(scope="session")

@@ -35,15 +35,11 @@ from compactor.sources.envelope import write_chunk
 from compactor.verify import CHECKS, verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
+from keyfill.testing.s3server import S3Server, start_seaweedfs
 from keygroups import compacted
 from keygroups.errors import KeyfillError
 from keygroups.storage import StorageError, open_storage
 from tests.records import archive_metas, below_handoff, envelope_records, rewrite_index
-
-try:
-    from tests.s3server import S3Server, start_seaweedfs
-except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    from s3server import S3Server, start_seaweedfs
 
 # Short limits for the frozen-endpoint cases, so each takes seconds; the defaults (5 s
 # connect, 20 s read, 60 s deadline) are measured in the closing note instead.

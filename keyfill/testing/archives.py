@@ -1,0 +1,148 @@
+"""A topic as a test draws it, and its source archive written in a layout keyfill reads.
+
+A `TopicArchive` is the topic's records per partition in offset order, cut into chunk
+files of `chunk_records`. `write_archive` writes it as keyfill's envelope archive, as the
+Kafka Connect S3 sink writes (Avro values, keys and headers files), or as a broker's log
+segments, and returns the compaction options that read it back.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import pyarrow as pa
+
+from keygroups import envelope
+from keygroups.storage import Storage, open_storage
+
+LAYOUTS = ("envelope", "kafka-connect", "kafka-segments")
+
+# What the Connect layout stores as a record's value: Connect keeps no Kafka timestamp, so
+# the value carries it (`timestamp_field`), with the payload as text.
+CONNECT_VALUE_SCHEMA = {
+    "type": "record",
+    "name": "Value",
+    "namespace": "keyfill.testing",
+    "fields": [{"name": "timestamp", "type": "long"}, {"name": "value", "type": ["null", "string"]}],
+}
+
+
+class Record(NamedTuple):
+    """One record of the topic: what a Kafka consumer sees, and what the replay emits."""
+
+    partition: int
+    offset: int
+    timestamp: int  # ms
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicArchive:
+    topic: str
+    partitions: tuple[tuple[Record, ...], ...]  # per partition, in offset order
+    chunk_records: int = 50  # records per source file
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for part in self.partitions for r in part]
+
+    def __repr__(self) -> str:  # what hypothesis prints for a shrunk archive: short and whole
+        lines = [f"TopicArchive({self.topic!r}, chunk_records={self.chunk_records}):"]
+        for p, recs in enumerate(self.partitions):
+            shown = ", ".join(f"{r.offset}@{r.timestamp}:{r.key!r}" for r in recs)
+            lines.append(f"  partition {p}: [{shown}]")
+        return "\n".join(lines)
+
+
+def _envelope_batch(records: list[Record], value=lambda r: r.value) -> pa.RecordBatch:
+    return envelope.batch_from_records(
+        [
+            {
+                "partition": r.partition,
+                "offset": r.offset,
+                "timestamp": r.timestamp,
+                "key": r.key,
+                "value": value(r),
+                "headers": [{"key": k, "value": v} for k, v in r.headers],
+            }
+            for r in records
+        ]
+    )
+
+
+def _chunks(archive: TopicArchive) -> list[list[Record]]:
+    n = archive.chunk_records
+    return [list(part[i : i + n]) for part in archive.partitions for i in range(0, len(part), n)]
+
+
+def write_archive(archive: TopicArchive, url: str | Storage, layout: str = "envelope") -> dict:
+    """Write `archive` under `url` in `layout`; returns the `CompactConfig` options that read
+    it (`source`, `source_format` and, for Connect, `timestamp_field`)."""
+    store = open_storage(url) if isinstance(url, str) else url
+    if layout == "envelope":
+        from compactor.sources.envelope import write_chunk
+
+        for chunk in _chunks(archive):
+            write_chunk(store, _envelope_batch(chunk), archive.topic, codec="null")
+        return {"source": store.url, "source_format": "envelope"}
+    if layout == "kafka-connect":
+        from keyfill.synth.kafka_connect import write_connect_archive
+
+        def as_json(r: Record) -> bytes:
+            text = r.value.decode("latin-1") if r.value is not None else None  # every byte a character
+            return json.dumps({"timestamp": r.timestamp, "value": text}).encode()
+
+        write_connect_archive(
+            [_envelope_batch(list(part), as_json) for part in archive.partitions if part],
+            store,
+            topic=archive.topic,
+            key_type="bytes",
+            value_schema=CONNECT_VALUE_SCHEMA,
+            to_value=json.loads,
+            records_per_file=archive.chunk_records,
+        )
+        return {"source": store.url, "source_format": "kafka-connect", "timestamp_field": "timestamp"}
+    if layout == "kafka-segments":
+        for chunk in _chunks(archive):
+            base = chunk[0].offset
+            store.write(f"{archive.topic}-{chunk[0].partition}/{base:020d}.log", _segment(chunk))
+        return {"source": store.url, "source_format": "kafka-segments"}
+    raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+
+
+def _segment(records: list[Record], per_batch: int = 7) -> bytes:
+    """A log segment of v2 record batches, built by kafka-python's batch builder (an
+    implementation of Kafka's record format independent of keyfill's reader); a batch
+    holds consecutive offsets."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    out = b""
+    i = 0
+    while i < len(records):
+        batch = [records[i]]
+        while len(batch) < per_batch and i + len(batch) < len(records):
+            nxt = records[i + len(batch)]
+            if nxt.offset != batch[-1].offset + 1:
+                break
+            batch.append(nxt)
+        b = DefaultRecordBatchBuilder(
+            magic=2,
+            compression_type=0,
+            is_transactional=False,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            batch_size=1 << 30,
+        )
+        for j, r in enumerate(batch):
+            b.append(j, timestamp=r.timestamp, key=r.key, value=r.value, headers=list(r.headers))
+        buf = bytearray(b.build())
+        buf[0:8] = struct.pack(">q", batch[0].offset)  # the base offset the broker assigns
+        out += bytes(buf)
+        i += len(batch)
+    return out

@@ -1,0 +1,232 @@
+"""The differential check: a job fed by keyfill's backfill against the same job fed the
+topic as a live consumer reads it (`keyfill.testing.reference`).
+
+Per example: write the drawn topic in the drawn layout, compact it (in this process: the
+same tasks and bytes as Spark, `compactor.job.compact(spark=None)`), replay it with the
+drawn threads, stopping at the drawn points, checkpointing and resuming, and check
+
+1. exactly once: the replay emits every record the archive publishes, once;
+2. per-key order: each key's records in offset order;
+3. no new lateness: a record after a replay watermark it is behind is late in its own
+   partition by more than the bound;
+4. watermarks never go back;
+5. the job's outputs per key are equal. Records late in their partition are taken out of
+   both streams first: where they land is the one thing that legitimately depends on the
+   read order (a live job's watermark may accept them or not), and each stream's
+   watermark accepts all the others.
+
+A failure raises `DifferentialError` (an AssertionError, so hypothesis shrinks it) naming
+the first record or key at fault.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from keyfill.testing.archives import Record, TopicArchive, write_archive
+from keyfill.testing.reference import MAX_WATERMARK, Watermark, late_in_partition, records_of, reference_stream
+from keyfill.testing.strategies import BackfillSettings
+
+Job = Callable[[Iterable[Any]], Iterable[tuple[Hashable, Any]]]
+Replay = Callable[[str, BackfillSettings], Iterable[Any]]
+
+
+class DifferentialError(AssertionError):
+    """The backfill and the reference disagree (the message names the record or key)."""
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """A compacted example: where its archive lives and what it publishes."""
+
+    source: str
+    dest: str | None  # None: the topic is empty
+    records: list[Record]  # the published records (below the hand-off), each partition in offset order
+
+
+def compact_example(archive: TopicArchive, settings: BackfillSettings, url: str | None = None) -> Backfill:
+    """Write `archive` under `url` (a fresh temporary folder when None; a unique prefix is
+    added) and compact it with `settings`."""
+    from compactor.job import CompactConfig, compact
+    from compactor.slicing import SlicingError
+    from keygroups import compacted
+    from keygroups.storage import open_storage
+
+    root = (url or tempfile.mkdtemp(prefix="keyfill-testing-")).rstrip("/") + f"/{uuid.uuid4().hex[:10]}"
+    source = write_archive(archive, root + "/source", settings.layout)
+    dest = root + "/compacted"
+    if not archive.records:  # nothing to compact (keyfill refuses an empty source): nothing to replay
+        return Backfill(source["source"], None, [])
+    cfg = dict(
+        source,
+        dest=dest,
+        groups=settings.groups,
+        slice_duration=settings.slice_duration,
+        seal_all=settings.seal_all,
+        codec="null",
+    )
+    log = logging.getLogger("keyfill")
+    level = log.level
+    log.setLevel(logging.ERROR)  # a held-back share is the point of seal_all=False here, not news
+    try:
+        compact(CompactConfig(**cfg))
+    except SlicingError:  # so small a topic may have no sealed slice yet: backfill it whole
+        compact(CompactConfig(**{**cfg, "seal_all": True}))
+    finally:
+        log.setLevel(level)
+    handoff = {int(p): o for p, o in compacted.load_manifest(open_storage(dest)).handoff.items()}
+    published = [r for r in archive.records if r.offset < handoff.get(r.partition, 0)]
+    return Backfill(source["source"], dest, _read_back(source, published))
+
+
+def _read_back(source: dict, published: list[Record]) -> list[Record]:
+    """The published records as keyfill's source reader reads them (a layout may change the
+    value: Connect values become JSON text)."""
+    from compactor.sources import open_source
+
+    wanted = {(r.partition, r.offset) for r in published}
+    src = open_source(source["source"], format=source["source_format"], timestamp_field=source.get("timestamp_field"))
+    out = []
+    for chunk in src.list_chunks():
+        out += [r for r in records_of(src.read(chunk)) if (r.partition, r.offset) in wanted]
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def keyfill_replay(dest: str, settings: BackfillSettings) -> Iterator[Any]:
+    """keyfill's replay events (`reader.Records`, `reader.Watermark`) over `dest`, stopped
+    after each of `settings.restarts` events, checkpointed and resumed by a new replay."""
+    import reader
+
+    options = dict(
+        threads=settings.threads,
+        batch_size=settings.batch_size,
+        watermark_bound_ms=settings.watermark_bound_ms,
+        max_drift_ms=settings.max_drift_ms,
+    )
+    state = None
+    for stop in [*settings.restarts, None]:
+        with reader.replay(dest, resume=state, **options) as events:
+            n = 0
+            for ev in events:
+                yield ev
+                n += 1
+                if stop is not None and n >= stop:
+                    state = events.checkpoint()
+                    break
+            else:
+                return
+
+
+def replay_stream(events: Iterable[Any]) -> list[tuple[Record, int | None] | Watermark]:
+    """Replay events as (record, the watermark it was emitted under) and `Watermark`s."""
+    import reader
+
+    out: list = []
+    mark = None
+    for ev in events:
+        if isinstance(ev, reader.Watermark):
+            mark = ev.timestamp_ms
+            out.append(Watermark(ev.timestamp_ms))
+        elif isinstance(ev, reader.Records):
+            out += [(r, mark) for r in records_of(ev.batch)]
+    return out
+
+
+def _name(r: Record) -> str:
+    return f"partition {r.partition} offset {r.offset} (timestamp {r.timestamp}, key {r.key!r})"
+
+
+def check_stream(stream: list, published: list[Record], bound_ms: int) -> set[tuple[int, int]]:
+    """Checks 1-4 on a replay stream; returns the records late in their partition."""
+    late = late_in_partition(published, bound_ms)
+    want = {(r.partition, r.offset): r for r in published}
+    seen: dict[tuple[int, int], int] = {}
+    last: dict[tuple, int] = {}
+    mark = None
+    for item in stream:
+        if isinstance(item, Watermark):
+            if mark is not None and item.timestamp_ms < mark:
+                raise DifferentialError(f"the replay's watermark went back from {mark} to {item.timestamp_ms}")
+            mark = item.timestamp_ms
+            continue
+        r, under = item
+        at = (r.partition, r.offset)
+        if at not in want:
+            raise DifferentialError(f"the replay emitted {_name(r)}, a record the archive does not publish")
+        if at in seen:
+            raise DifferentialError(f"the replay emitted {_name(r)} twice (exactly once)")
+        seen[at] = 1
+        k = (r.key, r.partition)
+        if last.get(k, -1) > r.offset:
+            raise DifferentialError(f"{_name(r)} came after offset {last[k]} of its key (per-key order)")
+        last[k] = r.offset
+        if under is not None and r.timestamp < under and at not in late:
+            raise DifferentialError(
+                f"new lateness: {_name(r)} came after the replay's watermark {under}, but it is on time in its "
+                f"partition (bound {bound_ms} ms)"
+            )
+    missing = [r for at, r in want.items() if at not in seen]
+    if missing:
+        raise DifferentialError(f"the replay lost {len(missing)} record(s), the first {_name(missing[0])}")
+    return late
+
+
+def _outputs(job: Job, items: list, watermarks: bool) -> dict:
+    out: dict = {}
+    for key, value in job(x for x in items if watermarks or not isinstance(x, Watermark)):
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def compare_outputs(reference: dict, backfill: dict, *, order: list | None = None) -> None:
+    """Per key, the same outputs in the same order; the first key that differs is named."""
+    keys = list(dict.fromkeys([*(order or []), *reference, *backfill]))
+    for key in keys:
+        a, b = reference.get(key, []), backfill.get(key, [])
+        if a != b:
+            raise DifferentialError(
+                f"key {key!r}: the job's outputs differ.\n  fed the topic in partition order: {a!r}\n"
+                f"  fed keyfill's backfill:           {b!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    records: int  # published and compared
+    late: int  # late in their partition, taken out before the job ran
+    keys: int  # keys with outputs
+    outputs: int
+
+
+def check_job(
+    job: Job,
+    archive: TopicArchive,
+    settings: BackfillSettings,
+    *,
+    url: str | None = None,
+    watermarks: bool = False,
+    replay: Replay | None = None,
+) -> CheckResult:
+    """Run `job` over the topic in live order and over keyfill's backfill of it, and check
+    both (see the module's docstring). `job(stream)` yields (key, output) pairs; `stream`
+    holds `Record`s in delivery order (and `Watermark`s with `watermarks=True`, the last
+    one `MAX_WATERMARK`). `url`: where the archives go (a folder or s3:// prefix; a
+    temporary folder by default). `replay`: the events to check instead of keyfill's
+    replay (to test the kit itself)."""
+    done = compact_example(archive, settings, url)
+    bound = settings.watermark_bound_ms
+    stream = replay_stream((replay or keyfill_replay)(done.dest, settings)) if done.dest else []
+    late = check_stream(stream, done.records, bound)
+    on_time = [r for r in done.records if (r.partition, r.offset) not in late]
+    reference = reference_stream(on_time, bound)
+    backfill: list = [x if isinstance(x, Watermark) else x[0] for x in stream]
+    backfill = [x for x in backfill if isinstance(x, Watermark) or (x.partition, x.offset) not in late]
+    backfill.append(Watermark(MAX_WATERMARK))
+    ref_out = _outputs(job, reference, watermarks)
+    compare_outputs(ref_out, _outputs(job, backfill, watermarks))
+    return CheckResult(len(done.records), len(late), len(ref_out), sum(map(len, ref_out.values())))

@@ -1,0 +1,50 @@
+"""Pytest fixtures for users' tests, loaded by pytest when keyfill[testing] is installed
+(the `pytest11` entry point). Each starts what it needs only when a test asks for it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def keyfill_s3() -> Iterator:
+    """A real S3 server (SeaweedFS) on 127.0.0.1 for the session, with the AWS variables set
+    so boto3, keyfill and Spark's Python workers reach it. Yields the server: `.bucket`,
+    `.endpoint`; `keyfill_s3_url` gives a fresh prefix."""
+    from keyfill.testing.s3server import start_seaweedfs
+
+    server = start_seaweedfs()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    server.apply_env()
+    try:
+        yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture
+def keyfill_s3_url(keyfill_s3) -> str:
+    """A fresh, empty s3:// prefix on the test server: pass it as `check_job(url=...)`."""
+    return f"s3://{keyfill_s3.bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def keyfill_spark():
+    """A local[2] Spark session with format("keyfill") registered (needs keyfill[spark])."""
+    import reader.spark
+    from compactor.spark_session import local_spark
+
+    session = local_spark("local[2]", app="keyfill-testing", driver_memory="2g", progress=False)
+    session.sparkContext.setLogLevel("ERROR")
+    reader.spark.register(session)
+    yield session
+    session.stop()

@@ -1,0 +1,181 @@
+"""keyfill.testing, the kit users test their own jobs with: it passes a job that only
+depends on each key's records, and catches, with a shrunk example naming the record or key,
+a job that depends on the order across keys, a replay without the barrier, and a replay
+that loses or repeats a record."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+import reader
+from keyfill.testing import (
+    BackfillSettings,
+    DifferentialError,
+    Record,
+    TopicArchive,
+    Watermark,
+    backfill_settings,
+    check_job,
+    keyfill_replay,
+    late_in_partition,
+    live_order,
+    reference_stream,
+    topic_archives,
+)
+
+RELAXED = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def key_of(r) -> object:
+    """Records without a key are in order per partition only (in Kafka as in keyfill)."""
+    return r.key if r.key is not None else ("no key", r.partition)
+
+
+def per_key_running_count(stream):
+    """A job that depends on each key's records alone: their running count and total."""
+    state: dict = {}
+    for r in stream:
+        n, total = state.get(key_of(r), (0, 0))
+        state[key_of(r)] = (n + 1, total + len(r.value or b""))
+        yield key_of(r), state[key_of(r)]
+
+
+def global_sequence(stream):
+    """A job that numbers records across keys: its outputs depend on how keys interleave."""
+    for i, r in enumerate(stream):
+        yield key_of(r), i
+
+
+def tumbling_windows(stream, size_ms=10_000):
+    """Per key, records per event-time window, emitted when the watermark passes the window."""
+    open_: dict = {}
+    for item in stream:
+        if isinstance(item, Watermark):
+            for key, start in sorted((w for w in open_ if w[1] + size_ms <= item.timestamp_ms), key=repr):
+                yield key, (start, open_.pop((key, start)))
+            continue
+        w = (key_of(item), item.timestamp - item.timestamp % size_ms)
+        open_[w] = open_.get(w, 0) + 1
+
+
+@settings(max_examples=60, **RELAXED)
+@given(archive=topic_archives(), settings=backfill_settings())
+def test_a_job_of_each_keys_records_gives_the_same_outputs_backfilled(archive, settings):
+    result = check_job(per_key_running_count, archive, settings)
+    published = len(archive.records) if settings.seal_all else result.records  # seal_all: the whole topic
+    assert result.records == published <= len(archive.records)
+    keys = len({key_of(r) for r in archive.records})
+    assert (0 < result.keys <= keys) if result.records > result.late else result.keys == 0
+
+
+@settings(max_examples=25, **RELAXED)
+@given(archive=topic_archives(), settings=backfill_settings())
+def test_a_windowed_job_under_watermarks_gives_the_same_windows(archive, settings):
+    check_job(tumbling_windows, archive, settings, watermarks=True)
+
+
+def minimal_failure(check, examples: int = 200):
+    """The smallest (archive, settings) on which `check` raises DifferentialError, by
+    hypothesis' shrinking, and the error."""
+    errors = []
+
+    def fails(case) -> bool:
+        try:
+            check(*case)
+        except DifferentialError as e:
+            errors.append(e)
+            return True
+        return False
+
+    # the archive is what shrinks; one thread, so the order across groups is the same on every run
+    plain = BackfillSettings(groups=3, slice_duration="10s", threads=1)
+    archive = find(
+        topic_archives(records=st.integers(0, 40)),
+        lambda a: fails((a, plain)),
+        settings=settings(max_examples=examples, database=None, **RELAXED),
+    )
+    try:
+        check(archive, plain)
+    except DifferentialError as e:
+        return (archive, plain), str(e)
+    raise AssertionError("the shrunk example no longer fails")
+
+
+def test_a_job_that_depends_on_the_order_across_keys_is_flagged_naming_the_key():
+    (archive, _), message = minimal_failure(lambda a, s: check_job(global_sequence, a, s))
+    assert message.startswith("key ") and "outputs differ" in message
+    assert len(archive.records) <= 5  # shrunk from up to 40: two keys whose records interleave otherwise
+
+
+def no_barrier(dest: str, settings: BackfillSettings):
+    """A broken replay: each group read through all its slices before the next group, the
+    watermark moved at each of its slice ends (what a reader without the barrier does)."""
+    events = list(keyfill_replay(dest, settings))
+    marks = {ev.slice: ev for ev in events if isinstance(ev, reader.Watermark)}
+    pieces = [ev for ev in events if isinstance(ev, reader.Records)]
+    for g in sorted({p.group for p in pieces}):
+        for p in (p for p in pieces if p.group == g):
+            yield p
+            if p.slice in marks:
+                yield marks[p.slice]
+
+
+def test_a_replay_without_the_barrier_is_flagged_as_new_lateness():
+    (archive, _), message = minimal_failure(lambda a, s: check_job(per_key_running_count, a, s, replay=no_barrier))
+    assert message.startswith("new lateness: partition ") and "on time in its partition" in message
+    assert len(archive.records) <= 4
+
+
+def mutate(change):
+    def replay(dest, settings):
+        events = list(keyfill_replay(dest, settings))
+        first = next((i for i, ev in enumerate(events) if isinstance(ev, reader.Records)), None)
+        if first is not None:
+            events[first : first + 1] = change(events[first])
+        yield from events
+
+    return replay
+
+
+def test_a_lost_and_a_repeated_record_are_flagged():
+    lose = mutate(lambda ev: [ev._replace(batch=ev.batch.slice(1))])
+    (archive, _), message = minimal_failure(lambda a, s: check_job(per_key_running_count, a, s, replay=lose))
+    assert message.startswith("the replay lost 1 record(s), the first partition ") and len(archive.records) == 1
+    twice = mutate(lambda ev: [ev, ev])
+    (archive, _), message = minimal_failure(lambda a, s: check_job(per_key_running_count, a, s, replay=twice))
+    assert message.startswith("the replay emitted partition ") and message.endswith("twice (exactly once)")
+    assert len(archive.records) == 1
+
+
+def test_the_reference_merges_by_running_maximum_and_holds_the_watermark_for_producing_partitions():
+    recs = [
+        Record(0, 0, 1_000, b"a", b""),
+        Record(0, 1, 5_000, b"a", b""),
+        Record(0, 2, 2_000, b"a", b""),  # 3 s behind its partition's maximum
+        Record(1, 0, 3_000, b"b", b""),
+        Record(1, 1, 9_000, b"b", b""),
+        Record(1, 2, 9_500, b"b", b""),
+    ]
+    assert [(r.partition, r.offset) for r in live_order(recs)] == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1), (1, 2)]
+    assert late_in_partition(recs, 0) == {(0, 2)} and late_in_partition(recs, 3_000) == set()
+    marks = [x.timestamp_ms for x in reference_stream(recs, 500) if isinstance(x, Watermark)]
+    # after (1,0): min(1000, 3000) - 500; after (0,1): min(5000, 3000) - 500; partition 0 ends
+    # with (0,2), then only partition 1 holds it: after (1,1) 9000 - 500; and the end of the stream
+    assert marks == [500, 2_500, 8_500, 2**63 - 1]
+
+
+@pytest.mark.parametrize("layout", ["envelope", "kafka-connect", "kafka-segments"])
+def test_every_layout_backfills_what_it_holds(layout):
+    archive = TopicArchive(
+        "t",
+        (
+            tuple(Record(0, i, 1_000 * i, b"k%d" % (i % 3), b"v%d" % i, (("h", b"x"),)) for i in range(30)),
+            tuple(Record(1, i, 1_500 * i, None, None, ()) for i in range(20)),
+        ),
+        chunk_records=7,
+    )
+    settings = BackfillSettings(layout=layout, groups=2, slice_duration="10s", threads=3, restarts=(3, 5))
+    result = check_job(per_key_running_count, archive, settings)
+    assert (result.records, result.late) == (50, 0)
