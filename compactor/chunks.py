@@ -25,6 +25,12 @@ def chunk_frame(
     return spark.createDataFrame(sc.parallelize([tuple(r.values()) for r in rows], parallel), CHUNK_COLUMNS)
 
 
+def spark_ddl(schema: pa.Schema) -> str:
+    """The Spark DDL of a flat Arrow schema: what a mapInArrow task declares it yields."""
+    names = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.binary(): "binary"}
+    return ", ".join(f"`{f.name}` {names[f.type]}" for f in schema)
+
+
 def chunk_rows(
     chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
 ) -> list[dict[str, int]]:

@@ -127,16 +127,17 @@ def check_history(
         return
     items = [(e.chunk, e.offset) for e in wanted if e.chunk is not None]
     found = {}
-    if items and spark is None:  # in this process (`compactor.job.compact`)
-        found = {idx: (ts, digest) for idx, ts, digest in map(_found_task(source, chunks), items)}
-    elif items:
-        sc = spark.sparkContext
+    if items:
 
         def task(part):
             return map(_found_task(source, chunks), part)
 
-        rdd = sc.parallelize(items, len(items)).mapPartitions(errors.guard(task) if errors else task)
-        rows = errors.run(sc, "history check", rdd.collect) if errors else rdd.collect()
+        if spark is None:  # in this process (`compactor.job.compact`)
+            rows = task(items)
+        else:
+            sc = spark.sparkContext
+            rdd = sc.parallelize(items, len(items)).mapPartitions(errors.guard(task) if errors else task)
+            rows = errors.run(sc, "history check", rdd.collect) if errors else rdd.collect()
         found = {idx: (ts, digest) for idx, ts, digest in rows}
     handoff = {int(p): o for p, o in manifest.handoff.items()}
     for e in wanted:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from compactor.chunks import chunk_batches, chunk_frame, read_checked
+from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.config import CompactConfig, CompactionError
 from compactor.group_partitioning import group_slots
 from compactor.slicing import SlicePlan, record_slices
@@ -24,6 +24,7 @@ RECORD_SCHEMA = (
     "slot long, slice int, grp int, order_ts long, partition int, offset long, timestamp long, key binary, "
     "value binary, headers array<struct<key:string,value:binary>>"
 )
+_ORDER = ("grp", "slice", "order_ts", "partition", "offset")  # how a rewrite task's records are sorted
 _assignment_cache: dict[str, KeyAssignment] = {}
 
 
@@ -189,11 +190,7 @@ def _write_task(
 
 # The index rows as Spark carries them: Spark has no unsigned integers.
 _SPARK_PIECES = pa.schema([f.with_type(pa.int64()) if f.type == pa.uint32() else f for f in piece_index.PIECE_SCHEMA])
-_SPARK_DDL = ", ".join(
-    f"`{f.name}` {ddl}"
-    for f in _SPARK_PIECES
-    for ddl in [{pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}[f.type]]
-)
+_SPARK_DDL = spark_ddl(_SPARK_PIECES)
 
 
 def run_rewrite(
@@ -230,16 +227,13 @@ def run_rewrite(
     records = frame.mapInArrow(errors.guard(decode) if errors else decode, RECORD_SCHEMA)
     action = (
         records.repartition(groups, "slot")  # task g holds group g alone
-        .sortWithinPartitions("grp", "slice", "order_ts", "partition", "offset")
+        .sortWithinPartitions(*_ORDER)
         .drop("slot")
         .mapInArrow(write, _SPARK_DDL)
         .toArrow
     )
     written = errors.run(spark.sparkContext, "rewrite", action) if errors else action()
     return written.cast(piece_index.PIECE_SCHEMA)
-
-
-_SORT = [(c, "ascending") for c in ("grp", "slice", "order_ts", "partition", "offset")]
 
 
 def _rewrite_in_process(decoded: Iterator[pa.RecordBatch], write) -> pa.Table:
@@ -249,10 +243,6 @@ def _rewrite_in_process(decoded: Iterator[pa.RecordBatch], write) -> pa.Table:
     batches = list(decoded)
     if not batches:
         return piece_index.PIECE_SCHEMA.empty_table()
-    records = pa.Table.from_batches(batches).sort_by(_SORT).drop_columns(["slot"]).combine_chunks()
-    written = list(write(iter(records.to_batches())))
-    return (
-        pa.Table.from_batches(written, _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)
-        if written
-        else piece_index.PIECE_SCHEMA.empty_table()
-    )
+    records = pa.Table.from_batches(batches).sort_by([(c, "ascending") for c in _ORDER]).drop_columns(["slot"])
+    written = write(iter(records.combine_chunks().to_batches()))
+    return pa.Table.from_batches(list(written), _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)

@@ -11,18 +11,18 @@ from functools import partial
 import numpy as np
 import pyarrow as pa
 
-from compactor.chunks import chunk_batches, chunk_frame, read_checked
+from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.history import batch_digests
 from compactor.slicing import ChunkStats, Run, chunk_runs
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
 from keygroups import envelope
 
-STATS_SCHEMA = "kind int, key binary, null_part int, bytes long, records long, chunk string"
 _STATS_ARROW = pa.schema(
     [("kind", pa.int32()), ("key", pa.binary()), ("null_part", pa.int32()), ("bytes", pa.int64()),
      ("records", pa.int64()), ("chunk", pa.string())]
 )  # fmt: skip
+STATS_SCHEMA = spark_ddl(_STATS_ARROW)
 
 
 @dataclass

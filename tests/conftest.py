@@ -6,31 +6,19 @@ pays for it; it is never skipped: if it cannot start, the tests that need it err
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from keyfill.testing.s3server import S3Server, start_seaweedfs
+from keyfill.testing.s3server import S3Server
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """One SeaweedFS for the session. The AWS variables go into os.environ (not just a
-    client) so that subprocesses such as Spark's Python workers find the server too."""
-    server = start_seaweedfs()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    server.apply_env()
-    try:
-        yield server
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        server.stop()
+def s3_server(keyfill_s3: S3Server) -> S3Server:
+    """One SeaweedFS for the session: keyfill.testing's own fixture (its pytest plugin), so a
+    test that asks for both names gets one server. The AWS variables go into os.environ (not
+    just a client) so that subprocesses such as Spark's Python workers find the server too."""
+    return keyfill_s3
 
 
 @pytest.fixture

@@ -145,7 +145,7 @@ def check_stream(stream: list, published: list[Record], bound_ms: int) -> set[tu
     """Checks 1-4 on a replay stream; returns the records late in their partition."""
     late = late_in_partition(published, bound_ms)
     want = {(r.partition, r.offset): r for r in published}
-    seen: dict[tuple[int, int], int] = {}
+    seen: set[tuple[int, int]] = set()
     last: dict[tuple, int] = {}
     mark = None
     for item in stream:
@@ -160,7 +160,7 @@ def check_stream(stream: list, published: list[Record], bound_ms: int) -> set[tu
             raise DifferentialError(f"the replay emitted {_name(r)}, a record the archive does not publish")
         if at in seen:
             raise DifferentialError(f"the replay emitted {_name(r)} twice (exactly once)")
-        seen[at] = 1
+        seen.add(at)
         k = (r.key, r.partition)
         if last.get(k, -1) > r.offset:
             raise DifferentialError(f"{_name(r)} came after offset {last[k]} of its key (per-key order)")

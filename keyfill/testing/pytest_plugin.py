@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
@@ -17,18 +16,8 @@ def keyfill_s3() -> Iterator:
     `.endpoint`; `keyfill_s3_url` gives a fresh prefix."""
     from keyfill.testing.s3server import start_seaweedfs
 
-    server = start_seaweedfs()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    server.apply_env()
-    try:
+    with start_seaweedfs() as server, server.applied_env():
         yield server
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        server.stop()
 
 
 @pytest.fixture

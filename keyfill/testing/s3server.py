@@ -16,7 +16,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +108,20 @@ class S3Server:
                 environ.pop(key, None)
             else:
                 environ[key] = value
+
+    @contextmanager
+    def applied_env(self, environ: MutableMapping[str, str] = os.environ) -> Iterator[S3Server]:
+        """`apply_env` while the block runs, and the earlier values back after it."""
+        saved = {k: environ.get(k) for k in self.env()}
+        self.apply_env(environ)
+        try:
+            yield self
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    environ.pop(key, None)
+                else:
+                    environ[key] = value
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -37,10 +37,6 @@ class BackfillSettings:
     restarts: tuple[int, ...] = ()  # events between checkpoints
 
 
-def _value_for(values: st.SearchStrategy | Callable[[bytes | None], st.SearchStrategy]):
-    return values if callable(values) and not isinstance(values, st.SearchStrategy) else (lambda key: values)
-
-
 @st.composite
 def topic_archives(
     draw,
@@ -62,7 +58,7 @@ def topic_archives(
     names = [b"hot"] + [b"k%d" % i for i in range(draw(keys))]
     hot = draw(st.integers(1, 20))  # the hot key's weight against 1 for each other key
     jitter = draw(jitter_ms)
-    value_of = _value_for(values)
+    value_of = (lambda key: values) if isinstance(values, st.SearchStrategy) else values
     clock = [START_MS + draw(st.integers(0, 3)) * 60_000 for _ in range(n_parts)]  # partitions start apart
     idle = draw(st.sets(st.integers(0, n_parts - 1), max_size=n_parts - 1))  # partitions that go quiet early
     parts: list[list[Record]] = [[] for _ in range(n_parts)]
