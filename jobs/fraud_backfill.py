@@ -53,6 +53,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def fraud_windows(source, window: str = "1 minute", watermark_delay: str = "10 seconds"):
+    """The job's logic over a DataFrame of the keyfill source's schema (streaming or not):
+    per user and tumbling window, payments, spend, largest payment and distinct merchants,
+    under a watermark. Kept apart from the I/O so `keyfill.testing.spark` can check it."""
+    from pyspark.sql import functions as F
+
+    payments = (
+        source.select("timestamp", F.from_json(F.col("value").cast("string"), PAYMENT).alias("p"))
+        .where(F.col("p.user").isNotNull())  # records without a user key are not payments by anyone
+        .select("timestamp", "p.user", "p.amount", "p.merchant")
+    )
+    return (
+        payments.withWatermark("timestamp", watermark_delay)
+        .groupBy(F.window("timestamp", window).alias("window"), "user")
+        .agg(
+            F.count("*").alias("payments"),
+            F.round(F.sum("amount"), 2).alias("spend"),
+            F.max("amount").alias("largest"),
+            F.approx_count_distinct("merchant").alias("merchants"),
+        )
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "user",
+            "payments",
+            "spend",
+            "largest",
+            "merchants",
+        )
+    )
+
+
 def run(spark, args: argparse.Namespace) -> dict:
     from pyspark.sql import functions as F
 
@@ -74,33 +106,12 @@ def run(spark, args: argparse.Namespace) -> dict:
 
     reader.spark.register(spark)
     limits = {"maxSlicesPerTrigger": args.max_slices_per_trigger, "maxBytesPerTrigger": args.max_bytes_per_trigger}
-    payments = (
+    source = (
         spark.readStream.format("keyfill")
         .options(**{k: str(v) for k, v in limits.items() if v is not None})
         .load(args.archive)
-        .select("timestamp", F.from_json(F.col("value").cast("string"), PAYMENT).alias("p"))
-        .where(F.col("p.user").isNotNull())  # records without a user key are not payments by anyone
-        .select("timestamp", "p.user", "p.amount", "p.merchant")
     )
-    windows = (
-        payments.withWatermark("timestamp", args.watermark_delay)
-        .groupBy(F.window("timestamp", args.window).alias("window"), "user")
-        .agg(
-            F.count("*").alias("payments"),
-            F.round(F.sum("amount"), 2).alias("spend"),
-            F.max("amount").alias("largest"),
-            F.approx_count_distinct("merchant").alias("merchants"),
-        )
-        .select(
-            F.col("window.start").alias("window_start"),
-            F.col("window.end").alias("window_end"),
-            "user",
-            "payments",
-            "spend",
-            "largest",
-            "merchants",
-        )
-    )
+    windows = fraud_windows(source, args.window, args.watermark_delay)
     started = time.perf_counter()
     query = (
         windows.writeStream.format("parquet")

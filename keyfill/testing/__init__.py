@@ -8,7 +8,7 @@ gives fed the topic in Kafka's partition order? (`pip install keyfill[testing]`;
     def test_my_job_backfills_as_it_runs_live(archive, settings):
         check_job(my_job, archive, settings)
 
-For a Spark query, `check_spark_query` (`keyfill.testing.spark`). Pytest fixtures
+For a Spark query, `check_spark_query` (needs keyfill[spark]). Pytest fixtures
 (`keyfill_spark`, `keyfill_s3`) come with the package's pytest plugin.
 """
 
@@ -22,6 +22,7 @@ from keyfill.testing.differential import (
     keyfill_replay,
 )
 from keyfill.testing.reference import MAX_WATERMARK, Watermark, late_in_partition, live_order, reference_stream
+from keyfill.testing.spark import SparkCheckResult, check_spark_query
 from keyfill.testing.strategies import BackfillSettings, backfill_settings, topic_archives
 
 __all__ = [
@@ -30,12 +31,14 @@ __all__ = [
     "Backfill",
     "BackfillSettings",
     "CheckResult",
+    "SparkCheckResult",
     "DifferentialError",
     "Record",
     "TopicArchive",
     "Watermark",
     "backfill_settings",
     "check_job",
+    "check_spark_query",
     "compact_example",
     "keyfill_replay",
     "late_in_partition",

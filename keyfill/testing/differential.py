@@ -21,6 +21,7 @@ the first record or key at fault.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import uuid
@@ -195,6 +196,17 @@ def compare_outputs(reference: dict, backfill: dict, *, order: list | None = Non
             )
 
 
+@contextlib.contextmanager
+def scratch(url: str | None) -> Iterator[str]:
+    """`url`, or a temporary folder removed afterwards (a test session runs hundreds of
+    examples: their archives must not pile up)."""
+    if url is not None:
+        yield url
+        return
+    with tempfile.TemporaryDirectory(prefix="keyfill-testing-") as tmp:
+        yield tmp
+
+
 @dataclass(frozen=True)
 class CheckResult:
     records: int  # published and compared
@@ -218,9 +230,10 @@ def check_job(
     one `MAX_WATERMARK`). `url`: where the archives go (a folder or s3:// prefix; a
     temporary folder by default). `replay`: the events to check instead of keyfill's
     replay (to test the kit itself)."""
-    done = compact_example(archive, settings, url)
-    bound = settings.watermark_bound_ms
-    stream = replay_stream((replay or keyfill_replay)(done.dest, settings)) if done.dest else []
+    with scratch(url) as where:
+        done = compact_example(archive, settings, where)
+        bound = settings.watermark_bound_ms
+        stream = replay_stream((replay or keyfill_replay)(done.dest, settings)) if done.dest else []
     late = check_stream(stream, done.records, bound)
     on_time = [r for r in done.records if (r.partition, r.offset) not in late]
     reference = reference_stream(on_time, bound)

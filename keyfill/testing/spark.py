@@ -1,0 +1,190 @@
+"""The differential check for a Spark Structured Streaming query (`build(df) -> df`).
+
+Per example: compact the drawn topic (in this process), then run the user's query twice
+on a real Spark session and compare the rows it appends, per key:
+
+- **backfill**: `readStream.format("keyfill")` over the compacted archive, with the
+  example's slices per trigger, input partitions and batch rows, crashing once after a drawn
+  number of micro-batches (an error in the sink after it has written the batch, so the batch
+  is run again) and restarting from the checkpoint;
+- **reference**: the same query fed every on-time record in one micro-batch (a Parquet file
+  in the topic's live order, read by Spark's file source): nothing can be late, and it ends
+  at the same watermark (the greatest event time less the query's delay), so both append
+  the same finished windows.
+
+Records late in their own partition by more than the settings' bound are taken out of both
+inputs first (a left-anti join on the stream): whether they count depends on how partitions
+interleave, live as much as in the backfill. The query's watermark delay must be at least
+that bound (`backfill_settings(watermark_bound_ms=st.just(delay_ms))`). Then no row may be
+dropped as late by the backfill's query (Spark's `numRowsDroppedByWatermark`), and each
+key's rows must be the same multiset.
+
+Append mode only: rows the query appends are final, so a key's rows can be compared as a
+multiset whatever the micro-batches. (In update mode a row's last version counts, and the
+check would need to know which columns name a row.)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from keyfill.testing.archives import TopicArchive
+from keyfill.testing.differential import DifferentialError, compact_example, compare_outputs, scratch
+from keyfill.testing.reference import late_in_partition, live_order
+from keyfill.testing.strategies import BackfillSettings
+
+Build = Callable[[Any], Any]  # a DataFrame of the keyfill source's schema -> the query's output DataFrame
+
+
+class _Crash(RuntimeError):
+    """Raised in the sink to stop a run part-way, as a failed executor or driver would."""
+
+
+MARKER = "keyfill.testing: planned crash"
+
+
+@dataclass(frozen=True)
+class SparkCheckResult:
+    records: int  # published
+    late: int  # late in their partition, taken out of both inputs
+    keys: int  # keys with rows
+    rows: int  # rows appended (the reference's)
+    batches: int  # the backfill's micro-batches with input, over all runs
+    restarts: int  # runs that crashed and were resumed from the checkpoint
+
+
+def spark_options(settings: BackfillSettings) -> dict[str, str]:
+    """The keyfill source's options for an example."""
+    options = {"numPartitions": settings.threads, "batchRows": settings.batch_size}
+    if settings.slices_per_trigger is not None:
+        options["maxSlicesPerTrigger"] = settings.slices_per_trigger
+    return {k: str(v) for k, v in options.items()}
+
+
+def check_spark_query(
+    spark,
+    build: Build,
+    archive: TopicArchive,
+    settings: BackfillSettings,
+    *,
+    key: str,
+    url: str | None = None,
+    shuffle_partitions: int = 2,
+) -> SparkCheckResult:
+    """Run `build` over keyfill's backfill of `archive` and over the topic's on-time records
+    in one batch, and check that no row is dropped as late and that each `key`'s rows are
+    the same (see the module's docstring). `url`: where the archives go (a folder or s3://
+    prefix; a temporary folder by default). `shuffle_partitions`: the session's
+    spark.sql.shuffle.partitions while the check runs (each is a state store per micro-batch:
+    a handful keeps a tiny example fast). Needs `format("keyfill")` registered
+    (`reader.spark.register(spark)`; the `keyfill_spark` fixture does it)."""
+    with scratch(url) as where, tempfile.TemporaryDirectory(prefix="keyfill-spark-check-") as work:
+        done = compact_example(archive, settings, where)
+        if done.dest is None:
+            return SparkCheckResult(0, 0, 0, 0, 0, 0)
+        late = late_in_partition(done.records, settings.watermark_bound_ms)
+        on_time = [r for r in done.records if (r.partition, r.offset) not in late]
+        shuffle = spark.conf.get("spark.sql.shuffle.partitions")
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        try:
+            reference = _collect(spark, build(_reference_input(spark, done.dest, on_time, work)), work + "/ref-ck")
+            if reference.dropped:
+                raise DifferentialError(f"the reference query dropped {reference.dropped} row(s) in one micro-batch")
+            source = spark.readStream.format("keyfill").options(**spark_options(settings)).load(done.dest)
+            if late:
+                late_df = spark.createDataFrame(sorted(late), "partition int, offset long")
+                source = source.join(late_df, ["partition", "offset"], "left_anti").select(*source.columns)
+            stops = [1 + n % 3 for n in settings.restarts[:1]]  # micro-batches before the crash
+            backfill = _collect(spark, build(source), work + "/ck", stops)
+        finally:
+            spark.conf.set("spark.sql.shuffle.partitions", shuffle)
+    if backfill.dropped:
+        raise DifferentialError(
+            f"the backfill's query dropped {backfill.dropped} row(s) as late (numRowsDroppedByWatermark) though "
+            f"every record it read is on time in its partition (bound {settings.watermark_bound_ms} ms): is the "
+            "query's watermark delay at least the bound?"
+        )
+    want, got = _by_key(reference.rows, key), _by_key(backfill.rows, key)
+    compare_outputs(want, got)
+    return SparkCheckResult(
+        len(done.records), len(late), len(want), len(reference.rows), backfill.batches, backfill.restarts
+    )
+
+
+def _reference_input(spark, dest: str, on_time: list, work: str):
+    """The on-time records as keyfill's source reads them (same schema and values), in the
+    topic's live order, as one Parquet file streamed by Spark's file source."""
+    batch = spark.read.format("keyfill").load(dest)
+    order = [(r.partition, r.offset, i) for i, r in enumerate(live_order(on_time))]
+    ranks = spark.createDataFrame(order, "partition int, offset long, _live long")
+    path = work + "/reference-input"
+    (
+        batch.join(ranks, ["partition", "offset"])
+        .repartition(1)
+        .sortWithinPartitions("_live")
+        .select(*batch.columns)
+        .write.parquet(path)
+    )
+    return spark.readStream.schema(batch.schema).parquet(path)
+
+
+@dataclass
+class _Run:
+    rows: list  # every appended row, each micro-batch counted once
+    dropped: int
+    batches: int
+    restarts: int
+
+
+def _collect(spark, df, checkpoint: str, stops: list[int] = ()) -> _Run:
+    """Run `df` with AvailableNow into a sink keyed by batch id (a replayed batch replaces
+    its first writing, as an idempotent sink does), crashing after `stops[i]` micro-batches
+    of run i and resuming from `checkpoint`."""
+    from pyspark.errors import StreamingQueryException
+
+    written: dict[int, list] = {}
+    dropped = batches = restarts = 0
+    for stop in [*stops, None]:
+        ran = [0]
+
+        def sink(batch, batch_id, stop=stop, ran=ran):
+            written[batch_id] = [r.asDict(recursive=True) for r in batch.collect()]
+            ran[0] += 1
+            if stop is not None and ran[0] >= stop:
+                raise _Crash(MARKER)
+
+        query = (
+            df.writeStream.outputMode("append")
+            .foreachBatch(sink)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        crashed = False
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as e:
+            if MARKER not in str(e):
+                raise
+            crashed = True
+        for p in query.recentProgress:
+            batches += p["numInputRows"] > 0
+            dropped += sum(op.get("numRowsDroppedByWatermark", 0) for op in p.get("stateOperators", []))
+        if not crashed:
+            break
+        restarts += 1
+    return _Run([row for _, rows in sorted(written.items()) for row in rows], dropped, batches, restarts)
+
+
+def _by_key(rows: list[dict], key: str) -> dict:
+    """Each key's rows, sorted (appended rows are final: their order across micro-batches is not
+    the query's result)."""
+    out: dict = {}
+    for row in rows:
+        if key not in row:
+            raise KeyError(f"the query's output has no column {key!r}; it has {', '.join(row)}")
+        out.setdefault(row[key], []).append(row)
+    return {k: sorted(v, key=lambda r: repr(sorted(r.items()))) for k, v in out.items()}
