@@ -90,9 +90,11 @@ def read_some(events, limit: int) -> list:
     return got
 
 
-@hypothesis_settings(6)
+@hypothesis_settings(20)
 @given(case=growing_source(), data=st.data())
-def test_an_appended_history_replays_as_the_grown_source_across_versions(spark, tmp_path_factory, case, data):
+def test_an_appended_history_replays_as_the_grown_source_across_versions(tmp_path_factory, case, data):
+    """Compacted and appended in process: the bytes Spark writes (test_in_process compares
+    the two on an append), so a history costs seconds, not a Spark job per step."""
     parts, duration, idle = case
     root = tmp_path_factory.mktemp("append")
     src = open_storage(str(root / "src"))
@@ -109,7 +111,7 @@ def test_an_appended_history_replays_as_the_grown_source_across_versions(spark, 
             source=src.url, dest=dest, groups=3, slice_duration=duration, idle_after=idle, append=True, seal_all=last
         )
         try:
-            r = compact(cfg, spark)
+            r = compact(cfg)
         except NothingSealed:
             continue
         committed += 1
@@ -138,7 +140,7 @@ def test_an_appended_history_replays_as_the_grown_source_across_versions(spark, 
     check_invariants(events, table, before, bound)
     if idle is None:  # invariant 7: the slices of the one-shot compaction of the grown source
         one = str(root / "one")
-        compact(CompactConfig(source=src.url, dest=one, groups=3, slice_duration=duration, seal_all=True), spark)
+        compact(CompactConfig(source=src.url, dest=one, groups=3, slice_duration=duration, seal_all=True))
         got = [(m.slice, m.start_ms, m.records, m.partitions) for m in archive_metas(open_storage(dest))]
         want = [(m.slice, m.start_ms, m.records, m.partitions) for m in archive_metas(open_storage(one))]
         assert got == want
