@@ -35,6 +35,8 @@ def assignment_table(n: int, rng) -> pa.Table:
             pa.array(rng.integers(0, 1024, n).astype(np.int32)),
             pa.array(np.ones(n, np.int64)),
             pa.array(np.ones(n, np.int64)),
+            pa.nulls(n, pa.int32()),
+            pa.nulls(n, pa.int64()),
         ],
         schema=ASSIGNMENT_SCHEMA,
     )

@@ -23,7 +23,7 @@ from compactor.config import CompactConfig
 from compactor.slicing import Continuation
 from compactor.sources import SourceArchive
 from keygroups import compacted
-from keygroups.assignment import ASSIGNMENT_SCHEMA, MISSING, KeyAssignment
+from keygroups.assignment import MISSING, KeyAssignment, bucket_rows, exact_rows, is_bucket
 from keygroups.errors import OptionError
 from keygroups.segments import Tail
 
@@ -76,46 +76,62 @@ def continuation(parent: compacted.Manifest) -> Continuation:
     )
 
 
-def extend_assignment(old: pa.Table, totals: pa.Table, groups: int) -> tuple[pa.Table, int]:
+def extend_assignment(
+    old: pa.Table, totals: pa.Table, groups: int, buckets: pa.Table | None = None
+) -> tuple[pa.Table, int]:
     """The assignment with the append's keys: existing keys keep their group, new ones are
     placed onto the appended part's loads. Per-key records and bytes add up what the
     statistics passes counted (packing weights: a withheld tail is counted by the
-    compaction that left it and again by the one that publishes it). Returns the table and
-    the number of new keys."""
+    compaction that left it and again by the one that publishes it). A bucketed archive's
+    keys without an entry stay in their bucket's group, new keys included: only new null-key
+    pseudo-keys are placed (`buckets`: the append's bucket sums, in the archive's bucket
+    count). Returns the table and the number of keys placed."""
     import keygroups
 
     known = KeyAssignment.from_table(old)
     grp = known.group_of(totals.column("key"), totals.column("null_part").to_numpy())
-    totals = totals.append_column("group", pa.array(grp, pa.int32()))
-    existing = pa.array(grp != MISSING)
+    existing = grp != MISSING
     weights = totals.column("bytes").to_numpy()
-    loads = np.bincount(grp[grp != MISSING], weights=weights[grp != MISSING], minlength=groups).astype(np.int64)
-    new = totals.filter(pc.invert(existing)).sort_by([("null_part", "ascending"), ("key", "ascending")])
-    if new.num_rows:
-        placed = keygroups.place(new.column("bytes").to_numpy(), loads)
-        new = new.set_column(new.schema.get_field_index("group"), "group", pa.array(placed, pa.int32()))
-    added = pa.concat_tables([totals.filter(existing), new])
-    null_part = added.column("null_part").to_numpy()
-    added = pa.table(
-        {
-            "key": added.column("key"),
-            "null_key_partition": pa.array(null_part, pa.int32(), mask=null_part < 0),
-            "group": added.column("group"),
-            "records": added.column("records"),
-            "bytes": added.column("bytes"),
-        },
-        schema=ASSIGNMENT_SCHEMA,
-    )
+    loads = np.bincount(grp[existing], weights=weights[existing], minlength=groups).astype(np.int64)
+    bucketed = is_bucket(old)
+    old_buckets = old.filter(pa.array(bucketed)).sort_by("bucket")
+    if buckets is not None:
+        if buckets.num_rows != old_buckets.num_rows:
+            raise AssertionError(f"an append's {buckets.num_rows} buckets against the archive's {old_buckets.num_rows}")
+        loads += np.bincount(
+            old_buckets.column("group").to_numpy(), weights=buckets.column("bytes").to_numpy(), minlength=groups
+        ).astype(np.int64)
+    new = totals.filter(pa.array(~existing)).sort_by([("null_part", "ascending"), ("key", "ascending")])
+    placed = keygroups.place(new.column("bytes").to_numpy(), loads) if new.num_rows else np.zeros(0, np.int32)
+    added = pa.concat_tables([exact_rows(totals.filter(pa.array(existing)), grp[existing]), exact_rows(new, placed)])
+    old_exact = old.filter(pa.array(~bucketed))
     merged = (
-        pa.concat_tables([old.cast(ASSIGNMENT_SCHEMA), added])
+        pa.concat_tables([old_exact, added])
         .group_by(["key", "null_key_partition"], use_threads=False)
         .aggregate([("group", "min"), ("records", "sum"), ("bytes", "sum")])
         .rename_columns({"group_min": "group", "records_sum": "records", "bytes_sum": "bytes"})
+        .sort_by([("null_key_partition", "ascending"), ("key", "ascending")])
     )
-    merged = merged.sort_by([("null_key_partition", "ascending"), ("key", "ascending")])
-    merged = merged.select(ASSIGNMENT_SCHEMA.names).cast(ASSIGNMENT_SCHEMA)
-    if merged.num_rows != old.num_rows + new.num_rows or int(pc.sum(pc.is_null(merged.column("group"))).as_py()):
+    null_part = merged.column("null_key_partition").fill_null(-1).to_numpy()
+    merged = exact_rows(
+        pa.table(
+            {
+                "key": merged.column("key"),
+                "null_part": null_part,
+                "bytes": merged.column("bytes"),
+                "records": merged.column("records"),
+            }
+        ),
+        merged.column("group").to_numpy(),
+    )
+    if merged.num_rows != old_exact.num_rows + new.num_rows or int(pc.sum(pc.is_null(merged.column("group"))).as_py()):
         raise AssertionError("assignment merge lost or duplicated keys")
+    if old_buckets.num_rows:
+        sums = {c: old_buckets.column(c).to_numpy() for c in ("bytes", "records", "keys")}
+        if buckets is not None:
+            sums = {c: v + buckets.column(c).to_numpy() for c, v in sums.items()}
+        grown = pa.table({"bucket": old_buckets.column("bucket"), **sums})
+        merged = pa.concat_tables([merged, bucket_rows(grown, old_buckets.column("group").to_numpy())])
     return merged, new.num_rows
 
 

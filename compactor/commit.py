@@ -13,6 +13,7 @@ from compactor.lease import Lease
 from compactor.slicing import SlicePlan
 from compactor.vacuum import named_files
 from keygroups import compacted, piece_index
+from keygroups.assignment import assignment_keys
 from keygroups.compacted import Manifest, SliceMeta
 from keygroups.piece_index import PieceIndex
 from keygroups.segments import Tail
@@ -131,7 +132,7 @@ def write_manifest(
             "files": t.get("files", 0) - len(dropped) + len(sizes),
             "largest_file_bytes": max([t.get("largest_file_bytes", 0), *sizes]),
             "pieces": t.get("pieces", 0) + pieces.num_rows,
-            "keys": int(pc.sum(pc.is_valid(assignment.column("key"))).as_py() or 0),
+            "keys": assignment_keys(assignment),
             "partitions": len(plan.handoff),
             "slices": plan.slices,
             "empty_slices": t.get("empty_slices", 0) + len(metas) - len(filled),

@@ -46,6 +46,7 @@ class CompactConfig:
     null_keys: str = "partition"
     fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
     max_held_back: float | None = None  # fail, committing nothing, when a larger share of records would be held back
+    exact_keys: int | None = None  # distinct keys up to which every key gets an exact entry (None: the bucket count)
 
     def __post_init__(self) -> None:
         if self.groups is not None:
@@ -53,6 +54,8 @@ class CompactConfig:
         within("--target-file-bytes", self.target_file_bytes, 4096, bounds.MAX_TARGET_FILE_BYTES)
         within("--block-bytes", self.block_bytes, 1024, bounds.MAX_BLOCK_BYTES)
         within("--threads", self.threads, 1, bounds.MAX_THREADS)
+        if self.exact_keys is not None:
+            within("--exact-keys", self.exact_keys, 0, 2**62, "keys with an exact entry in the assignment")
         if self.codec not in envelope.CODECS:
             raise OptionError(f"--codec must be one of {', '.join(envelope.CODECS)}")
         if self.source_format not in FORMATS:

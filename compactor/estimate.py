@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import pyarrow.compute as pc
 
 from compactor import slice_length
 from keygroups import compacted
+from keygroups.assignment import assignment_keys
 
 PIECE_OVERHEAD = 40  # bytes per piece beyond its records: block count and size, sync marker, index row
 SHORT_PIECE_RECORDS = 50  # pieces this small on average: blocks compress badly, planning costs per piece
@@ -60,7 +60,7 @@ def estimate(prepared, analysis) -> Estimate:
         per_slice[s] = sum(r.records for r in ranges)
     per_slice = per_slice[plan.first : plan.slices]
     records = int(per_slice.sum())
-    payload = int(pc.sum(analysis.stats.totals.column("bytes")).as_py() or 0)
+    payload = analysis.stats.payload
     source_bytes = sum(c.size for c in prepared.chunks)
     ratio = source_bytes / payload if payload else 1.0  # the source's compression, applied to the estimate
     per_record = payload / max(records + plan.withheld, 1)
@@ -93,7 +93,7 @@ def estimate(prepared, analysis) -> Estimate:
         held_back=plan.withheld,
         held_back_share=share,
         seal_holder=plan.seal_holder,
-        keys=int(pc.sum(pc.is_valid(analysis.assignment.column("key"))).as_py() or 0),
+        keys=assignment_keys(analysis.assignment),
         payload_bytes=payload,
         source_bytes=source_bytes,
         pieces=pieces,

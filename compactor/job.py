@@ -38,10 +38,20 @@ from compactor.lease import Lease
 from compactor.rewrite import run_rewrite
 from compactor.slicing import Continuation, SlicePlan, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.statistics import Statistics, run_statistics
+from compactor.statistics import KeySplit, Statistics, run_statistics
 from compactor.task_errors import TaskErrors
 from keygroups import compacted, envelope, piece_index
-from keygroups.assignment import ASSIGNMENT_SCHEMA, load_assignment, write_assignment
+from keygroups.assignment import (
+    assignment_keys,
+    bucket_count,
+    bucket_rows,
+    exact_limit,
+    exact_rows,
+    heavy_threshold,
+    is_bucket,
+    load_assignment,
+    write_assignment,
+)
 from keygroups.errors import OptionError
 from keygroups.piece_index import PieceIndex
 from keygroups.storage import Storage, open_storage
@@ -66,35 +76,28 @@ def list_topic_chunks(source: SourceArchive, topic: str | None) -> tuple[str, li
 MIN_GROUPS, MAX_GROUPS = 16, 1024
 
 
-def default_groups(totals: pa.Table, target_file_bytes: int) -> int:
+def default_groups(payload: int, keys: int, target_file_bytes: int) -> int:
     """`--groups` when not given: one group per 4 target files of payload (so a group's
     segments are full-size files after compression), as a power of two, at least 16 (the
     replay's default thread count: every thread gets a group) and at most 1,024 (past
     that, the index grows by a row per group per slice and a replay's read-ahead is split
     too thin), never more than there are keys."""
-    payload = int(pc.sum(totals.column("bytes")).as_py() or 0)
     wanted = max(1, -(-payload // (4 * target_file_bytes)))
     groups = min(MAX_GROUPS, max(MIN_GROUPS, 1 << (wanted - 1).bit_length()))
-    return max(1, min(groups, totals.num_rows))
+    return max(1, min(groups, keys))
 
 
-def packed_assignment(totals: pa.Table, groups: int) -> pa.Table:
+def packed_assignment(totals: pa.Table, groups: int, buckets: pa.Table | None = None) -> pa.Table:
+    """Exact entries for `totals`' keys and, if given, one row per bucket, packed together as
+    items (docs/packing.md)."""
     import keygroups
 
     totals = totals.sort_by([("null_part", "ascending"), ("key", "ascending")])  # canonical order
-    weights = totals.column("bytes").to_numpy()
-    assigned = keygroups.pack(weights, groups)
-    null_part = totals.column("null_part").to_numpy()
-    return pa.table(
-        {
-            "key": totals.column("key"),
-            "null_key_partition": pa.array(np.where(null_part >= 0, null_part, 0), pa.int32(), mask=null_part < 0),
-            "group": pa.array(assigned, pa.int32()),
-            "records": totals.column("records"),
-            "bytes": totals.column("bytes"),
-        },
-        schema=ASSIGNMENT_SCHEMA,
-    )
+    rows = exact_rows(totals)
+    if buckets is not None:
+        rows = pa.concat_tables([rows, bucket_rows(buckets)])
+    assigned = keygroups.pack(rows.column("bytes").to_numpy(), groups)
+    return rows.set_column(rows.schema.get_field_index("group"), "group", pa.array(assigned, pa.int32()))
 
 
 @dataclass
@@ -227,11 +230,41 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
         t = phase("history", t)
     derived = cfg.slice_duration is None
     stats_ms = slice_length.STATS_MS if derived else cfg.slice_duration_ms
-    stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors)
+    old = load_assignment(dest, grows.assignment) if grows is not None else None
+    chosen_groups: list[int] = []
+
+    def split(keys: int, payload: int) -> KeySplit:
+        """Exact entries for every key while they are few; past that, heavy keys exact and
+        hashed buckets for the rest. An append follows the archive's own rule."""
+        if old is not None:
+            chosen_groups.append(grows.groups)
+            bucketed = is_bucket(old)
+            if not bucketed.any():
+                return KeySplit()
+            exact = old.filter(pa.array(~bucketed))
+            return KeySplit(buckets=int(bucketed.sum()), known=exact.column("key").drop_null().combine_chunks())
+        groups = cfg.groups or default_groups(payload, keys, cfg.target_file_bytes)
+        chosen_groups.append(groups)
+        limit = exact_limit(groups) if cfg.exact_keys is None else cfg.exact_keys
+        if keys <= limit:
+            return KeySplit()
+        return KeySplit(buckets=bucket_count(groups), threshold=heavy_threshold(payload, groups))
+
+    stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors, split)
     t = phase("statistics", t)
-    groups = grows.groups if grows is not None else cfg.groups or default_groups(stats.totals, cfg.target_file_bytes)
+    groups = chosen_groups[0]
+    if stats.buckets is not None:
+        largest = int(pc.max(stats.buckets.column("bytes")).as_py() or 0)
+        log.info(
+            "%s distinct keys: %s heavy keys get entries, the rest %s hash buckets, the largest bucket %.2f%% of a "
+            "mean group (what bucketing may cost the balance at most; docs/packing.md)",
+            f"{stats.keys:,}",
+            f"{stats.totals.num_rows:,}",
+            f"{stats.buckets.num_rows:,}",
+            100 * largest * groups / max(stats.payload, 1),
+        )
     if derived:
-        payload = int(pc.sum(stats.totals.column("bytes")).as_py() or 0)
+        payload = stats.payload
         chosen = slice_length.derive(payload, slice_length.span(stats.chunks), groups)
         cfg = dataclasses.replace(cfg, slice_duration=chosen)
         stats = dataclasses.replace(stats, chunks=slice_length.coarsen(stats.chunks, cfg.slice_duration_ms))
@@ -255,10 +288,10 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
     )
     check_held_back(plan, None if prepared.lease is None else cfg.max_held_back, source.url)
     if grows is not None:
-        assignment, new_keys = extend_assignment(load_assignment(dest, grows.assignment), stats.totals, groups)
+        assignment, new_keys = extend_assignment(old, stats.totals, groups, stats.buckets)
     else:
-        assignment = packed_assignment(stats.totals, groups)
-        new_keys = assignment.num_rows
+        assignment = packed_assignment(stats.totals, groups, stats.buckets)
+        new_keys = assignment_keys(assignment)
     t = phase("packing", t)
     return Analysis(cfg, stats, plan, groups, assignment, new_keys)
 

@@ -8,9 +8,17 @@ import sys
 from keygroups.errors import KeyfillError
 
 
-def local_spark(master: str = "local[*]", *, app: str = "keyfill", driver_memory: str = "4g", progress: bool = True):
+def local_spark(
+    master: str = "local[*]",
+    *,
+    app: str = "keyfill",
+    driver_memory: str = "4g",
+    progress: bool = True,
+    conf: dict[str, str] | None = None,
+):
     """A local SparkSession whose Python workers run this interpreter (else they may start
-    another Python that lacks keyfill and fail to connect back)."""
+    another Python that lacks keyfill and fail to connect back). `conf`: more settings (a
+    benchmark's event log)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     try:
@@ -21,8 +29,11 @@ def local_spark(master: str = "local[*]", *, app: str = "keyfill", driver_memory
             "spark-submit on a cluster that has Spark, see docs/deploy.md)"
         ) from None
 
+    builder = SparkSession.builder
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, v)
     return (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app)
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

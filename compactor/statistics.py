@@ -4,12 +4,13 @@ needs, computed in Spark tasks; the driver receives per-key totals, never record
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.history import batch_digests
@@ -17,18 +18,40 @@ from compactor.slicing import ChunkStats, Run, chunk_runs
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
 from keygroups import envelope
+from keygroups.key_hash import hash_keys
 
 _STATS_ARROW = pa.schema(
     [("kind", pa.int32()), ("key", pa.binary()), ("null_part", pa.int32()), ("bytes", pa.int64()),
-     ("records", pa.int64()), ("chunk", pa.string())]
+     ("records", pa.int64()), ("hash", pa.int64()), ("chunk", pa.string())]
 )  # fmt: skip
 STATS_SCHEMA = spark_ddl(_STATS_ARROW)
+_BUCKETS_ARROW = pa.schema(
+    [("bucket", pa.int32()), ("bytes", pa.int64()), ("records", pa.int64()), ("keys", pa.int64())]
+)
+
+
+@dataclass(frozen=True)
+class KeySplit:
+    """Which keys the driver receives one by one. `buckets` None: every key. Else the null-key
+    pseudo-keys, keys above `threshold` bytes (None: none by size) and the keys in `known`
+    (an append's: the archive's exact entries) come one by one, and the rest as one row per
+    bucket of their hash."""
+
+    buckets: int | None = None
+    threshold: int | None = None
+    known: pa.Array | None = None
 
 
 @dataclass
 class Statistics:
-    totals: pa.Table  # key, null_part, bytes, records: one row per key (null keys: per partition)
+    totals: pa.Table  # key, null_part, bytes, records: a row per key the split keeps exact (null keys: per partition)
     chunks: list[ChunkStats]
+    keys: int = 0  # distinct keys, null-key pseudo-keys included
+    payload: int = 0  # bytes of every record
+    buckets: pa.Table | None = None  # bucket, bytes, records, keys: every bucket, in order; None: no buckets
+
+
+Split = Callable[[int, int], KeySplit]  # (distinct keys, payload bytes) -> the split
 
 
 def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int):
@@ -46,6 +69,7 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
                 agg = t.group_by("key", use_threads=False).aggregate([("bytes", "sum"), ("bytes", "count")])
                 n = agg.num_rows
                 keys = agg.column("key")
+                hashes = hash_keys(keys).view(np.int64)
                 null_part = pa.array(
                     np.where(keys.is_null().to_numpy(zero_copy_only=False), chunk.partition, -1), pa.int32()
                 )
@@ -68,9 +92,10 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
                         pa.concat_arrays([null_part, pa.array([-1], pa.int32())]),
                         pa.concat_arrays([agg.column("bytes_sum").combine_chunks(), pa.array([0], pa.int64())]),
                         pa.concat_arrays([agg.column("bytes_count").combine_chunks(), pa.array([0], pa.int64())]),
+                        pa.array(np.r_[hashes, [0]], pa.int64()),
                         pa.array([None] * n + [json.dumps(asdict(stats))], pa.string()),
                     ],
-                    names=["kind", "key", "null_part", "bytes", "records", "chunk"],
+                    names=_STATS_ARROW.names,
                 )
 
     return run
@@ -83,12 +108,14 @@ def run_statistics(
     duration_ms: int,
     handoff: dict[int, int] | None = None,
     errors: TaskErrors | None = None,
+    split: Split = lambda keys, payload: KeySplit(),
 ) -> Statistics:
     """`handoff`: for an append, each partition's first offset to count (the archive holds the
-    rest); `errors`: the run's channel for bad input found in a task (raised here, at once).
+    rest); `errors`: the run's channel for bad input found in a task (raised here, at once);
+    `split`: given the distinct keys and the payload, which keys come one by one.
     `spark=None`: the same task runs in this process (`compactor.job.compact`)."""
     if spark is None:
-        return _statistics_in_process(source, chunks, duration_ms, handoff)
+        return _statistics_in_process(source, chunks, duration_ms, handoff, split)
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
@@ -103,17 +130,59 @@ def run_statistics(
         return errors.run(sc, name, action) if errors else action()
 
     try:
-        totals = run(
-            "statistics",
+        per_key = base = (
             stats.filter("kind = 0")
             .groupBy("key", "null_part")
-            .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"))
-            .toArrow,
+            .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"), F.first("hash").alias("hash"))
+            .persist()
         )
+        try:
+            counted = run(
+                "statistics", per_key.agg(F.count("*").alias("keys"), F.sum("bytes").alias("payload")).collect
+            )
+            keys, payload = int(counted[0]["keys"]), int(counted[0]["payload"] or 0)
+            how = split(keys, payload)
+            if how.buckets is None:
+                totals = run("key totals", per_key.drop("hash").toArrow)
+                buckets = None
+            else:
+                exact = F.col("null_part") >= 0
+                if how.threshold is not None:
+                    exact = exact | (F.col("bytes") > F.lit(how.threshold))
+                if how.known is not None and len(how.known):
+                    known = spark.createDataFrame(
+                        pa.table({"key": how.known, "_known": pa.repeat(True, len(how.known))})
+                    )
+                    per_key = per_key.join(F.broadcast(known), "key", "left")
+                    exact = exact | F.coalesce(F.col("_known"), F.lit(False))
+                per_key = per_key.withColumn("_exact", exact)
+                totals = run(
+                    "key totals", per_key.filter("_exact").select("key", "null_part", "bytes", "records").toArrow
+                )
+                sums = run(
+                    "bucket totals",
+                    per_key.filter(~F.col("_exact"))
+                    .groupBy(F.col("hash").bitwiseAND(F.lit(how.buckets - 1)).cast("int").alias("bucket"))
+                    .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"), F.count("*").alias("keys"))
+                    .toArrow,
+                )
+                buckets = _every_bucket(sums, how.buckets)
+        finally:
+            base.unpersist()
         summaries = run("chunk summaries", stats.filter("kind = 1").select("chunk").toArrow).column("chunk")
     finally:
         stats.unpersist()
-    return Statistics(totals, _chunk_stats(summaries.to_pylist()))
+    return Statistics(totals, _chunk_stats(summaries.to_pylist()), keys, payload, buckets)
+
+
+def _every_bucket(sums: pa.Table, buckets: int) -> pa.Table:
+    """One row per bucket, in bucket order, empty buckets with zeros: the assignment lists
+    every bucket, so a key never met still has a group."""
+    out = {name: np.zeros(buckets, np.int64) for name in ("bytes", "records", "keys")}
+    at = sums.column("bucket").to_numpy()
+    for name in out:
+        out[name][at] = sums.column(name).to_numpy()
+    return pa.table({"bucket": pa.array(np.arange(buckets, dtype=np.int32)), **out}, schema=_BUCKETS_ARROW)
 
 
 def _chunk_stats(rows: list[str]) -> list[ChunkStats]:
@@ -126,7 +195,7 @@ def _chunk_stats(rows: list[str]) -> list[ChunkStats]:
 
 
 def _statistics_in_process(
-    source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, handoff: dict[int, int] | None
+    source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, handoff: dict[int, int] | None, split: Split
 ) -> Statistics:
     """The pass without Spark: one task over every chunk, the sums by pyarrow."""
     rows = pa.Table.from_batches(
@@ -136,9 +205,9 @@ def _statistics_in_process(
     sums = (
         rows.filter(pa.array(kind == 0))
         .group_by(["key", "null_part"], use_threads=False)
-        .aggregate([("bytes", "sum"), ("records", "sum")])
+        .aggregate([("bytes", "sum"), ("records", "sum"), ("hash", "first")])
     )
-    totals = pa.table(
+    per_key = pa.table(
         {
             "key": sums.column("key"),
             "null_part": sums.column("null_part"),
@@ -146,4 +215,24 @@ def _statistics_in_process(
             "records": sums.column("records_sum"),
         }
     )
-    return Statistics(totals, _chunk_stats(rows.filter(pa.array(kind == 1)).column("chunk").to_pylist()))
+    payload = int(pc.sum(per_key.column("bytes")).as_py() or 0)
+    how = split(per_key.num_rows, payload)
+    buckets = None
+    if how.buckets is not None:
+        exact = per_key.column("null_part").to_numpy() >= 0
+        if how.threshold is not None:
+            exact |= per_key.column("bytes").to_numpy() > how.threshold
+        if how.known is not None and len(how.known):
+            exact |= pc.is_in(per_key.column("key"), value_set=how.known).to_numpy(zero_copy_only=False)
+        light = per_key.filter(pa.array(~exact))
+        light = light.append_column(
+            "bucket", pa.array(sums.column("hash_first").to_numpy()[~exact] & (how.buckets - 1), pa.int32())
+        )
+        by_bucket = light.group_by("bucket", use_threads=False).aggregate(
+            [("bytes", "sum"), ("records", "sum"), ("key", "count")]
+        )
+        by_bucket = by_bucket.rename_columns({"bytes_sum": "bytes", "records_sum": "records", "key_count": "keys"})
+        buckets = _every_bucket(by_bucket, how.buckets)
+        per_key = per_key.filter(pa.array(exact))
+    chunk_rows = rows.filter(pa.array(kind == 1)).column("chunk").to_pylist()
+    return Statistics(per_key, _chunk_stats(chunk_rows), sums.num_rows, payload, buckets)

@@ -3,6 +3,13 @@
 Stored as `assignments/<run>.parquet` (the manifest names it) (docs/compacted-archive.md), written by
 the compactor after packing, read by the rewrite pass (to route records) and by verify (to
 check every record sits in its key's group).
+
+Two kinds of rows: exact entries (a key, or a partition's null-key pseudo-key) and, for an
+archive with more distinct keys than `exact_limit(groups)`, one row per hash bucket. A key
+with an exact entry goes to its entry's group; any other key to its bucket's group, bucket
+= the key's 64-bit hash (`keygroups.key_hash`) mod the bucket count. Then the driver and
+every task hold O(heavy keys + buckets), not O(keys) (docs/packing.md, "Heavy keys and
+buckets").
 """
 
 from __future__ import annotations
@@ -23,8 +30,70 @@ ASSIGNMENT_SCHEMA = pa.schema(
         pa.field("group", pa.int32(), nullable=False),
         pa.field("records", pa.int64(), nullable=False),
         pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("bucket", pa.int32()),  # a bucket row's bucket, else null
+        pa.field("keys", pa.int64()),  # a bucket row's distinct keys (counted per run, summed), else null
     ]
 )
+
+HEAVY_SHARE = 64  # a key is heavy above 1/(64 groups) of the payload: at most 64 per group
+BUCKETS_PER_GROUP = 4 * HEAVY_SHARE  # a bucket averages a quarter of the heavy threshold
+
+
+def bucket_count(groups: int) -> int:
+    """Buckets for `groups` groups: a power of two (a bucket is the hash's low bits, the same
+    in Spark's pmod on a signed long), at least 256 per group."""
+    return 1 << (BUCKETS_PER_GROUP * groups - 1).bit_length()
+
+
+def exact_limit(groups: int) -> int:
+    """Distinct keys up to which every key gets an exact entry: while the keys are no more
+    than the buckets would be, buckets save nothing and balance worse."""
+    return bucket_count(groups)
+
+
+def heavy_threshold(payload: int, groups: int) -> int:
+    """Bytes above which a key keeps an exact entry in a bucketed assignment."""
+    return payload // (HEAVY_SHARE * groups)
+
+
+def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
+    return (hashes & np.uint64(buckets - 1)).astype(np.int32)
+
+
+def exact_rows(totals: pa.Table, groups: np.ndarray | None = None) -> pa.Table:
+    """Assignment rows for per-key totals (key, null_part, bytes, records; null_part -1 for a
+    real key), in their order; group 0 until packed."""
+    null_part = totals.column("null_part").to_numpy()
+    n = totals.num_rows
+    return pa.table(
+        {
+            "key": totals.column("key"),
+            "null_key_partition": pa.array(np.where(null_part >= 0, null_part, 0), pa.int32(), mask=null_part < 0),
+            "group": pa.array(np.zeros(n, np.int32) if groups is None else groups, pa.int32()),
+            "records": totals.column("records"),
+            "bytes": totals.column("bytes"),
+            "bucket": pa.nulls(n, pa.int32()),
+            "keys": pa.nulls(n, pa.int64()),
+        },
+        schema=ASSIGNMENT_SCHEMA,
+    )
+
+
+def bucket_rows(buckets: pa.Table, groups: np.ndarray | None = None) -> pa.Table:
+    """Assignment rows for bucket totals (bucket, bytes, records, keys), in their order."""
+    n = buckets.num_rows
+    return pa.table(
+        {
+            "key": pa.nulls(n, pa.binary()),
+            "null_key_partition": pa.nulls(n, pa.int32()),
+            "group": pa.array(np.zeros(n, np.int32) if groups is None else groups, pa.int32()),
+            "records": buckets.column("records"),
+            "bytes": buckets.column("bytes"),
+            "bucket": buckets.column("bucket"),
+            "keys": buckets.column("keys"),
+        },
+        schema=ASSIGNMENT_SCHEMA,
+    )
 
 
 def write_assignment(store: Storage, key: str, table: pa.Table) -> None:
@@ -38,7 +107,22 @@ def write_assignment(store: Storage, key: str, table: pa.Table) -> None:
 def load_assignment(store: Storage, key: str) -> pa.Table:
     import pyarrow.parquet as pq
 
-    return pq.read_table(pa.BufferReader(store.read(key)), schema=ASSIGNMENT_SCHEMA)
+    t = pq.read_table(pa.BufferReader(store.read(key)))
+    for field in ASSIGNMENT_SCHEMA:  # files of archives written before buckets lack the bucket columns
+        if field.name not in t.column_names:
+            t = t.append_column(field, pa.nulls(t.num_rows, field.type))
+    return t.select(ASSIGNMENT_SCHEMA.names).cast(ASSIGNMENT_SCHEMA)
+
+
+def is_bucket(t: pa.Table) -> np.ndarray:
+    return t.column("bucket").is_valid().to_numpy(zero_copy_only=False)
+
+
+def assignment_keys(t: pa.Table) -> int:
+    """Distinct keys: exact entries with a key, plus what bucket rows counted (for an
+    appended bucketed archive an upper bound: a key in several runs counts in each)."""
+    exact = int(pc.sum(pc.is_valid(t.column("key"))).as_py() or 0)
+    return exact + int(pc.sum(t.column("keys")).as_py() or 0)
 
 
 MISSING = -1  # group_of: a key the assignment does not know
@@ -53,7 +137,8 @@ class KeyAssignment:
     are compared, so a key the assignment lacks is MISSING even if its hash collides with a
     known key's. Keys of the assignment that share a hash (about one pair in 10^5 archives
     of 20M keys) go through an exact lookup of those few keys. Cost per batch: O(batch x log
-    keys), never O(keys); memory: the keys, 8 bytes of hash and 4 of group per key."""
+    keys), never O(keys); memory: the keys, 8 bytes of hash and 4 of group per key. Keys
+    without an entry go to their bucket's group when the assignment has buckets."""
 
     keys: pa.Array  # sorted by hash
     hashes: np.ndarray  # uint64, ascending
@@ -61,9 +146,17 @@ class KeyAssignment:
     null_groups: dict[int, int]
     shared: pa.Array  # keys whose hash another key of the assignment shares
     shared_groups: np.ndarray
+    bucket_groups: np.ndarray | None = None  # int32 per bucket; None: every key has an entry
 
     @classmethod
     def from_table(cls, t: pa.Table) -> KeyAssignment:
+        bucketed = is_bucket(t)
+        buckets = t.filter(pa.array(bucketed))
+        t = t.filter(pa.array(~bucketed))
+        bucket_groups = None
+        if buckets.num_rows:
+            bucket_groups = np.full(buckets.num_rows, MISSING, np.int32)
+            bucket_groups[buckets.column("bucket").to_numpy()] = buckets.column("group").to_numpy()
         keyed = t.filter(pc.is_null(t.column("null_key_partition")))
         nulls = t.filter(pc.is_valid(t.column("null_key_partition")))
         keys = keyed.column("key").combine_chunks()
@@ -84,6 +177,7 @@ class KeyAssignment:
             null_groups=dict(zip(nulls.column("null_key_partition").to_pylist(), nulls.column("group").to_pylist())),
             shared=keys.filter(pa.array(same)),
             shared_groups=groups[same],
+            bucket_groups=bucket_groups,
         )
 
     def group_of(self, keys: pa.Array, partitions: np.ndarray) -> np.ndarray:
@@ -92,8 +186,8 @@ class KeyAssignment:
             keys = keys.combine_chunks()
         out = np.full(len(keys), MISSING, np.int32)
         null = keys.is_null().to_numpy(zero_copy_only=False)
+        h = hash_keys(keys) if len(keys) and (len(self.hashes) or self.bucket_groups is not None) else None
         if len(self.hashes) and len(keys):
-            h = hash_keys(keys)
             pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
             candidate = self.keys.take(pa.array(pos))
             same = pc.fill_null(pc.equal(keys, candidate), False).to_numpy(zero_copy_only=False)
@@ -105,6 +199,9 @@ class KeyAssignment:
                 found = ~np.isnan(idx.astype(np.float64))
                 where = np.flatnonzero(rest)[found]
                 out[where] = self.shared_groups[idx[found].astype(np.int64)]
+        if self.bucket_groups is not None and h is not None:
+            rest = ~null & (out == MISSING)
+            out[rest] = self.bucket_groups[bucket_of(h[rest], len(self.bucket_groups))]
         for p in np.unique(partitions[null]).tolist():
             out[null & (partitions == p)] = self.null_groups.get(p, MISSING)
         return out

@@ -17,10 +17,11 @@ from keygroups.key_hash import hash_keys
 keys_st = st.binary(min_size=0, max_size=6)
 
 
-def table(known: dict[bytes, int], nulls: dict[int, int]) -> pa.Table:
+def table(known: dict[bytes, int], nulls: dict[int, int], buckets: list[int] = ()) -> pa.Table:
     rows = [{"key": k, "null_key_partition": None, "group": g, "records": 1, "bytes": 1} for k, g in known.items()]
     rows += [{"key": None, "null_key_partition": p, "group": g, "records": 1, "bytes": 1} for p, g in nulls.items()]
-    return pa.Table.from_pylist(rows, schema=ASSIGNMENT_SCHEMA)
+    rows += [{"group": g, "records": 1, "bytes": 1, "bucket": b, "keys": 1} for b, g in enumerate(buckets)]
+    return pa.Table.from_pylist(rows[::-1], schema=ASSIGNMENT_SCHEMA)  # any row order
 
 
 @pytest.mark.parametrize("weak", [False, True])
@@ -31,20 +32,31 @@ def table(known: dict[bytes, int], nulls: dict[int, int]) -> pa.Table:
     asked=st.lists(st.one_of(st.none(), keys_st), max_size=80),
     extra=st.lists(keys_st, max_size=20),
     slice_at=st.integers(0, 5),
+    buckets=st.one_of(
+        st.just([]), st.sampled_from([1, 4, 64]).flatmap(lambda n: st.lists(st.integers(0, 63), min_size=n, max_size=n))
+    ),
 )
-def test_group_of_is_a_dictionary_lookup(weak, known, nulls, asked, extra, slice_at, monkeypatch_module):
+def test_group_of_is_a_dictionary_lookup(weak, known, nulls, asked, extra, slice_at, buckets, monkeypatch_module):
+    """With buckets: a key with an entry goes to its entry's group, any other to the group of
+    bucket hash mod the bucket count."""
     if weak:  # every key shares its hash with a quarter of the others: the exact path for shared hashes
         monkeypatch_module.setattr(assignment_module, "hash_keys", lambda keys: hash_keys(keys) & np.uint64(3))
     else:
         monkeypatch_module.setattr(assignment_module, "hash_keys", hash_keys)
-    lookup = KeyAssignment.from_table(table(known, nulls))
+    lookup = KeyAssignment.from_table(table(known, nulls, buckets))
+
+    def unknown(k: bytes) -> int:
+        if not buckets:
+            return MISSING
+        return buckets[int(assignment_module.hash_keys(pa.array([k], pa.binary()))[0]) % len(buckets)]
+
     batch = [*asked, *known, *extra]
     parts = np.arange(len(batch), dtype=np.int32) % 8
     arr = pa.array(batch, pa.binary()).slice(min(slice_at, len(batch)))  # an offset into the buffers too
     parts = parts[min(slice_at, len(batch)) :]
     got = lookup.group_of(arr, parts)
     want = [
-        (nulls.get(int(p), MISSING) if k is None else known.get(k, MISSING))
+        (nulls.get(int(p), MISSING) if k is None else known[k] if k in known else unknown(k))
         for k, p in zip(arr.to_pylist(), parts.tolist())
     ]
     assert got.tolist() == want

@@ -289,14 +289,11 @@ def test_groups_default_from_the_data(spark, skewed, tmp_path):
 def test_default_groups_rule():
     from compactor.job import default_groups
 
-    def totals(n_keys: int, total: int) -> pa.Table:
-        return pa.table({"bytes": np.full(n_keys, total // n_keys, np.int64)})
-
     target = 64 << 20
-    assert default_groups(totals(10_000, 10 << 30), target) == 64  # 10 GiB / 256 MiB = 40 -> 64
-    assert default_groups(totals(10_000, 1 << 40), target) == 1024  # the ceiling
-    assert default_groups(totals(10_000, 1 << 20), target) == 16  # the floor
-    assert default_groups(totals(5, 1 << 40), target) == 5  # never more groups than keys
+    assert default_groups(10 << 30, 10_000, target) == 64  # 10 GiB / 256 MiB = 40 -> 64
+    assert default_groups(1 << 40, 10_000, target) == 1024  # the ceiling
+    assert default_groups(1 << 20, 10_000, target) == 16  # the floor
+    assert default_groups(1 << 40, 5, target) == 5  # never more groups than keys
 
 
 @st.composite
@@ -313,6 +310,7 @@ def small_archive(draw):
         for a, b in zip([0, *cuts], [*cuts, n]):
             chunks.append((p, list(range(a, b)), ts[a:b].tolist(), ks[a:b]))
     sizes = draw(st.sampled_from([{}, {"target_file_bytes": 4096, "block_bytes": 1024}]))
+    sizes["exact_keys"] = draw(st.sampled_from([None, 0, 3]))  # 0, 3: heavy keys exact, the rest in hash buckets
     return chunks, draw(st.integers(1, 5)), draw(st.sampled_from(["2s", "10s", "1m"])), sizes
 
 

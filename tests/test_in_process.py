@@ -5,12 +5,14 @@ archives: tests/test_compactor.py::test_small_archives_keep_invariants_1_5_6.)""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.verify import verify
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
+from keygroups.assignment import assignment_keys, is_bucket, load_assignment
 from keygroups.storage import open_storage
 from tests.records import canonical_files, read_pieces
 from tests.test_append import copy_share
@@ -24,7 +26,10 @@ def pieces_of(url: str) -> list[tuple]:
     return [m.totals, m.handoff, m.slices, m.groups, rows]
 
 
-def test_a_compaction_and_an_append_in_process_write_what_spark_writes(spark, tmp_path):
+@pytest.mark.parametrize("exact_keys", [None, 0], ids=["exact", "buckets"])
+def test_a_compaction_and_an_append_in_process_write_what_spark_writes(spark, tmp_path, exact_keys):
+    """Also with the assignment in buckets (exact_keys=0: heavy keys exact, the rest by hash
+    bucket), where an append's new keys go to their bucket's group."""
     full = str(tmp_path / "full")
     generate(
         GeneratorConfig(
@@ -32,13 +37,19 @@ def test_a_compaction_and_an_append_in_process_write_what_spark_writes(spark, tm
         ),
         progress=False,
     )
-    cfg = dict(source=full, groups=7, slice_duration="5s", target_file_bytes=64 << 10)
+    cfg = dict(source=full, groups=7, slice_duration="5s", target_file_bytes=64 << 10, exact_keys=exact_keys)
     on_spark, here = str(tmp_path / "spark"), str(tmp_path / "here")
     a = compact(CompactConfig(**cfg, dest=on_spark), spark)
     b = compact(CompactConfig(**cfg, dest=here))
     assert a.files > a.groups  # several files per group: the writer's cuts are compared too
     assert canonical_files(on_spark) == canonical_files(here)
     assert verify(open_source(full), open_storage(here)).ok
+    table = load_assignment(open_storage(here), compacted.load_manifest(open_storage(here)).assignment)
+    if exact_keys == 0:  # 7 groups: 2,048 buckets; heavy keys (above 1/448 of the bytes) and null keys exact
+        assert int(is_bucket(table).sum()) == 2048 and 0 < int((~is_bucket(table)).sum()) < a.keys
+        assert assignment_keys(table) == a.keys
+    else:
+        assert not is_bucket(table).any()
 
     src = str(tmp_path / "src")
     copy_share(full, src, 0.5)

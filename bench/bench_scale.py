@@ -1,0 +1,219 @@
+"""The compaction at cluster scale: how its rewrite tasks balance, what more distinct keys
+cost, and how it compares with a plain Spark SQL compaction of the same archive.
+
+    python -m bench.bench_scale                                   # 2M records: ~10 minutes
+    python -m bench.bench_scale --records 20000000 --keys 10000,1000000,20000000
+
+1. **Balance**, from Spark's own task metrics (the event log's SparkListenerTaskEnd of the
+   rewrite's shuffle-read stage): rewrite tasks that received records, and the largest
+   task's records over the largest group's, at 16, 64 and 1,024 groups. One group per task
+   gives 1.00; Spark's hash of the group ids put several groups in one task (2.47 at 64).
+2. **Distinct keys**: the same record count with 10K, 1M (and more) keys; compaction wall
+   time as a ratio to the fewest keys, and the peak resident memory (VmHWM) of the driver's
+   Python process, the JVM, and the largest Python worker (sampled from /proc).
+3. **Peer**: a hand-written Spark SQL compaction of the same archive (Spark's Avro reader and
+   writer by class name, groups by `pmod(xxhash64(key), G)`, fixed time slices, repartition,
+   sort within partitions, write partitioned by group), timed in the same session; keyfill's
+   time as a ratio to it. The peer does less: no exact packing, no running-maximum slices,
+   no checksums, no index, and its groups are unbalanced.
+
+Archives are generated once under --dir and reused (generation is not measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+AVRO = "org.apache.spark.sql.avro.AvroFileFormat"  # Spark's Avro source by class name (no spark-avro alias here)
+
+
+def _proc_peaks(stop: threading.Event, peaks: dict[str, int]) -> None:
+    """Peak resident set (VmHWM, kB) of the JVM and of the largest Python worker, sampled:
+    the workers are the JVM's children, beyond getrusage's reach."""
+    me = os.getpid()
+    while not stop.is_set():
+        for status in glob.glob("/proc/[0-9]*/status"):
+            pid = int(status.split("/")[2])
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                hwm = next(
+                    int(line.split()[1]) for line in open(status) if line.startswith("VmHWM:")
+                )  # fmt: skip
+            except (OSError, StopIteration, ValueError):
+                continue
+            if pid == me:
+                kind = "driver (Python)"
+            elif b"java" in cmd and b"spark" in cmd:
+                kind = "driver (JVM)"
+            elif b"pyspark" in cmd:
+                kind = "largest Python worker"
+            else:
+                continue
+            peaks[kind] = max(peaks.get(kind, 0), hwm)
+        stop.wait(0.25)
+
+
+def _source(root: str, records: int, keys: int, skew: float) -> str:
+    from keyfill.synth.generate import GeneratorConfig, generate
+
+    src = os.path.join(root, f"source-{records}-{keys}-{skew}")
+    if not os.path.exists(os.path.join(src, "_done")):
+        shutil.rmtree(src, ignore_errors=True)
+        print(f"generating {records:,} records over {keys:,} keys in {src} ...", flush=True)
+        generate(
+            GeneratorConfig(
+                out=src,
+                records=records,
+                keys=keys,
+                partitions=8,
+                chunk_records=max(1, records // 100),  # 100 chunks, as the issue's figures
+                skew=skew,
+                rate=1_000.0,
+                codec="null",
+                seed=7,
+            ),
+            progress=False,
+        )
+        open(os.path.join(src, "_done"), "w").close()
+    return src
+
+
+def _rewrite_tasks(event_dir: str, since: float) -> list[int]:
+    """Records each task of the last rewrite job's shuffle-read stage received."""
+    logs = sorted(glob.glob(os.path.join(event_dir, "*", "events_*")) + glob.glob(os.path.join(event_dir, "*")))
+    logs = [p for p in logs if os.path.isfile(p) and os.path.getmtime(p) >= since]
+    stages: set[int] = set()
+    per_stage: dict[int, list[int]] = {}
+    for path in logs:
+        for line in open(path):
+            ev = json.loads(line)
+            kind = ev.get("Event")
+            if kind == "SparkListenerJobStart":
+                if "rewrite" in (ev.get("Properties") or {}).get("spark.job.description", ""):
+                    stages = set(ev["Stage IDs"])
+                    per_stage = {}
+            elif kind == "SparkListenerTaskEnd" and ev["Stage ID"] in stages:
+                read = ev.get("Task Metrics", {}).get("Shuffle Read Metrics", {})
+                per_stage.setdefault(ev["Stage ID"], []).append(int(read.get("Total Records Read", 0)))
+    reading = [v for v in per_stage.values() if sum(v)]
+    return max(reading, key=len) if reading else []
+
+
+def _compact(spark, src: str, dest: str, groups: int, duration: str):
+    from compactor.job import CompactConfig, compact
+
+    shutil.rmtree(dest, ignore_errors=True)
+    t = time.perf_counter()
+    result = compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration=duration, seal_all=True), spark)
+    return result, time.perf_counter() - t
+
+
+def _peer(spark, src: str, out: str, groups: int, duration_ms: int) -> float:
+    from pyspark.sql import functions as F
+
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    df = spark.read.format(AVRO).load(src)
+    (
+        df.withColumn("grp", F.pmod(F.xxhash64("key"), F.lit(groups)))
+        .withColumn("slice", F.floor(F.col("timestamp").cast("long") / duration_ms))
+        .repartition(groups, "grp")
+        .sortWithinPartitions("slice", "partition", "offset")
+        .write.format(AVRO)
+        .partitionBy("grp")
+        .save(out)
+    )
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--keys", default="10000,1000000", help="distinct-key counts to compare (the first: baseline)")
+    ap.add_argument("--groups", default="16,64,1024", help="group counts for the balance part")
+    ap.add_argument("--slice-duration", default="10m")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--dir", default="/tmp/keyfill-bench-scale")
+    ap.add_argument("--skip", default="", help="parts to skip: balance,keys,peer")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    from compactor.spark_session import local_spark
+    from keygroups import compacted
+    from keygroups.storage import open_storage
+
+    os.makedirs(args.dir, exist_ok=True)
+    key_counts = [int(k) for k in args.keys.split(",")]
+    sources = {k: _source(args.dir, args.records, k, 0.0 if k > 10_000 else 1.1) for k in key_counts}
+    events = tempfile.mkdtemp(prefix="events-", dir=args.dir)
+    spark = local_spark(
+        args.master,
+        app="bench-scale",
+        driver_memory="6g",
+        progress=False,
+        conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": "file://" + events,
+            "spark.eventLog.compress": "false",
+        },
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    work = os.path.join(args.dir, "out")
+    base_src = sources[key_counts[0]]
+
+    if "balance" not in skip:
+        print(f"\n1. rewrite balance ({args.records:,} records, {key_counts[0]:,} keys with skew 1.1)")
+        print(f"  {'groups':>6} {'tasks with records':>19} {'largest task':>13} {'largest group':>14} {'ratio':>6}")
+        for g in [int(x) for x in args.groups.split(",")]:
+            since = time.time() - 1
+            _compact(spark, base_src, work, g, args.slice_duration)
+            biggest = max(compacted.load_manifest(open_storage(work)).group_records)
+            tasks = _rewrite_tasks(events, since)
+            busy = [n for n in tasks if n]
+            print(
+                f"  {g:>6} {len(busy):>19,} {max(busy, default=0):>13,} {biggest:>14,} "
+                f"{max(busy, default=0) / biggest:>6.2f}",
+                flush=True,
+            )
+
+    if "keys" not in skip:
+        print(f"\n2. distinct keys, {args.records:,} records in 100 chunks, 64 groups")
+        stop, peaks = threading.Event(), {}
+        base = None
+        for k in key_counts:
+            stop.clear()
+            peaks.clear()
+            sampler = threading.Thread(target=_proc_peaks, args=(stop, peaks), daemon=True)
+            sampler.start()
+            result, seconds = _compact(spark, sources[k], work, 64, args.slice_duration)
+            stop.set()
+            sampler.join()
+            base = base or seconds
+            mem = ", ".join(f"{name} {kb / 1024:,.0f} MB" for name, kb in sorted(peaks.items()))
+            print(
+                f"  {result.keys:>11,} keys: {seconds:6.1f} s ({seconds / base:.2f}x the first); "
+                f"phases {', '.join(f'{p} {s:.1f}' for p, s in result.phases.items())}; peak {mem}",
+                flush=True,
+            )
+
+    if "peer" not in skip:
+        print(f"\n3. against a hand-written Spark SQL compaction ({args.records:,} records, 64 groups)")
+        from compactor.slicing import parse_duration
+
+        ms = parse_duration(args.slice_duration)
+        _peer(spark, base_src, work + "-peer", 64, ms)  # warm the Avro reader's classes
+        peer = min(_peer(spark, base_src, work + "-peer", 64, ms) for _ in range(2))
+        ours = min(_compact(spark, base_src, work, 64, args.slice_duration)[1] for _ in range(2))
+        print(f"  Spark SQL peer {peer:.1f} s; keyfill compact {ours:.1f} s ({ours / peer:.2f}x the peer)")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
