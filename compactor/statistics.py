@@ -155,17 +155,21 @@ def run_statistics(
                     )
                     per_key = per_key.join(F.broadcast(known), "key", "left")
                     exact = exact | F.coalesce(F.col("_known"), F.lit(False))
-                per_key = per_key.withColumn("_exact", exact)
-                totals = run(
-                    "key totals", per_key.filter("_exact").select("key", "null_part", "bytes", "records").toArrow
-                )
-                sums = run(
-                    "bucket totals",
-                    per_key.filter(~F.col("_exact"))
-                    .groupBy(F.col("hash").bitwiseAND(F.lit(how.buckets - 1)).cast("int").alias("bucket"))
+                # one pass: an exact key is a group of its own, a light key is summed into its bucket
+                light = ~exact
+                rows = run(
+                    "key and bucket totals",
+                    per_key.groupBy(
+                        F.when(exact, F.col("key")).alias("key"),
+                        F.when(exact, F.col("null_part")).alias("null_part"),
+                        F.when(light, F.col("hash").bitwiseAND(F.lit(how.buckets - 1)).cast("int")).alias("bucket"),
+                    )
                     .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"), F.count("*").alias("keys"))
                     .toArrow,
                 )
+                in_bucket = rows.column("bucket").is_valid()
+                totals = rows.filter(pc.invert(in_bucket)).select(["key", "null_part", "bytes", "records"])
+                sums = rows.filter(in_bucket).select(["bucket", "bytes", "records", "keys"])
                 buckets = _every_bucket(sums, how.buckets)
         finally:
             base.unpersist()

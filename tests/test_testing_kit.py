@@ -89,12 +89,13 @@ def minimal_failure(check, examples: int = 200):
             return True
         return False
 
-    # the archive is what shrinks; one thread, so the order across groups is the same on every run
+    # the archive is what shrinks; one thread, so the order across groups is the same on every run;
+    # derandomized, so the search (and its time) is the same on every run too
     plain = BackfillSettings(groups=3, slice_duration="10s", threads=1)
     archive = find(
         topic_archives(records=st.integers(0, 40)),
         lambda a: fails((a, plain)),
-        settings=settings(max_examples=examples, database=None, **RELAXED),
+        settings=settings(max_examples=examples, database=None, derandomize=True, **RELAXED),
     )
     try:
         check(archive, plain)
