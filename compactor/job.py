@@ -231,20 +231,20 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
     derived = cfg.slice_duration is None
     stats_ms = slice_length.STATS_MS if derived else cfg.slice_duration_ms
     old = load_assignment(dest, grows.assignment) if grows is not None else None
-    chosen_groups: list[int] = []
+
+    def groups_for(keys: int, payload: int) -> int:
+        return grows.groups if grows is not None else cfg.groups or default_groups(payload, keys, cfg.target_file_bytes)
 
     def split(keys: int, payload: int) -> KeySplit:
         """Exact entries for every key while they are few; past that, heavy keys exact and
         hashed buckets for the rest. An append follows the archive's own rule."""
         if old is not None:
-            chosen_groups.append(grows.groups)
             bucketed = is_bucket(old)
             if not bucketed.any():
                 return KeySplit()
             exact = old.filter(pa.array(~bucketed))
             return KeySplit(buckets=int(bucketed.sum()), known=exact.column("key").drop_null().combine_chunks())
-        groups = cfg.groups or default_groups(payload, keys, cfg.target_file_bytes)
-        chosen_groups.append(groups)
+        groups = groups_for(keys, payload)
         limit = exact_limit(groups) if cfg.exact_keys is None else cfg.exact_keys
         if keys <= limit:
             return KeySplit()
@@ -252,7 +252,7 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
 
     stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors, split)
     t = phase("statistics", t)
-    groups = chosen_groups[0]
+    groups = groups_for(stats.keys, stats.payload)
     if stats.buckets is not None:
         largest = int(pc.max(stats.buckets.column("bytes")).as_py() or 0)
         log.info(
