@@ -7,6 +7,19 @@ import shutil
 from pathlib import Path
 
 
+def cached_source(config, *, progress: bool = False) -> str:
+    """The source archive `config` (a GeneratorConfig) describes, generated into `config.out`
+    unless a complete one is there (marked by `_done`)."""
+    from keyfill.synth.generate import generate
+
+    if not Path(config.out, "_done").exists():
+        shutil.rmtree(config.out, ignore_errors=True)
+        print(f"generating {config.records:,} records over {config.keys:,} keys in {config.out} ...", flush=True)
+        generate(config, progress=progress)
+        Path(config.out, "_done").touch()
+    return config.out
+
+
 def cached_compacted(
     root: str, records: int, groups: int, slice_duration: str, spark_factory, *, chunk_records: int = 250_000
 ) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import time
 
 
@@ -31,29 +30,25 @@ def main() -> None:
 
     import fastavro
 
+    from bench.archives import cached_source
     from compactor.job import CompactConfig, compact
     from compactor.spark_session import local_spark
-    from keyfill.synth.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig
     from keygroups.storage import open_storage
 
-    src = os.path.join(args.dir, f"source-{args.records}-{args.keys}-{args.partitions}-{args.codec}")
-    if not os.path.exists(os.path.join(src, "_done")):
-        shutil.rmtree(src, ignore_errors=True)
-        print(f"generating {args.records:,} records into {src} ...", flush=True)
-        generate(
-            GeneratorConfig(
-                out=src,
-                records=args.records,
-                keys=args.keys,
-                partitions=args.partitions,
-                chunk_records=250_000,
-                headers=True,
-                codec=args.codec,
-                rate=2_000.0,
-            ),
-            progress=True,
-        )
-        open(os.path.join(src, "_done"), "w").close()
+    src = cached_source(
+        GeneratorConfig(
+            out=os.path.join(args.dir, f"source-{args.records}-{args.keys}-{args.partitions}-{args.codec}"),
+            records=args.records,
+            keys=args.keys,
+            partitions=args.partitions,
+            chunk_records=250_000,
+            headers=True,
+            codec=args.codec,
+            rate=2_000.0,
+        ),
+        progress=True,
+    )
     store = open_storage(src)
     chunks = [o for o in store.list() if o.key.endswith(".avro")]
     size = sum(o.size for o in chunks)

@@ -35,16 +35,19 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     args = ap.parse_args()
 
-    from keyfill.synth.generate import GeneratorConfig, generate
+    from bench.archives import cached_source
+    from keyfill.synth.generate import GeneratorConfig
 
-    src = os.path.join(args.dir, f"source-{args.records}")
-    if not os.path.exists(os.path.join(src, "_done")):
-        shutil.rmtree(src, ignore_errors=True)
-        generate(
-            GeneratorConfig(out=src, records=args.records, keys=5_000, partitions=4, chunk_records=10_000, seed=3),
-            progress=False,
+    src = cached_source(
+        GeneratorConfig(
+            out=os.path.join(args.dir, f"source-{args.records}"),
+            records=args.records,
+            keys=5_000,
+            partitions=4,
+            chunk_records=10_000,
+            seed=3,
         )
-        open(os.path.join(src, "_done"), "w").close()
+    )
     chunks = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".avro"))
     work = os.path.join(args.dir, "work")
     shutil.rmtree(work, ignore_errors=True)

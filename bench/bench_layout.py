@@ -84,15 +84,10 @@ class Layout:
 
 
 def generate_source(root: str, records: int, **kw: Any) -> str:
-    from keyfill.synth.generate import GeneratorConfig, generate
+    from bench.archives import cached_source
+    from keyfill.synth.generate import GeneratorConfig
 
-    src = os.path.join(root, f"source-{records}")
-    if not Path(src, "_done").exists():
-        shutil.rmtree(src, ignore_errors=True)
-        print(f"generating {records:,} records ...", flush=True)
-        generate(GeneratorConfig(out=src, records=records, **kw), progress=False)
-        Path(src, "_done").touch()
-    return src
+    return cached_source(GeneratorConfig(out=os.path.join(root, f"source-{records}"), records=records, **kw))
 
 
 def fastavro_read(src: str) -> tuple[int, float]:

@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 
+from bench.archives import cached_source
+
 AVRO = "org.apache.spark.sql.avro.AvroFileFormat"  # Spark's Avro source by class name (no spark-avro alias here)
 
 
@@ -70,28 +72,21 @@ def _proc_peaks(stop: threading.Event, peaks: dict[str, int]) -> None:
 
 
 def _source(root: str, records: int, keys: int, skew: float) -> str:
-    from keyfill.synth.generate import GeneratorConfig, generate
+    from keyfill.synth.generate import GeneratorConfig
 
-    src = os.path.join(root, f"source-{records}-{keys}-{skew}")
-    if not os.path.exists(os.path.join(src, "_done")):
-        shutil.rmtree(src, ignore_errors=True)
-        print(f"generating {records:,} records over {keys:,} keys in {src} ...", flush=True)
-        generate(
-            GeneratorConfig(
-                out=src,
-                records=records,
-                keys=keys,
-                partitions=8,
-                chunk_records=max(1, records // 100),  # 100 chunks, as the figures
-                skew=skew,
-                rate=1_000.0,
-                codec="null",
-                seed=7,
-            ),
-            progress=False,
+    return cached_source(
+        GeneratorConfig(
+            out=os.path.join(root, f"source-{records}-{keys}-{skew}"),
+            records=records,
+            keys=keys,
+            partitions=8,
+            chunk_records=max(1, records // 100),  # 100 chunks, as the figures
+            skew=skew,
+            rate=1_000.0,
+            codec="null",
+            seed=7,
         )
-        open(os.path.join(src, "_done"), "w").close()
-    return src
+    )
 
 
 def _rewrite_tasks(event_dir: str, since: float) -> list[int]:
