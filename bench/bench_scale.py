@@ -71,19 +71,19 @@ def _proc_peaks(stop: threading.Event, peaks: dict[str, int]) -> None:
         stop.wait(0.25)
 
 
-def _source(root: str, records: int, keys: int, skew: float) -> str:
+def _source(root: str, records: int, keys: int, skew: float, codec: str = "null") -> str:
     from keyfill.synth.generate import GeneratorConfig
 
     return cached_source(
         GeneratorConfig(
-            out=os.path.join(root, f"source-{records}-{keys}-{skew}"),
+            out=os.path.join(root, f"source-{records}-{keys}-{skew}" + ("" if codec == "null" else f"-{codec}")),
             records=records,
             keys=keys,
             partitions=8,
             chunk_records=max(1, records // 100),  # 100 chunks, as the figures
             skew=skew,
             rate=1_000.0,
-            codec="null",
+            codec=codec,
             seed=7,
         )
     )
@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--keys", default="10000,1000000", help="distinct-key counts to compare (the first: baseline)")
     ap.add_argument("--groups", default="16,64,1024", help="group counts for the balance part")
+    ap.add_argument("--peer-records", type=int, default=6_000_000, help="records of the peer comparison's archive")
     ap.add_argument("--slice-duration", default="10m")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", default="/tmp/keyfill-bench-scale")
@@ -214,13 +215,15 @@ def main() -> None:
             )
 
     if "peer" not in skip:
-        print(f"\n3. against a hand-written Spark SQL compaction ({args.records:,} records, 64 groups)")
+        print(f"\n3. against a hand-written Spark SQL compaction ({args.peer_records:,} records, snappy, 64 groups)")
         from compactor.slicing import parse_duration
 
+        peer_src = _source(args.dir, args.peer_records, key_counts[0], 1.1, codec="snappy")
+
         ms = parse_duration(args.slice_duration)
-        _peer(spark, base_src, work + "-peer", 64, ms)  # warm the Avro reader's classes
-        peer = min(_peer(spark, base_src, work + "-peer", 64, ms) for _ in range(2))
-        ours = min(_compact(spark, base_src, work, 64, args.slice_duration)[1] for _ in range(2))
+        _peer(spark, peer_src, work + "-peer", 64, ms)  # warm the Avro reader's classes
+        peer = min(_peer(spark, peer_src, work + "-peer", 64, ms) for _ in range(2))
+        ours = min(_compact(spark, peer_src, work, 64, args.slice_duration)[1] for _ in range(2))
         print(f"  Spark SQL peer {peer:.1f} s; keyfill compact {ours:.1f} s ({ours / peer:.2f}x the peer)")
     spark.stop()
 

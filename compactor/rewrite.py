@@ -20,11 +20,16 @@ from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
+# A record crosses the shuffle already encoded (`envelope.encode_records`): one binary column
+# is far cheaper for Spark to convert and move than key, value and the nested headers.
 RECORD_SCHEMA = (
-    "slot long, slice int, grp int, order_ts long, partition int, offset long, timestamp long, key binary, "
-    "value binary, headers array<struct<key:string,value:binary>>"
+    "slot long, slice int, grp int, order_ts long, partition int, offset long, timestamp long, record binary"
 )
-_ORDER = ("grp", "slice", "order_ts", "partition", "offset")  # how a rewrite task's records are sorted
+# How a rewrite task's records are sorted: by group, then the piece order. A slice is a
+# function of the running maximum (`record_slices`), so (order_ts, partition, offset) orders
+# a group's slices too; a Spark task holds one group and sorts on those three alone, which
+# gives Spark's sort a prefix that discriminates (a constant group id would not).
+_ORDER = ("grp", "order_ts", "partition", "offset")
 _assignment_cache: dict[str, KeyAssignment] = {}
 
 
@@ -80,41 +85,13 @@ def _decode_task(
                         pa.array(order_ts, pa.int64()),
                         batch.column("partition"),
                         batch.column("offset"),
-                        batch.column("timestamp").cast(pa.int64()),
-                        batch.column("key"),
-                        batch.column("value"),
-                        batch.column("headers").cast(
-                            pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-                        ),
+                        pa.array(ts, pa.int64()),
+                        envelope.encode_records(batch),
                     ],
-                    names=[
-                        "slot",
-                        "slice",
-                        "grp",
-                        "order_ts",
-                        "partition",
-                        "offset",
-                        "timestamp",
-                        "key",
-                        "value",
-                        "headers",
-                    ],
+                    names=["slot", "slice", "grp", "order_ts", "partition", "offset", "timestamp", "record"],
                 )
 
     return run
-
-
-def _envelope(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Rewrite-pass rows as envelope records."""
-    return envelope.conform(
-        pa.RecordBatch.from_arrays(
-            [
-                batch.column(c) if c != "timestamp" else batch.column(c).cast(pa.timestamp("ms", tz="UTC"))
-                for c in envelope.ARROW_SCHEMA.names
-            ],
-            names=envelope.ARROW_SCHEMA.names,
-        )
-    )
 
 
 def _write_task(
@@ -135,6 +112,7 @@ def _write_task(
         current: tuple[int, int] | None = None  # (group, slice) of `rows`
         rows: list[pa.RecordBatch] = []
         earlier_files = 0  # of this task's closed writers, for the test hook
+        finished: set[int] = set()  # groups this task has begun
 
         def written(close: bool = False) -> Iterator[pa.RecordBatch]:
             """Index rows of the pieces in files written since the last call (with `close`,
@@ -152,7 +130,13 @@ def _write_task(
                 raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
 
         def add() -> Iterator[pa.RecordBatch]:
-            writer.add(current[1], _envelope(pa.Table.from_batches(rows).combine_chunks().to_batches()[0]))
+            piece = pa.Table.from_batches(rows)
+            records = piece.column("record")
+            if records.num_chunks != 1:  # one buffer for the piece (large: it may pass 2 GiB)
+                records = records.cast(pa.large_binary()).combine_chunks()
+            else:
+                records = records.chunk(0)
+            writer.add_encoded(current[1], records, piece.column("timestamp").to_numpy())
             yield from written()
 
         for batch in batches:
@@ -169,6 +153,9 @@ def _write_task(
                     if current is None or here[0] != current[0]:  # a new group: a writer of its own
                         if writer is not None:
                             yield from written(close=True)
+                        if here[0] in finished:  # the sort keeps a task's groups apart; never write one twice
+                            raise RuntimeError(f"group {here[0]} came back after other groups in one rewrite task")
+                        finished.add(here[0])
                         writer = SegmentWriter(
                             dest,
                             here[0],
@@ -227,7 +214,7 @@ def run_rewrite(
     records = frame.mapInArrow(errors.guard(decode) if errors else decode, RECORD_SCHEMA)
     action = (
         records.repartition(groups, "slot")  # task g holds group g alone
-        .sortWithinPartitions(*_ORDER)
+        .sortWithinPartitions(*_ORDER[1:])
         .drop("slot")
         .mapInArrow(write, _SPARK_DDL)
         .toArrow

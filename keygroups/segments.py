@@ -81,10 +81,15 @@ class SegmentWriter:
     def add(self, s: int, batch: pa.RecordBatch) -> None:
         """Append slice s's records of this group (slices strictly increasing); an empty
         batch writes nothing."""
+        self.add_encoded(s, envelope.encode_records(batch), batch.column("timestamp").cast(pa.int64()).to_numpy())
+
+    def add_encoded(self, s: int, records: pa.Array, ts: np.ndarray) -> None:
+        """`add` for records already encoded (`envelope.encode_records`), with their
+        timestamps (epoch ms)."""
         if s <= self._last_slice:
             raise OptionError(f"group {self.group}: slice {s} after slice {self._last_slice}; slices must increase")
         self._last_slice = s
-        if batch.num_rows == 0:
+        if len(records) == 0:
             return
         if not self._size and self.tail is not None:  # no file open yet
             self._continue(self.tail)
@@ -100,8 +105,7 @@ class SegmentWriter:
             )
             self._parts, self._size, self._header = [header], len(header), len(header)
             self._key = segment_key(self.group, s, self.run)
-        blob = envelope.encode_blocks(batch, codec=self.codec, sync_marker=self.sync, block_bytes=self.block_bytes)
-        ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
+        blob = envelope.blocks_of(records, codec=self.codec, sync_marker=self.sync, block_bytes=self.block_bytes)
         self._open.append(
             Piece(
                 slice=s,
@@ -109,7 +113,7 @@ class SegmentWriter:
                 file=self._key,
                 offset=self._size,
                 length=len(blob),
-                records=batch.num_rows,
+                records=len(records),
                 min_timestamp=int(np.min(ts)),
                 max_timestamp=int(np.max(ts)),
                 crc32c=compacted.crc32c_value(blob),

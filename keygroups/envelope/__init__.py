@@ -9,7 +9,7 @@ container files. Modules: `schema` (Avro and Arrow schemas, conform, record weig
 """
 
 from keygroups.envelope.decoder import decode_avro
-from keygroups.envelope.encoder import avro_header, encode_avro, encode_blocks
+from keygroups.envelope.encoder import avro_header, blocks_of, encode_avro, encode_blocks, encode_records
 from keygroups.envelope.fingerprints import record_fingerprints
 from keygroups.envelope.framing import (
     ERR_EOF,
@@ -53,6 +53,8 @@ __all__ = [
     "empty_batch",
     "encode_avro",
     "encode_blocks",
+    "encode_records",
+    "blocks_of",
     "avro_header",
     "read_avro_batch",
     "read_avro_metadata",

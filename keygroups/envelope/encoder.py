@@ -115,23 +115,43 @@ def encode_avro(
     marker is derived from the content.
     """
     _check_codec(codec)
-    batch = conform(batch)
-    cols = EnvelopeBuffers.from_batch(batch)
-    sizes = _sizes(cols)
+    cols = EnvelopeBuffers.from_batch(conform(batch))
+    records, sizes = _encode(cols)
     if sync_marker is None:
         sync_marker = _content_marker(sizes, cols.ts)
-    return avro_header(codec=codec, metadata=metadata, sync_marker=sync_marker) + _blocks(
-        cols, sizes, codec, sync_marker, block_bytes
+    return avro_header(codec=codec, metadata=metadata, sync_marker=sync_marker) + blocks_of(
+        records, codec=codec, sync_marker=sync_marker, block_bytes=block_bytes
     )
 
 
 def avro_header(*, codec: str, metadata: dict[str, str] | None, sync_marker: bytes) -> bytes:
     """The container header alone: magic, metadata (schema, codec, `metadata`), sync marker.
-    A segment file (format v2) is this followed by its pieces' blocks."""
+    A segment file is this followed by its pieces' blocks."""
     _check_codec(codec)
     head = io.BytesIO()
     fastavro.writer(head, PARSED_SCHEMA, [], codec=codec, metadata=metadata, sync_marker=sync_marker)
     return head.getvalue()
+
+
+def encode_records(batch: pa.RecordBatch) -> pa.Array:
+    """Each envelope record as its Avro binary encoding (what a block holds, record after
+    record); binary, or large_binary past 2 GiB. The compaction encodes records before its
+    shuffle: Spark then moves one binary column instead of the nested headers, and the
+    writing task only cuts and compresses."""
+    return _encode(EnvelopeBuffers.from_batch(conform(batch)))[0]
+
+
+def _encode(cols: EnvelopeBuffers) -> tuple[pa.Array, np.ndarray]:
+    sizes = _sizes(cols)
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), np.uint8)
+    written = _encode_records(data, 0, len(sizes), *cols.arrays())
+    assert written == len(data)
+    typ = pa.large_binary()
+    if len(data) < 2**31:  # Spark's binary column (int32 offsets)
+        offsets, typ = offsets.astype(np.int32), pa.binary()
+    return pa.Array.from_buffers(typ, len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)]), sizes
 
 
 def encode_blocks(
@@ -139,10 +159,43 @@ def encode_blocks(
 ) -> bytes:
     """`batch` as whole data blocks (no header), each ending in `sync_marker`: appended to a
     header with the same codec and marker, or to other such runs, they form a valid file,
-    and a run decodes on its own from the header plus its bytes (a format v2 piece)."""
+    and a run decodes on its own from the header plus its bytes (a piece)."""
+    return blocks_of(encode_records(batch), codec=codec, sync_marker=sync_marker, block_bytes=block_bytes)
+
+
+def blocks_of(records: pa.Array, *, codec: str, sync_marker: bytes, block_bytes: int = DEFAULT_BLOCK_BYTES) -> bytes:
+    """Records already encoded (`encode_records`, binary or large_binary) as data blocks, cut
+    at record boundaries once a block reaches `block_bytes`: `encode_blocks`' bytes."""
     _check_codec(codec)
-    cols = EnvelopeBuffers.from_batch(conform(batch))
-    return _blocks(cols, _sizes(cols), codec, sync_marker, block_bytes)
+    ends = _offsets(records)
+    data = _data(records)
+    start = int(ends[0])
+    ends = ends[1:]
+    n = len(ends)
+    parts = []
+    lo = 0
+    while lo < n:
+        base = int(ends[lo - 1]) if lo else start
+        hi = int(np.searchsorted(ends, base + block_bytes, side="left")) + 1
+        hi = min(max(hi, lo + 1), n)
+        block = compress(codec, data[base : int(ends[hi - 1])].tobytes())
+        parts += [varint_bytes(hi - lo), varint_bytes(len(block)), block, sync_marker]
+        lo = hi
+    return b"".join(parts)
+
+
+def _offsets(records: pa.Array) -> np.ndarray:
+    """The n + 1 offsets of a binary column, as int64, honouring a slice's start."""
+    width = np.int64 if pa.types.is_large_binary(records.type) else np.int32
+    buf = records.buffers()[1]
+    return np.frombuffer(buf, width, count=len(records) + 1, offset=records.offset * width().itemsize).astype(
+        np.int64, copy=False
+    )
+
+
+def _data(records: pa.Array) -> np.ndarray:
+    buf = records.buffers()[2]
+    return np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
 
 
 def _check_codec(codec: str) -> None:
@@ -154,28 +207,6 @@ def _sizes(c: EnvelopeBuffers) -> np.ndarray:
     return _record_sizes(
         c.part, c.off, c.ts, c.k_off, c.k_valid, c.v_off, c.v_valid, c.h_off, c.hk_off, c.hv_off, c.hv_valid
     )
-
-
-def _blocks(cols: EnvelopeBuffers, sizes: np.ndarray, codec: str, sync_marker: bytes, block_bytes: int) -> bytes:
-    """Blocks cut at record boundaries once they reach block_bytes."""
-    n = len(sizes)
-    parts = []
-    ends = np.cumsum(sizes)
-    lo = 0
-    scratch = np.empty(max(int(sizes.max()) if n else 0, block_bytes) * 2, dtype=np.uint8)
-    while lo < n:
-        base = ends[lo - 1] if lo else 0
-        hi = int(np.searchsorted(ends, base + block_bytes, side="left")) + 1
-        hi = min(max(hi, lo + 1), n)
-        length = int(ends[hi - 1] - base)
-        if scratch.shape[0] < length:
-            scratch = np.empty(length, dtype=np.uint8)
-        written = _encode_records(scratch, lo, hi, *cols.arrays())
-        assert written == length
-        block = compress(codec, scratch[:length].tobytes())
-        parts += [varint_bytes(hi - lo), varint_bytes(len(block)), block, sync_marker]
-        lo = hi
-    return b"".join(parts)
 
 
 def _content_marker(sizes: np.ndarray, ts: np.ndarray) -> bytes:
