@@ -246,8 +246,8 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
             return KeySplit(buckets=int(bucketed.sum()), known=exact.column("key").drop_null().combine_chunks())
         groups = groups_for(keys, payload)
         limit = exact_limit(groups) if cfg.exact_keys is None else cfg.exact_keys
-        if keys <= limit:
-            return KeySplit()
+        if keys <= limit:  # `keys` may be a lower bound: every key exact while they are no more than `limit`
+            return KeySplit(limit=limit)
         return KeySplit(buckets=bucket_count(groups), threshold=heavy_threshold(payload, groups))
 
     stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors, split)

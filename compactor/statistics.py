@@ -32,14 +32,15 @@ _BUCKETS_ARROW = pa.schema(
 
 @dataclass(frozen=True)
 class KeySplit:
-    """Which keys the driver receives one by one. `buckets` None: every key. Else the null-key
-    pseudo-keys, keys above `threshold` bytes (None: none by size) and the keys in `known`
-    (an append's: the archive's exact entries) come one by one, and the rest as one row per
-    bucket of their hash."""
+    """Which keys the driver receives one by one. `buckets` None: every key, while there are
+    no more than `limit` (None: however many). Else the null-key pseudo-keys, keys above
+    `threshold` bytes (None: none by size) and the keys in `known` (an append's: the archive's
+    exact entries) come one by one, and the rest as one row per bucket of their hash."""
 
     buckets: int | None = None
     threshold: int | None = None
     known: pa.Array | None = None
+    limit: int | None = None
 
 
 @dataclass
@@ -51,7 +52,8 @@ class Statistics:
     buckets: pa.Table | None = None  # bucket, bytes, records, keys: every bucket, in order; None: no buckets
 
 
-Split = Callable[[int, int], KeySplit]  # (distinct keys, payload bytes) -> the split
+_INT_MAX = (1 << 31) - 1
+Split = Callable[[int, int], KeySplit]  # (distinct keys, or fewer, payload bytes) -> the split
 
 
 def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int):
@@ -84,14 +86,17 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
                     max_timestamp=int(ts.max()),
                     runs=chunk_runs(offsets, ts, duration_ms, partial(batch_digests, batch)),
                 )
-                # n key rows (kind 0), then one row with the chunk summary (kind 1)
+                # n key rows (kind 0), then one row with the chunk summary, its payload and
+                # its distinct keys (kind 1)
                 yield pa.RecordBatch.from_arrays(
                     [
                         pa.array(np.r_[np.zeros(n), [1]].astype(np.int32)),
                         pa.concat_arrays([keys.combine_chunks(), pa.nulls(1, pa.binary())]),
                         pa.concat_arrays([null_part, pa.array([-1], pa.int32())]),
-                        pa.concat_arrays([agg.column("bytes_sum").combine_chunks(), pa.array([0], pa.int64())]),
-                        pa.concat_arrays([agg.column("bytes_count").combine_chunks(), pa.array([0], pa.int64())]),
+                        pa.concat_arrays(
+                            [agg.column("bytes_sum").combine_chunks(), pa.array([int(weights.sum())], pa.int64())]
+                        ),
+                        pa.concat_arrays([agg.column("bytes_count").combine_chunks(), pa.array([n], pa.int64())]),
                         pa.array(np.r_[hashes, [0]], pa.int64()),
                         pa.array([None] * n + [json.dumps(asdict(stats))], pa.string()),
                     ],
@@ -112,7 +117,8 @@ def run_statistics(
 ) -> Statistics:
     """`handoff`: for an append, each partition's first offset to count (the archive holds the
     rest); `errors`: the run's channel for bad input found in a task (raised here, at once);
-    `split`: given the distinct keys and the payload, which keys come one by one.
+    `split`: given the distinct keys (or a lower bound) and the payload, which keys come one
+    by one.
     `spark=None`: the same task runs in this process (`compactor.job.compact`)."""
     if spark is None:
         return _statistics_in_process(source, chunks, duration_ms, handoff, split)
@@ -130,53 +136,62 @@ def run_statistics(
         return errors.run(sc, name, action) if errors else action()
 
     try:
-        per_key = base = (
+        # The chunk summaries first: they give the payload, and a lower bound on the distinct
+        # keys (the most in one chunk) that most often settles exact against bucketed at once,
+        # without a pass that counts the keys.
+        chunk_rows = run("chunk summaries", stats.filter("kind = 1").select("chunk", "bytes", "records").toArrow)
+        payload = int(pc.sum(chunk_rows.column("bytes")).as_py() or 0)
+        at_least = int(pc.max(chunk_rows.column("records")).as_py() or 0)
+        per_key = (
             stats.filter("kind = 0")
             .groupBy("key", "null_part")
             .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"), F.first("hash").alias("hash"))
-            .persist()
         )
-        try:
-            counted = run(
-                "statistics", per_key.agg(F.count("*").alias("keys"), F.sum("bytes").alias("payload")).collect
-            )
-            keys, payload = int(counted[0]["keys"]), int(counted[0]["payload"] or 0)
-            how = split(keys, payload)
-            if how.buckets is None:
-                totals = run("key totals", per_key.drop("hash").toArrow)
-                buckets = None
-            else:
-                exact = F.col("null_part") >= 0
-                if how.threshold is not None:
-                    exact = exact | (F.col("bytes") > F.lit(how.threshold))
-                if how.known is not None and len(how.known):
-                    known = spark.createDataFrame(
-                        pa.table({"key": how.known, "_known": pa.repeat(True, len(how.known))})
-                    )
-                    per_key = per_key.join(F.broadcast(known), "key", "left")
-                    exact = exact | F.coalesce(F.col("_known"), F.lit(False))
-                # one pass: an exact key is a group of its own, a light key is summed into its bucket
-                light = ~exact
-                rows = run(
-                    "key and bucket totals",
-                    per_key.groupBy(
-                        F.when(exact, F.col("key")).alias("key"),
-                        F.when(exact, F.col("null_part")).alias("null_part"),
-                        F.when(light, F.col("hash").bitwiseAND(F.lit(how.buckets - 1)).cast("int")).alias("bucket"),
-                    )
-                    .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"), F.count("*").alias("keys"))
-                    .toArrow,
-                )
-                in_bucket = rows.column("bucket").is_valid()
-                totals = rows.filter(pc.invert(in_bucket)).select(["key", "null_part", "bytes", "records"])
-                sums = rows.filter(in_bucket).select(["bucket", "bytes", "records", "keys"])
-                buckets = _every_bucket(sums, how.buckets)
-        finally:
-            base.unpersist()
-        summaries = run("chunk summaries", stats.filter("kind = 1").select("chunk").toArrow).column("chunk")
+        how = split(at_least, payload)
+        totals = None
+        while how.buckets is None:
+            capped = how.limit is not None and how.limit < _INT_MAX  # Spark's limit takes an int
+            exact = per_key.drop("hash")
+            totals = run("key totals", (exact.limit(how.limit + 1) if capped else exact).toArrow)
+            if not capped or totals.num_rows <= how.limit:
+                break
+            how, totals = split(totals.num_rows, payload), None  # more keys than any chunk showed
+        if totals is not None:
+            keys, buckets = totals.num_rows, None
+        else:
+            totals, buckets = _bucketed(spark, per_key, how, run)
+            keys = totals.num_rows + int(pc.sum(buckets.column("keys")).as_py() or 0)
+        summaries = chunk_rows.column("chunk")
     finally:
         stats.unpersist()
     return Statistics(totals, _chunk_stats(summaries.to_pylist()), keys, payload, buckets)
+
+
+def _bucketed(spark, per_key, how: KeySplit, run) -> tuple[pa.Table, pa.Table]:
+    """Exact keys one by one and every bucket's sums, in one aggregation of the per-key sums."""
+    from pyspark.sql import functions as F
+
+    exact = F.col("null_part") >= 0
+    if how.threshold is not None:
+        exact = exact | (F.col("bytes") > F.lit(how.threshold))
+    if how.known is not None and len(how.known):
+        known = spark.createDataFrame(pa.table({"key": how.known, "_known": pa.repeat(True, len(how.known))}))
+        per_key = per_key.join(F.broadcast(known), "key", "left")
+        exact = exact | F.coalesce(F.col("_known"), F.lit(False))
+    light = ~exact
+    rows = run(
+        "key and bucket totals",
+        per_key.groupBy(
+            F.when(exact, F.col("key")).alias("key"),
+            F.when(exact, F.col("null_part")).alias("null_part"),
+            F.when(light, F.col("hash").bitwiseAND(F.lit(how.buckets - 1)).cast("int")).alias("bucket"),
+        )
+        .agg(F.sum("bytes").alias("bytes"), F.sum("records").alias("records"), F.count("*").alias("keys"))
+        .toArrow,
+    )
+    in_bucket = rows.column("bucket").is_valid()
+    totals = rows.filter(pc.invert(in_bucket)).select(["key", "null_part", "bytes", "records"])
+    return totals, _every_bucket(rows.filter(in_bucket).select(["bucket", "bytes", "records", "keys"]), how.buckets)
 
 
 def _every_bucket(sums: pa.Table, buckets: int) -> pa.Table:

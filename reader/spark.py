@@ -31,6 +31,7 @@ parses options.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,7 +167,46 @@ _headers: dict[tuple[str, str], bytes] = {}  # (archive URL, file) -> Avro heade
 
 def register(spark: Any) -> None:
     """Make `format("keyfill")` available in this Spark session."""
-    spark.dataSource.register(KeyfillDataSource)
+    spark.dataSource.register(_portable(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _portable(root: str) -> type[DataSource]:
+    """KeyfillDataSource behind a stand-in that Spark pickles by value (a class made in a
+    function), for the driver-side Python worker that plans a streaming query: Spark does not
+    give that worker `--py-files`, so when it cannot import keyfill, the stand-in puts `root`
+    (the folder this module was loaded from, on the driver's own machine: the install, or
+    the copy extracted from the shipped wheel) on its path first. The stand-in uses nothing
+    from this module's globals: everything it needs comes by value."""
+
+    source_name = NAME
+
+    def load() -> type[DataSource]:
+        import sys
+
+        try:
+            import reader.spark
+        except ModuleNotFoundError:
+            sys.path.append(root)
+            import reader.spark
+        return reader.spark.KeyfillDataSource
+
+    class KeyfillSource(DataSource):
+        __doc__ = KeyfillDataSource.__doc__
+
+        @classmethod
+        def name(cls) -> str:
+            return source_name
+
+        def schema(self):
+            return load()(self.options).schema()
+
+        def reader(self, schema):
+            return load()(self.options).reader(schema)
+
+        def streamReader(self, schema):
+            return load()(self.options).streamReader(schema)
+
+    return KeyfillSource
 
 
 class KeyfillDataSource(DataSource):

@@ -25,6 +25,19 @@ def main(source_url: str, dest_url: str) -> None:
         report = verify_spark(open_source(source_url), open_storage(dest_url), spark)
         rows = spark.read.format("keyfill").load(dest_url)
         batch = rows.groupBy().agg({"offset": "sum", "*": "count"}).collect()[0]
+        # streaming: the driver plans in a Python worker of its own, which must find keyfill too
+        query = (
+            spark.readStream.format("keyfill")
+            .option("maxSlicesPerTrigger", "3")
+            .load(dest_url)
+            .writeStream.format("memory")
+            .queryName("replayed")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        streamed = spark.sql("select count(*) as n, sum(offset) as s from replayed").collect()[0]
+        triggers = len(query.recentProgress)
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # without the driver
     finally:
         spark.stop()
@@ -34,6 +47,9 @@ def main(source_url: str, dest_url: str) -> None:
         "records": batch["count(1)"],
         "offset_sum": batch["sum(offset)"],
         "executors": executors,
+        "streamed_records": streamed["n"],
+        "streamed_offset_sum": streamed["s"],
+        "triggers": triggers,
     }
     print(json.dumps(out))
 

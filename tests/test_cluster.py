@@ -85,15 +85,27 @@ def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_exe
         GeneratorConfig(out=src, records=12_000, keys=200, partitions=3, chunk_records=2_000, seed=5), progress=False
     )
     # the job script where `keyfill jobs compact` says it is
-    done = spark_submit(wheel, tmp_path, jobs.path("compact"), src, dest, "--groups", "4", "--seal-all", "--json")
+    done = spark_submit(
+        wheel,
+        tmp_path,
+        jobs.path("compact"),
+        src,
+        dest,
+        "--groups",
+        "4",
+        "--slice-duration",
+        "1s",
+        "--seal-all",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.lstrip().startswith("{")  # --json: the result alone on stdout, logs on stderr
     manifest = compacted.load_manifest(open_storage(dest))
-    assert manifest.totals["records"] == 12_000 and manifest.groups == 4
+    assert manifest.totals["records"] == 12_000 and manifest.groups == 4 and manifest.slices > 3
     report = verify(open_source(src), open_storage(dest))
     assert report.ok, report.violations
 
-    # the audit in Spark and a batch read of the source, on the executors (streaming: see docs/deploy.md)
+    # the audit in Spark, a batch read and a streaming read of the source, on the executors
     job = os.path.join(ROOT, "tests", "cluster_job.py")
     done = spark_submit(wheel, tmp_path, job, src, dest)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -102,3 +114,5 @@ def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_exe
     assert got["executors"] == 2
     assert got["records"] == 12_000
     assert got["offset_sum"] == sum(source_table(src).column("offset").to_pylist())
+    assert (got["streamed_records"], got["streamed_offset_sum"]) == (got["records"], got["offset_sum"])
+    assert got["triggers"] >= manifest.slices / 3  # micro-batches of at most 3 slices, planned by the driver's worker
