@@ -1,8 +1,11 @@
 """Worked example: backfill a fraud-style streaming job from a compacted payments archive,
-then hand off to live Kafka.
+then hand off to live Kafka, or with --kafka go on live in the same query.
 
     spark-submit jobs/fraud_backfill.py s3://compacted/payments --out s3a://... \\
         --window "1 minute" --watermark-delay "10 seconds"
+    # the archive, then the topic from the archive's hand-off offsets on, one query and state:
+    spark-submit jobs/fraud_backfill.py s3://compacted/payments --out s3a://... \\
+        --kafka broker1:9092,broker2:9092 --kafka-option security.protocol=SSL
     # on one machine, with the example archive of `make example`:
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit --master 'local[*]' \\
         jobs/fraud_backfill.py example/compacted --out example/fraud --overwrite
@@ -16,6 +19,10 @@ partition by more than the delay. Trigger.AvailableNow runs the whole archive an
 an interrupted run resumes from its checkpoint. At the end it prints the busiest windows
 and where the live Kafka consumer starts (`startingOffsets` and a
 `kafka-consumer-groups --reset-offsets --from-file` CSV).
+
+With --kafka the source goes on from the archive's end to the topic (docs/kafka-live.md):
+the query runs on a processing-time trigger until stopped (Ctrl-C, or --live-seconds), or
+with --until-now reads the topic up to its end offsets at the start and stops.
 """
 
 from __future__ import annotations
@@ -49,8 +56,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-bytes-per-trigger", type=int, help="compacted bytes per micro-batch (default: 512 MiB)")
     p.add_argument("--top", type=int, default=5, help="busiest windows to print")
+    live = p.add_argument_group("going live (needs keyfill[kafka])")
+    live.add_argument("--kafka", metavar="SERVERS", help="bootstrap servers: after the archive, read its topic live")
+    live.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a client setting (librdkafka's names), e.g. security.protocol=SSL; repeatable",
+    )
+    live.add_argument("--topic", help="the live topic, if not the archive's own")
+    live.add_argument("--max-offsets-per-trigger", type=int, help="live records per micro-batch (default: all)")
+    live.add_argument("--trigger", default="10 seconds", help="processing-time trigger of the live phase")
+    live.add_argument("--live-seconds", type=float, help="stop after this long (default: run until stopped)")
+    live.add_argument(
+        "--until-now", action="store_true", help="read the topic up to its end offsets at the start, then stop"
+    )
     p.add_argument("--overwrite", action="store_true", help="start over: remove earlier output and checkpoint")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for opt in args.kafka_option:
+        if "=" not in opt:
+            p.error(f"--kafka-option {opt!r}: expected KEY=VALUE")
+    if not args.kafka and (args.kafka_option or args.topic or args.max_offsets_per_trigger or args.until_now):
+        p.error("--kafka-option, --topic, --max-offsets-per-trigger and --until-now need --kafka")
+    return args
 
 
 def fraud_windows(source, window: str = "1 minute", watermark_delay: str = "10 seconds"):
@@ -105,7 +134,12 @@ def run(spark, args: argparse.Namespace) -> dict:
         out_store.delete("handoff.csv")
 
     reader.spark.register(spark)
+    kafka = getattr(args, "kafka", None)
     limits = {"maxSlicesPerTrigger": args.max_slices_per_trigger, "maxBytesPerTrigger": args.max_bytes_per_trigger}
+    if kafka:
+        limits |= {"kafka.bootstrap.servers": kafka, "subscribe": args.topic}
+        limits |= {"maxOffsetsPerTrigger": args.max_offsets_per_trigger}
+        limits |= {f"kafka.{k}": v for k, v in (o.split("=", 1) for o in args.kafka_option)}
     source = (
         spark.readStream.format("keyfill")
         .options(**{k: str(v) for k, v in limits.items() if v is not None})
@@ -113,15 +147,18 @@ def run(spark, args: argparse.Namespace) -> dict:
     )
     windows = fraud_windows(source, args.window, args.watermark_delay)
     started = time.perf_counter()
-    query = (
+    writer = (
         windows.writeStream.format("parquet")
         .outputMode("append")
         .option("path", windows_dir)
         .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination()
+    if kafka and not args.until_now:
+        query = writer.trigger(processingTime=args.trigger).start()
+        follow_live(query, args.live_seconds)
+    else:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
     seconds = time.perf_counter() - started
     progress = query.recentProgress
     rows_in = sum(p["numInputRows"] for p in progress)
@@ -148,6 +185,28 @@ def run(spark, args: argparse.Namespace) -> dict:
     }
 
 
+def follow_live(query, seconds: float | None) -> None:
+    """Wait while the query runs (until `seconds` have passed, or Ctrl-C), saying once when
+    it has moved from the archive to the topic."""
+    import json
+
+    deadline = None if seconds is None else time.monotonic() + seconds
+    live = False
+    try:
+        while query.isActive and (deadline is None or time.monotonic() < deadline):
+            query.awaitTermination(2)
+            progress = query.lastProgress or {}
+            for source in progress.get("sources", []):
+                end = source.get("endOffset")
+                end = json.loads(end) if isinstance(end, str) else end
+                if not live and isinstance(end, dict) and "kafka" in end:
+                    live = True
+                    print(f"the archive is done: live on the topic from offsets {end['kafka']}", flush=True)
+    except KeyboardInterrupt:
+        pass
+    query.stop()
+
+
 def report(r: dict, args: argparse.Namespace) -> None:
     print(
         f"fraud backfill: {r['records']:,} records from {r['slices']} slices in {r['batches']} micro-batches, "
@@ -161,6 +220,9 @@ def report(r: dict, args: argparse.Namespace) -> None:
             f"  {w['window_start']:%Y-%m-%d %H:%M:%S}  {w['user']:<12} {w['payments']:>8} {w['spend']:>10.2f} "
             f"{w['largest']:>9.2f} {w['merchants']:>9}"
         )
+    if getattr(args, "kafka", None):
+        print(f"went on live from the archive's end on topic {args.topic or r['topic']!r}, in the same query")
+        return
     print(f"hand-off to live Kafka topic {r['topic']!r}:")
     print(f"  spark.readStream.format('kafka').option('startingOffsets', '{r['starting_offsets']}')")
     print(

