@@ -70,7 +70,8 @@ class SyntheticDataSource(rs.KeyfillDataSource):
         return "keyfill_synthetic"
 
     def streamReader(self, schema):
-        return SyntheticStreamReader(rs.Options.parse(self.options), self.options["template"])
+        opts = {k: v for k, v in self.options.items() if k.lower() != "template"}  # the source refuses unknown options
+        return SyntheticStreamReader(rs.Options.parse(opts), self.options["template"])
 
 
 def ensure_archive(args: argparse.Namespace, spark) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from keygroups import compacted
 from keygroups.compacted import Piece
-from keygroups.errors import FormatError, IntegrityError
+from keygroups.errors import FormatError, IntegrityError, KeyfillError
 from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
@@ -338,3 +338,94 @@ class PieceFetcher:
             if self.ahead:
                 self._fill(p.group, p.slice + 1)
         return batch
+
+
+def read_groups(
+    store: Storage,
+    pieces: Sequence[Piece],
+    *,
+    read_ahead_bytes: int,
+    part_bytes: int,
+    workers: int = 4,
+) -> Iterator[tuple[PieceColumns, pa.RecordBatch]]:
+    """Pieces of some groups (each group's in slice order, groups in the order they come),
+    read group after group by a `PieceFetcher` as the replay reads them: every group's first
+    runs put in flight at once within `read_ahead_bytes`, consecutive pieces of a file
+    coalesced into ranged GETs of at most `part_bytes`, every piece checked before its
+    records are decoded. Yields the decode steps: their pieces, and their records back to
+    back. A failure is raised naming the piece (a FormatError names its own)."""
+    if not pieces:
+        return
+    cols = PieceColumns.of(list(pieces))
+    order = list(dict.fromkeys(cols.group.tolist()))
+    blocks: dict[tuple[int, int], PieceColumns] = {}
+    for g in order:
+        mine = cols.take(np.flatnonzero(cols.group == g))
+        block = mine.slice // SLICES_PER_ROW_GROUP
+        cuts = [0, *(np.flatnonzero(np.diff(block)) + 1).tolist(), len(mine)]
+        for a, z in zip(cuts, cuts[1:]):
+            blocks[(g, int(block[a]))] = mine.rows(a, z)
+    none = cols.rows(0, 0)
+    first, end = int(cols.slice.min()), int(cols.slice.max()) + 1
+    pool = FetchPool(workers, "keyfill-group-read")
+    fetcher = PieceFetcher(
+        store,
+        pool,
+        lambda block, g: blocks.get((g, block), none),
+        end,
+        set(order),
+        run_bytes=run_bytes(read_ahead_bytes, len(order), part_bytes),
+        part_bytes=part_bytes,
+        ahead=read_ahead_bytes > 0,
+    )
+    try:
+        fetcher.prefetch(first)
+        for g in order:
+            s = first
+            while s < end:
+                if fetcher.next_slice(g, s) is None:  # nothing of g before where the look-ahead stopped
+                    s = fetcher.frontier(g)
+                    continue
+                at = fetcher.next_piece(g)
+                try:
+                    step, batch = fetcher.step(g)
+                except FormatError:
+                    raise
+                except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
+                    raise IntegrityError(f"{at.where(store.url_for(at.file))}: {exc}") from None
+                yield step, batch
+                s = int(step.slice[-1]) + 1
+    finally:
+        pool.shutdown()
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still use: the cgroup's limit less its usage where one is set
+    (a container, a YARN or Kubernetes executor), else the machine's MemAvailable; None if
+    neither can be read."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                return max(0, int(limit) - int(f.read()))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def bounded_read_ahead(wanted: int, sharers: int = 1) -> int:
+    """`wanted`, but no more than a quarter of the available memory split between `sharers`
+    readers (the tasks an executor runs at once): a small executor is not pushed over its
+    limit by a budget sized for a large machine."""
+    free = available_memory()
+    if free is None:
+        return wanted
+    return min(wanted, max(1 << 20, free // (4 * max(1, sharers))))

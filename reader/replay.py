@@ -29,7 +29,7 @@ from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
-from reader.fetch import FetchPool, PieceFetcher, run_bytes
+from reader.fetch import FetchPool, PieceFetcher, bounded_read_ahead, run_bytes
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
@@ -89,7 +89,8 @@ class Replay:
         self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop)
         self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(2, opts.threads))
-        self._run_bytes = run_bytes(opts.read_ahead_bytes, self.manifest.groups, opts.range_bytes)
+        # the budget, bounded by the memory the process has (reader.fetch.bounded_read_ahead)
+        self._run_bytes = run_bytes(bounded_read_ahead(opts.read_ahead_bytes), self.manifest.groups, opts.range_bytes)
         self._fetchers: list[PieceFetcher] = []
         self._workers: list[threading.Thread] = []
         self._started = False

@@ -13,7 +13,7 @@ its own Kafka partition with the same delay (docs/design.md, invariant 3).
 
 A micro-batch's input partitions are key groups (or bundles of groups balanced by bytes,
 with the `numPartitions` option). Each reads its groups' pieces of the batch's slices, a
-group at a time in slice order, as coalesced ranged GETs (`reader.coalesce`), so a key's
+group at a time in slice order, through the replay's group reader (`reader.fetch`), so a key's
 records stay in order within its Spark partition and across batches. Spark's watermark
 moves between micro-batches only, so the order of groups inside a batch changes nothing.
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +55,7 @@ from keygroups.assignment import KeyAssignment, load_assignment
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
-from reader.coalesce import checked, parts, runs, span
+from reader.fetch import bounded_read_ahead, read_groups
 from reader.kafka_live import (
     KAFKA_PREFIX,
     KafkaOptions,
@@ -109,6 +108,10 @@ KAFKA_OPTION_NAMES = (
 )
 _KNOWN = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
 DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
+# A task's read-ahead: its groups' runs in flight. Several tasks share an executor's memory,
+# so far below the replay's budget; each group still gets two runs of up to GET_BYTES while
+# the task has at most 4 groups.
+TASK_READ_AHEAD_BYTES = 8 * compacted.GET_BYTES
 
 
 @dataclass(frozen=True)
@@ -184,28 +187,13 @@ class Options:
 
 
 @dataclass(frozen=True)
-class PieceRun:
-    """Consecutive pieces of one group in one segment file, read with ranged GETs."""
+class GroupsPartition(InputPartition):
+    """One Spark input partition: some key groups' pieces over a range of slices, group by
+    group, each group's in slice order (the order they are read in)."""
 
-    file: str
-    start: int  # first byte fetched (0 when the file's header rides along)
-    end: int
     pieces: tuple[compacted.Piece, ...]
 
 
-@dataclass(frozen=True)
-class GroupsPartition(InputPartition):
-    """One Spark input partition: some key groups' pieces over a range of slices, as runs
-    in the order they are read (group by group, slice by slice)."""
-
-    runs: tuple[PieceRun, ...]
-
-    @property
-    def pieces(self) -> list[compacted.Piece]:
-        return [p for r in self.runs for p in r.pieces]
-
-
-_headers: dict[tuple[str, str], bytes] = {}  # (archive URL, file) -> Avro header; per executor process
 _assignments: dict[tuple[str, str], KeyAssignment] = {}  # (archive URL, assignment file) -> lookup; per process
 
 
@@ -412,57 +400,19 @@ class _Planner:
         owner = keygroups.assign_threads(weights, bundles) if bundles < len(groups) else np.arange(len(groups))
         parts = []
         for b in range(bundles):
-            runs = [r for i, g in enumerate(groups) if owner[i] == b for r in piece_runs(by_group[g])]
-            if runs:
-                parts.append(GroupsPartition(tuple(runs)))
+            mine = tuple(p for i, g in enumerate(groups) if owner[i] == b for p in by_group[g])
+            if mine:
+                parts.append(GroupsPartition(mine))
         return parts
 
-    def header(self, p: compacted.Piece) -> bytes:
-        key = (self.store.url, p.file)
-        if key not in _headers:
-            head = self.store.read_range(p.file, 0, p.file_header)
-            if len(head) != p.file_header:
-                raise compacted.IntegrityError(
-                    f"{p.where(self.store.url_for(p.file))}: the object is shorter than its header"
-                )
-            if len(_headers) > 4096:
-                _headers.clear()
-            _headers[key] = head
-        return _headers[key]
-
-    def fetch(self, io: ThreadPoolExecutor, run: PieceRun) -> list[Future]:
-        _, end = span(run.pieces)
-        return [io.submit(self.store.read_range, run.file, a, n) for a, n in parts(run.start, end, compacted.GET_BYTES)]
-
     def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
-        store = self.store
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="keyfill-spark-read") as io:
-            # The next run is fetched while this one is decoded: hides object-store latency.
-            pending = [self.fetch(io, r) for r in partition.runs[:1]]
-            for i, run in enumerate(partition.runs):
-                if i + 1 < len(partition.runs):
-                    pending.append(self.fetch(io, partition.runs[i + 1]))
-                url = store.url_for(run.file)
-                try:
-                    data = b"".join(f.result() for f in pending.pop(0))
-                except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
-                    raise compacted.IntegrityError(f"{run.pieces[0].where(url)}: {exc}") from None
-                data = checked(data, run.start, run.pieces, url)
-                first = run.pieces[0]
-                header = data[: first.file_header] if run.start == 0 else self.header(first)
-                # every piece's length and CRC-32C checked before anything of the run is decoded
-                batch = compacted.read_run(header, data, run.start, list(run.pieces), url)
-                slices = np.repeat([p.slice for p in run.pieces], [p.records for p in run.pieces])
-                yield from to_spark_batches(batch, first.group, slices, self.opts.batch_rows)
-
-
-def piece_runs(pieces: list[compacted.Piece]) -> list[PieceRun]:
-    """A group's pieces (in slice order) as runs of at most GET_BYTES (or one piece)."""
-    out = []
-    for r in runs(pieces, compacted.GET_BYTES):
-        mine = tuple(pieces[i] for i in r.pieces)
-        out.append(PieceRun(r.file, span(mine)[0], r.end, mine))
-    return out
+        """The partition's groups through the replay's group reader (`reader.fetch`)."""
+        budget = bounded_read_ahead(TASK_READ_AHEAD_BYTES, os.cpu_count() or 1)  # a task per core at most
+        for step, batch in read_groups(
+            self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=compacted.GET_BYTES
+        ):
+            slices = np.repeat(step.slice, step.records)
+            yield from to_spark_batches(batch, int(step.group[0]), slices, self.opts.batch_rows)
 
 
 def to_spark_batches(batch: pa.RecordBatch, group: int, s: int | np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:
