@@ -38,7 +38,7 @@ def template(path: str) -> pa.RecordBatch:
     return _TEMPLATE[path]
 
 
-class SyntheticPlanner(rs._Planner):
+class SyntheticPlanner(rs.SourcePlanner):
     """The keyfill planner's batches and partitions; reads produce template rows instead."""
 
     def __init__(self, opts: rs.Options, template_path: str):

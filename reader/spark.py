@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -49,152 +47,35 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-import keygroups
-from keygroups import compacted, handoff
-from keygroups.assignment import KeyAssignment, load_assignment
-from keygroups.errors import KeyfillError, OptionError
-from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex, piece_list
-from keygroups.storage import Storage, open_storage
-from reader.fetch import bounded_read_ahead, read_groups
-from reader.kafka_live import (
-    KAFKA_PREFIX,
-    KafkaOptions,
-    KafkaRange,
-    capped,
-    check_available,
-    plan_ranges,
-    read_range,
-    topic_partitions,
-    watermarks,
+from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from reader.kafka_live import KafkaRange, capped, check_available, topic_partitions, watermarks
+from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
+from reader.source_plan import (
+    ARROW_SCHEMA,
+    NAME,
+    SCHEMA_DDL,
+    ArchiveChanged,
+    GroupsPartition,
+    SourcePlanner,
+    to_spark_batches,
 )
 
-NAME = "keyfill"
-SCHEMA_DDL = (
-    "partition int, offset long, timestamp timestamp, key binary, value binary, "
-    "headers array<struct<key: string, value: binary>>, key_group int, slice int"
-)
-# What read() yields, field for field: Spark refuses batches whose Arrow types differ
-# (timestamps in microseconds, int32 for int).
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))),
-        pa.field("key_group", pa.int32()),
-        pa.field("slice", pa.int32()),
-    ]
-)
-
-
-class SourceOptionError(OptionError):
-    """An option of the keyfill Spark source is missing or malformed; names the option."""
-
-
-class ArchiveChanged(KeyfillError, ValueError):
-    """A query's checkpointed offsets belong to another archive than the one now at its URL."""
-
-
-OPTION_NAMES = ("path", "maxSlicesPerTrigger", "maxBytesPerTrigger", "numPartitions", "batchRows", "startingSlice")
-# The live phase's (with any kafka.* option; docs/kafka-live.md), named as Spark's Kafka source names them.
-KAFKA_OPTION_NAMES = (
-    "subscribe",
-    "maxOffsetsPerTrigger",
-    "minPartitions",
-    "failOnDataLoss",
-    "kafkaConsumer.pollTimeoutMs",
-)
-_KNOWN = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
-DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
-# A task's read-ahead: its groups' runs in flight. Several tasks share an executor's memory,
-# so far below the replay's budget; each group still gets two runs of up to GET_BYTES while
-# the task has at most 4 groups.
-TASK_READ_AHEAD_BYTES = 8 * compacted.GET_BYTES
-
-
-@dataclass(frozen=True)
-class Options:
-    """The source's options, parsed from Spark's string map (names are case-insensitive)."""
-
-    path: str
-    max_slices_per_trigger: int | None = None
-    max_bytes_per_trigger: int | None = None
-    num_partitions: int | None = None
-    batch_rows: int = 65_536
-    starting_slice: int = 0
-    kafka: KafkaOptions | None = None  # None: the archive alone
-
-    @classmethod
-    def parse(cls, options: dict[str, str]) -> Options:
-        opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in options if k.lower() not in _KNOWN and not k.lower().startswith(KAFKA_PREFIX))
-        if unknown:  # a misspelt limit would otherwise be ignored without a word
-            raise SourceOptionError(
-                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the keyfill source knows "
-                f"{', '.join(sorted(OPTION_NAMES + KAFKA_OPTION_NAMES))} and kafka.* (names are case-insensitive)"
-            )
-        path = opts.get("path")
-        if not path:
-            raise SourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
-
-        def positive(name: str) -> int | None:
-            raw = opts.get(name.lower())
-            if raw is None:
-                return None
-            try:
-                value = int(raw)
-            except ValueError:
-                raise SourceOptionError(f"option {name}={raw!r}: expected a whole number") from None
-            if value < 1:
-                raise SourceOptionError(f"option {name}={raw!r}: must be at least 1")
-            return value
-
-        start = opts.get("startingslice", "0")
-        if not start.isdigit():
-            raise SourceOptionError(f"option startingSlice={start!r}: expected a slice number (0 or more)")
-        client = {k[len(KAFKA_PREFIX) :]: v for k, v in options.items() if k.lower().startswith(KAFKA_PREFIX)}
-        live = [name for name in KAFKA_OPTION_NAMES if name.lower() in opts]
-        if live and not client:
-            raise SourceOptionError(
-                f"option {live[0]} is for the live phase, which needs kafka.bootstrap.servers (docs/kafka-live.md)"
-            )
-        kafka = None
-        if client:
-            if "bootstrap.servers" not in client:
-                raise SourceOptionError("the live phase needs kafka.bootstrap.servers (host:port,...)")
-            fail = opts.get("failondataloss", "true").lower()
-            if fail not in ("true", "false"):
-                raise SourceOptionError(f"option failOnDataLoss={fail!r}: expected true or false")
-            kafka = KafkaOptions(
-                client=client,
-                topic=opts.get("subscribe") or None,
-                max_offsets_per_trigger=positive("maxOffsetsPerTrigger"),
-                min_partitions=positive("minPartitions"),
-                fail_on_data_loss=fail == "true",
-                poll_timeout_ms=positive("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
-            )
-        return cls(
-            path=path,
-            max_slices_per_trigger=positive("maxSlicesPerTrigger"),
-            max_bytes_per_trigger=positive("maxBytesPerTrigger"),
-            num_partitions=positive("numPartitions"),
-            batch_rows=positive("batchRows") or 65_536,
-            starting_slice=int(start),
-            kafka=kafka,
-        )
-
-
-@dataclass(frozen=True)
-class GroupsPartition(InputPartition):
-    """One Spark input partition: some key groups' pieces over a range of slices, group by
-    group, each group's in slice order (the order they are read in)."""
-
-    pieces: tuple[compacted.Piece, ...]
-
-
-_assignments: dict[tuple[str, str], KeyAssignment] = {}  # (archive URL, assignment file) -> lookup; per process
+__all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.source_plan)
+    "ARROW_SCHEMA",
+    "DEFAULT_MAX_BYTES_PER_TRIGGER",
+    "NAME",
+    "SCHEMA_DDL",
+    "ArchiveChanged",
+    "GroupsPartition",
+    "KeyfillBatchReader",
+    "KeyfillDataSource",
+    "KeyfillStreamReader",
+    "Options",
+    "SourceOptionError",
+    "SourcePlanner",
+    "register",
+    "to_spark_batches",
+]
 
 
 def register(spark: Any) -> None:
@@ -258,188 +139,11 @@ class KeyfillDataSource(DataSource):
         return KeyfillStreamReader(Options.parse(self.options))
 
 
-class _Planner:
-    """Driver-side view of the archive: the manifest of the version being planned, and index
-    rows as planning needs them (a version never changes; `refresh` moves to a newer one)."""
-
-    def __init__(self, opts: Options):
-        self.opts = opts
-        self._store: Storage | None = None
-        self._manifest: compacted.Manifest | None = None
-        self._index: PieceIndex | None = None
-
-    def __getstate__(self) -> dict:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None}
-
-    @property
-    def store(self) -> Storage:
-        if self._store is None:
-            self._store = open_storage(self.opts.path)
-        return self._store
-
-    @property
-    def manifest(self) -> compacted.Manifest:
-        if self._manifest is None:
-            self._manifest = compacted.load_manifest(self.store)
-            if self.opts.starting_slice > self._manifest.slices:
-                raise SourceOptionError(
-                    f"option startingSlice={self.opts.starting_slice}: {self.store.url} has "
-                    f"{self._manifest.slices} slices"
-                )
-        return self._manifest
-
-    def refresh(self) -> compacted.Manifest:
-        """Move to the latest version if one was committed since: an append's slices become
-        plannable. A newer version of another archive is loaded too; `position` then refuses
-        the query's offsets."""
-        current = self.manifest
-        latest = compacted.versions(self.store)
-        if latest and latest[-1] > current.version:
-            self._manifest = compacted.load_manifest(self.store, latest[-1])
-            self._index = None
-        return self._manifest
-
-    @property
-    def index(self) -> PieceIndex:
-        if self._index is None:
-            self._index = PieceIndex.of(self.store, self.manifest)
-        return self._index
-
-    @property
-    def fingerprint(self) -> str:
-        """The archive's id, in every offset, so a checkpoint cannot silently resume against a
-        recompacted archive (equal inputs and config give equal ids)."""
-        return self.manifest.archive
-
-    def offset(self, s: int) -> dict:
-        return {"slice": s, "archive": self.fingerprint, "version": self.manifest.version}
-
-    def position(self, offset: dict) -> int:
-        """The slice of an offset of this archive."""
-        if offset.get("archive") != self.fingerprint:
-            raise ArchiveChanged(
-                f"{self.store.url}: the query's checkpoint holds offsets of archive {offset.get('archive')}, but this "
-                f"archive is {self.fingerprint} (recompacted since?). Restart the query with a new checkpoint "
-                "location, or point it at the archive it started on."
-            )
-        if int(offset["slice"]) > self.manifest.slices:
-            raise ArchiveChanged(
-                f"{self.store.url}: the query's checkpoint is at slice {offset['slice']} of version "
-                f"{offset.get('version')}, but version {self.manifest.version} has {self.manifest.slices} slices"
-            )
-        return int(offset["slice"])
-
-    def manifest_of(self, version: int) -> compacted.Manifest:
-        """The manifest of `version` (a version never changes)."""
-        if version == self.manifest.version:
-            return self.manifest
-        return compacted.load_manifest(self.store, version)
-
-    @property
-    def topic(self) -> str:
-        return self.opts.kafka.topic or self.manifest.topic
-
-    def live_start(self, manifest: compacted.Manifest) -> dict[int, int]:
-        """Where the live phase begins: each partition's hand-off offset, and offset 0 of a
-        partition the topic has gained since the archive was written."""
-        start = handoff.offsets(manifest)
-        for p in topic_partitions(self.opts.kafka, self.topic):
-            start.setdefault(p, 0)
-        return start
-
-    def live_positions(self, offset: dict, end: dict | None = None) -> dict[int, int]:
-        """The Kafka offsets an offset stands for: its own in the live phase; at the switch,
-        the hand-off of the version the first live offset (`end`) was planned on."""
-        if "kafka" in offset:
-            return {int(p): int(o) for p, o in offset["kafka"].items()}
-        start = handoff.offsets(self.manifest_of(int((end or offset)["version"])))
-        for p in (end or {}).get("kafka", {}):
-            start.setdefault(int(p), 0)
-        return start
-
-    def live_ranges(self, start: dict, end: dict) -> list[KafkaRange]:
-        """Input partitions for the live offsets between two offsets: one per Kafka partition
-        (or more with minPartitions), each checked against what the topic still holds."""
-        k = self.opts.kafka
-        first = self.live_positions(start, end)
-        last = {int(p): int(o) for p, o in end["kafka"].items()}
-        marks = watermarks(k, self.topic, sorted(last))
-        first = check_available(self.topic, {p: first.get(p, 0) for p in last}, marks, k.fail_on_data_loss)
-        return plan_ranges(self.topic, first, last, k.min_partitions, self.opts.path, self.manifest.assignment)
-
-    def group_of(self, assignment: str):
-        """The key group of live records, by the assignment the range was planned with (a
-        key it lacks: null)."""
-        key = (self.opts.path, assignment)
-        if key not in _assignments:
-            _assignments.clear()
-            _assignments[key] = KeyAssignment.from_table(load_assignment(self.store, assignment))
-        return _assignments[key].group_of
-
-    def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
-        return read_range(self.opts.kafka, r, self.opts.batch_rows, ARROW_SCHEMA, self.group_of(r.assignment))
-
-    def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Records and bytes of slices [first, end), from the slice index alone."""
-        rows = self.index.slice_rows(first, end)
-        return rows.column("records").to_numpy(), rows.column("bytes").to_numpy()
-
-    def plan(self, first: int, end: int) -> list[GroupsPartition]:
-        """Input partitions for slices [first, end): one per non-empty group, or
-        `numPartitions` bundles of groups balanced by bytes."""
-        by_group: dict[int, list[compacted.Piece]] = {}
-        table = self.index.piece_rows(first, end)
-        for p in piece_list(table):
-            p.check(self.manifest.groups, self.store.url_for)
-            by_group.setdefault(p.group, []).append(p)
-        groups = sorted(by_group)
-        if not groups:
-            return []
-        bundles = min(self.opts.num_partitions or len(groups), len(groups))
-        weights = np.array([sum(p.length for p in by_group[g]) for g in groups], np.int64)
-        owner = keygroups.assign_threads(weights, bundles) if bundles < len(groups) else np.arange(len(groups))
-        parts = []
-        for b in range(bundles):
-            mine = tuple(p for i, g in enumerate(groups) if owner[i] == b for p in by_group[g])
-            if mine:
-                parts.append(GroupsPartition(mine))
-        return parts
-
-    def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
-        """The partition's groups through the replay's group reader (`reader.fetch`)."""
-        budget = bounded_read_ahead(TASK_READ_AHEAD_BYTES, os.cpu_count() or 1)  # a task per core at most
-        for step, batch in read_groups(
-            self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=compacted.GET_BYTES
-        ):
-            slices = np.repeat(step.slice, step.records)
-            yield from to_spark_batches(batch, int(step.group[0]), slices, self.opts.batch_rows)
-
-
-def to_spark_batches(batch: pa.RecordBatch, group: int, s: int | np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:
-    """An envelope batch as the source's schema (`s`: the slice of every record, or one per
-    record), in batches of at most `rows` records."""
-    n = batch.num_rows
-    slices = np.full(n, s, np.int32) if np.ndim(s) == 0 else np.asarray(s, np.int32)
-    columns = [
-        batch.column("partition"),
-        batch.column("offset"),
-        batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
-        batch.column("key"),
-        batch.column("value"),
-        batch.column("headers").cast(ARROW_SCHEMA.field("headers").type),
-        pa.array(np.full(n, group, np.int32)),
-        pa.array(slices),
-    ]
-    out = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-    for start in range(0, n, rows):
-        yield out.slice(start, rows)
-
-
 class KeyfillBatchReader(DataSourceReader):
     """`spark.read.format("keyfill")`: the whole archive (from `startingSlice`) at once."""
 
     def __init__(self, opts: Options):
-        self.planner = _Planner(opts)
+        self.planner = SourcePlanner(opts)
 
     def partitions(self) -> list[InputPartition]:
         """The archive's slices; with kafka.* options, then the topic from the hand-off to its
@@ -471,7 +175,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     version that was latest when the query started."""
 
     def __init__(self, opts: Options):
-        self.planner = _Planner(opts)
+        self.planner = SourcePlanner(opts)
         self.opts = opts
         self.available_now = False
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
