@@ -28,11 +28,11 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
+from bench.stoppable_queue import StoppableQueue
 from compactor.sources.envelope import ArchiveIndex, SourceChunk, build_index
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 from reader.flink_keyby import consumer_indexes, flink_default_max_parallelism
-from reader.stoppable_queue import StoppableQueue
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
 

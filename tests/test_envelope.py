@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups import envelope
+from tests.avro_reference import read_avro_batch, read_avro_records
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MS = timedelta(milliseconds=1)
@@ -109,7 +110,7 @@ def test_record_bytes_counts_key_value_and_headers():
 
 def test_corrupt_bytes_name_the_object():
     with pytest.raises(envelope.CorruptFile, match="s3://b/x.avro"):
-        envelope.read_avro_records(b"Obj\x01garbage", name="s3://b/x.avro")
+        read_avro_records(b"Obj\x01garbage", name="s3://b/x.avro")
     with pytest.raises(envelope.CorruptFile, match="bad magic"):
         envelope.read_avro_metadata(b"PAR1....", name="f")
 
@@ -118,7 +119,7 @@ def test_corrupt_bytes_name_the_object():
 @given(records=st.lists(record, max_size=60), codec=st.sampled_from(envelope.CODECS), block_bytes=st.integers(1, 4096))
 def test_fast_decoder_equals_fastavro_reference(records, codec, block_bytes):
     data = envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes)
-    ref_meta, ref = envelope.read_avro_batch(data)
+    ref_meta, ref = read_avro_batch(data)
     meta, fast = envelope.decode_avro(data)
     assert meta == ref_meta
     assert fast.schema == envelope.ARROW_SCHEMA
@@ -179,7 +180,7 @@ def test_fast_decoder_reads_fastavro_written_files(records, block_bytes, codec, 
     buf = io.BytesIO()
     fastavro.writer(buf, envelope.PARSED_SCHEMA, records, codec=codec, sync_interval=block_bytes, metadata=metadata)
     meta, fast = envelope.decode_avro(buf.getvalue())
-    ref_meta, ref = envelope.read_avro_batch(buf.getvalue())
+    ref_meta, ref = read_avro_batch(buf.getvalue())
     assert meta == ref_meta
     assert fast.to_pylist() == ref.to_pylist() == envelope.batch_from_records(records).to_pylist()
 
@@ -194,7 +195,7 @@ def test_fast_decoder_buffers_hold_exactly_the_data(records, block_bytes):
     for arr in (batch.column("key"), batch.column("value"), headers.field("key"), headers.field("value")):
         lengths = [len(v) if isinstance(v, bytes) else len(v.encode()) for v in arr.to_pylist() if v is not None]
         assert arr.buffers()[2].size == sum(lengths)
-    assert batch.to_pylist() == envelope.read_avro_batch(data)[1].to_pylist()
+    assert batch.to_pylist() == read_avro_batch(data)[1].to_pylist()
 
 
 @settings(max_examples=400, deadline=None)
@@ -245,7 +246,7 @@ def test_a_run_of_pieces_decodes_from_the_header_and_its_byte_range(pieces, code
     blobs = [envelope.encode_blocks(b, codec=codec, sync_marker=sync, block_bytes=block_bytes) for b in batches]
     whole = header + b"".join(blobs)
     assert envelope.decode_avro(whole)[1].equals(envelope.batch_from_records([r for p in pieces for r in p]))
-    assert envelope.read_avro_batch(whole)[1].num_rows == sum(map(len, pieces))  # any Avro reader agrees
+    assert read_avro_batch(whole)[1].num_rows == sum(map(len, pieces))  # any Avro reader agrees
     first = data.draw(st.integers(0, len(pieces) - 1))
     end = data.draw(st.integers(first + 1, len(pieces)))
     start = len(header) + sum(map(len, blobs[:first]))

@@ -5,7 +5,8 @@ Records travel as Arrow record batches (`ARROW_SCHEMA`) and are stored as Avro o
 container files. Modules: `schema` (Avro and Arrow schemas, conform, record weights),
 `framing` (container header, blocks, varints, codecs: shared by every decoder),
 `buffers` (Arrow binary columns <-> numpy buffers), `encoder` and `decoder` (compiled),
-`reference` (fastavro, the decoder's reference), `fingerprints` (record digests).
+`fingerprints` (record digests). The tests prove the decoder equal to fastavro's
+(tests/avro_reference.py).
 """
 
 from keygroups.envelope.decoder import decode_avro
@@ -20,7 +21,6 @@ from keygroups.envelope.framing import (
     read_bytes,
     read_varint,
 )
-from keygroups.envelope.reference import read_avro_batch, read_avro_records
 from keygroups.envelope.schema import (
     ARROW_SCHEMA,
     AVRO_SCHEMA,
@@ -56,9 +56,7 @@ __all__ = [
     "encode_records",
     "blocks_of",
     "avro_header",
-    "read_avro_batch",
     "read_avro_metadata",
-    "read_avro_records",
     "read_block_count",
     "read_bytes",
     "read_varint",

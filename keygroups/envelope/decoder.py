@@ -3,7 +3,7 @@
 fastavro builds a dict per record (about 230K records/s, GIL held). Envelope files have one
 fixed schema, so compiled loops read the records straight into Arrow buffers with the GIL
 released (only the small header, decompression and the Arrow wrapping run in Python),
-letting reader threads decode in parallel. `reference.read_avro_batch` (fastavro) is the
+letting reader threads decode in parallel. `tests/avro_reference.py` (fastavro) is the
 reference this decoder is proven equal to by property tests.
 """
 
@@ -201,7 +201,7 @@ def decode_avro(
     data: bytes, *, name: str = "<bytes>", verified: bool = False, header: bytes | None = None
 ) -> tuple[dict[str, str], pa.RecordBatch]:
     """Metadata and records of an envelope Avro file as one Arrow batch, decoded by compiled
-    loops; same result as `read_avro_batch` (the fastavro reference), about 10x faster. The
+    loops; same result as fastavro (tests/avro_reference.py), about 10x faster. The
     container framing and the records are parsed with the GIL released; the batch's buffers
     are exactly as large as its data (none of them is a view on `data`). `verified`: the
     caller checked `data`'s blocks against its own checksum (`framing.decompress`).

@@ -1,5 +1,6 @@
-"""The reference decoder: fastavro, record by record. Slow (about 230K records/s, GIL held)
-but independent of keyfill's compiled decoder, which property tests prove equal to it."""
+"""The reference decoder for the tests: fastavro, record by record. Slow (about 230K
+records/s, GIL held) but independent of keyfill's compiled decoder, which property tests
+prove equal to it."""
 
 from __future__ import annotations
 
