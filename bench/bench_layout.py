@@ -266,8 +266,8 @@ def main() -> None:
     cases = set(args.cases.split(","))
     os.makedirs(args.dir, exist_ok=True)
 
+    from compactor.defaults import TARGET_FILE_BYTES as DEFAULT_TARGET_BYTES
     from compactor.spark_session import local_spark
-    from keygroups.segments import DEFAULT_TARGET_BYTES
     from keygroups.storage import open_storage
 
     src = generate_source(

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from compactor import defaults
 from compactor.slicing import parse_duration
 from compactor.sources import FORMATS, SourceArchive, open_source
 from keygroups import bounds, envelope
 from keygroups.bounds import within
 from keygroups.errors import KeyfillError, OptionError
-from keygroups.segments import DEFAULT_TARGET_BYTES
 
-DEFAULT_BLOCK_BYTES = 1 << 20
 NULL_KEY_POLICIES = ("partition",)
 
 
@@ -29,20 +28,20 @@ class CompactConfig:
     dest: str
     groups: int | None = None  # None: derived from the statistics (compactor.defaults)
     slice_duration: str | None = None  # None: derived from the statistics (compactor.slice_length)
-    source_format: str = "envelope"
+    source_format: str = defaults.SOURCE_FORMAT
     key_field: str | None = None
     timestamp_field: str | None = None
     allow_dropped: bool = False  # kafka-connect: accept files the connector thinned (see its docs)
     topic: str | None = None
-    codec: str = "snappy"
-    block_bytes: int = DEFAULT_BLOCK_BYTES
-    target_file_bytes: int = DEFAULT_TARGET_BYTES
+    codec: str = defaults.CODEC
+    block_bytes: int = defaults.BLOCK_BYTES
+    target_file_bytes: int = defaults.TARGET_FILE_BYTES
     allow_gaps: bool = False
     seal_all: bool = False  # publish every slice, sealed or not (a topic that will not grow)
     idle_after: str | None = None  # a partition this far behind the newest does not hold the seal back
     overwrite: bool = False
     append: bool = False  # continue the archive at DEST from its hand-off offsets
-    threads: int = 16
+    threads: int = defaults.IO_THREADS
     null_keys: str = "partition"
     fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
     max_held_back: float | None = None  # fail, committing nothing, when a larger share of records would be held back

@@ -30,7 +30,6 @@ from keygroups.errors import KeyfillError, OptionError
 from keygroups.storage import Storage
 
 SEGMENT_FORMAT = "keyfill.segment/1"
-DEFAULT_TARGET_BYTES = 64 << 20
 
 
 def sync_marker(group: int) -> bytes:
@@ -57,9 +56,9 @@ class SegmentWriter:
         group: int,
         run: str,
         *,
-        codec: str = "snappy",
-        block_bytes: int = envelope.DEFAULT_BLOCK_BYTES,
-        target_bytes: int = DEFAULT_TARGET_BYTES,
+        codec: str,
+        block_bytes: int,
+        target_bytes: int,
         tail: Tail | None = None,
     ) -> None:
         if target_bytes < 1:

@@ -70,7 +70,14 @@ def rewrite_group(store, group, change):
     mine = [(m.slice, p, b) for m, p, b in read_pieces(store) if p.group == group]
     for f in {p.file for _, p, _ in mine}:
         store.delete(f)
-    writer = SegmentWriter(store, group, manifest.run, codec=manifest.config["codec"], target_bytes=1 << 40)
+    writer = SegmentWriter(
+        store,
+        group,
+        manifest.run,
+        codec=manifest.config["codec"],
+        block_bytes=manifest.config["block_bytes"],
+        target_bytes=1 << 40,
+    )
     for s, _, b in mine:
         writer.add(s, change(s, b))
     new = writer.close()

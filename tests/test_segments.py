@@ -106,7 +106,7 @@ def test_damage_and_misuse_are_named(tmp_path):
         compacted.read_piece(header, bytes(data), p, p.file)
     with pytest.raises(IntegrityError, match="bytes, the index records"):
         compacted.read_piece(header, bytes(data[:-1]), p, p.file)
-    w = segments.SegmentWriter(store, 1, "0" * 16)
+    w = segments.SegmentWriter(store, 1, "0" * 16, codec="null", block_bytes=1 << 20, target_bytes=64 << 20)
     w.add(4, envelope.empty_batch())
     with pytest.raises(OptionError, match="slices must increase"):
         w.add(4, envelope.empty_batch())

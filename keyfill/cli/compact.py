@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from compactor import defaults
 from keyfill.cli.args import byte_size, fraction, mb, positive_int
 
 
@@ -12,7 +13,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
         dest="source_format",
-        default="envelope",
+        default=defaults.SOURCE_FORMAT,
         choices=["envelope", "kafka-connect", "kafka-segments", "iceberg"],
         help="source layout",
     )
@@ -60,15 +61,15 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-file-bytes",
         type=byte_size,
-        default="64MiB",
+        default=defaults.TARGET_FILE_BYTES,
         help="segment files are cut at the first slice boundary past this size: 64MiB, 256MB, 1GiB",
     )
     add_source_options(p)
     p.add_argument("--topic", help="topic to compact when the source holds several")
     p.add_argument(
-        "--codec", default="snappy", choices=["null", "deflate", "snappy"], help="Avro codec of segment files"
+        "--codec", default=defaults.CODEC, choices=["null", "deflate", "snappy"], help="Avro codec of segment files"
     )
-    p.add_argument("--block-bytes", type=int, default=1 << 20, help="largest Avro block of segment files")
+    p.add_argument("--block-bytes", type=int, default=defaults.BLOCK_BYTES, help="largest Avro block of segment files")
     p.add_argument(
         "--allow-gaps", action="store_true", help="accept offset gaps between chunks (compacted topics), reporting them"
     )
@@ -99,7 +100,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
         "(keeps its groups, slices and identity; starts it when DEST is empty)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing compacted archive at DEST")
-    p.add_argument("--threads", type=positive_int, default=16, help="I/O threads per task")
+    p.add_argument("--threads", type=positive_int, default=defaults.IO_THREADS, help="I/O threads per task")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
