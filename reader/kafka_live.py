@@ -75,31 +75,24 @@ class KafkaRange(InputPartition):
     assignment: str = ""
 
 
-def watermarks(options: KafkaOptions, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
-    """Per partition, (earliest, end) offsets as the broker reports them now."""
+def partition_marks(options: KafkaOptions, topic: str) -> dict[int, tuple[int, int]]:
+    """Every partition of the topic with its (earliest, end) offsets as the broker reports
+    them now: the metadata and the offsets through one consumer (a planning step needs both)."""
     ck = client_module()
     consumer = ck.Consumer(options.config())
+    timeout = options.poll_timeout_ms / 1000
     try:
-        timeout = options.poll_timeout_ms / 1000
-        return {p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout) for p in partitions}
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise KafkaReadError(f"topic {topic} is not on {options.client.get('bootstrap.servers')}")
+        return {
+            p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout)
+            for p in sorted(meta.partitions)
+        }
     except ck.KafkaException as exc:
-        raise KafkaReadError(f"topic {topic}: could not list offsets ({exc})") from None
+        raise KafkaReadError(f"topic {topic}: could not list partitions and offsets ({exc})") from None
     finally:
         consumer.close()
-
-
-def topic_partitions(options: KafkaOptions, topic: str) -> list[int]:
-    ck = client_module()
-    consumer = ck.Consumer(options.config())
-    try:
-        meta = consumer.list_topics(topic, timeout=options.poll_timeout_ms / 1000).topics.get(topic)
-    except ck.KafkaException as exc:
-        raise KafkaReadError(f"topic {topic}: no metadata ({exc})") from None
-    finally:
-        consumer.close()
-    if meta is None or meta.error is not None or not meta.partitions:
-        raise KafkaReadError(f"topic {topic} is not on {options.client.get('bootstrap.servers')}")
-    return sorted(meta.partitions)
 
 
 def check_available(
@@ -110,6 +103,11 @@ def check_available(
     before one (recreated, or another topic: always DataLoss, nothing to read could be right)."""
     out = dict(wanted)
     for p, start in sorted(wanted.items()):
+        if p not in marks:
+            raise DataLoss(
+                f"{topic}[{p}]: the archive hands over at offset {start}, but the topic has no partition {p} "
+                "(was the topic recreated, or is this another cluster's topic?)"
+            )
         low, high = marks[p]
         if high < start:
             raise DataLoss(

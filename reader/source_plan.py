@@ -20,7 +20,7 @@ from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
 from reader.fetch import bounded_read_ahead, read_groups
-from reader.kafka_live import KafkaRange, check_available, plan_ranges, read_range, topic_partitions, watermarks
+from reader.kafka_live import KafkaRange, check_available, partition_marks, plan_ranges, read_range
 from reader.source_options import Options, SourceOptionError
 
 NAME = "keyfill"
@@ -146,11 +146,11 @@ class SourcePlanner:
     def topic(self) -> str:
         return self.opts.kafka.topic or self.manifest.topic
 
-    def live_start(self, manifest: compacted.Manifest) -> dict[int, int]:
+    def live_start(self, manifest: compacted.Manifest, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
         """Where the live phase begins: each partition's hand-off offset, and offset 0 of a
-        partition the topic has gained since the archive was written."""
+        partition the topic (whose partitions `marks` lists) has gained since the archive."""
         start = handoff.offsets(manifest)
-        for p in topic_partitions(self.opts.kafka, self.topic):
+        for p in marks:
             start.setdefault(p, 0)
         return start
 
@@ -170,8 +170,9 @@ class SourcePlanner:
         k = self.opts.kafka
         first = self.live_positions(start, end)
         last = {int(p): int(o) for p, o in end["kafka"].items()}
-        marks = watermarks(k, self.topic, sorted(last))
-        first = check_available(self.topic, {p: first.get(p, 0) for p in last}, marks, k.fail_on_data_loss)
+        marks = partition_marks(k, self.topic)
+        wanted = {p: first.get(p, 0) for p in set(first) | set(last)}
+        first = check_available(self.topic, wanted, marks, k.fail_on_data_loss)
         return plan_ranges(self.topic, first, last, k.min_partitions, self.opts.path, self.manifest.assignment)
 
     def group_of(self, assignment: str):

@@ -48,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
-from reader.kafka_live import KafkaRange, capped, check_available, topic_partitions, watermarks
+from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
 from reader.source_plan import (
     ARROW_SCHEMA,
@@ -151,9 +151,8 @@ class KeyfillBatchReader(DataSourceReader):
         planner = self.planner
         out: list[InputPartition] = list(planner.plan(planner.opts.starting_slice, planner.manifest.slices))
         if planner.opts.kafka is not None:
-            start = planner.live_start(planner.manifest)
-            marks = watermarks(planner.opts.kafka, planner.topic, sorted(start))
-            end = planner.offset(planner.manifest.slices) | {"kafka": {str(p): marks[p][1] for p in start}}
+            marks = partition_marks(planner.opts.kafka, planner.topic)
+            end = planner.offset(planner.manifest.slices) | {"kafka": {str(p): high for p, (_, high) in marks.items()}}
             out += planner.live_ranges(planner.offset(planner.manifest.slices), end)
         return out
 
@@ -190,10 +189,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.available_now = True  # the target: the end of the version latest now (and of the topic)
-        manifest = self.planner.refresh()
+        self.planner.refresh()
         if self.opts.kafka is not None:
-            start = self.planner.live_start(manifest)
-            marks = watermarks(self.opts.kafka, self.planner.topic, sorted(start))
+            marks = partition_marks(self.opts.kafka, self.planner.topic)
             self.live_target = {p: high for p, (_, high) in marks.items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -208,16 +206,19 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return end
         if end["slice"] < self.planner.manifest.slices:
             return end
-        switch = end | {"kafka": {str(p): o for p, o in self.planner.live_start(self.planner.manifest).items()}}
-        return self._live_latest(start, switch, limit)
+        marks = partition_marks(self.opts.kafka, self.planner.topic)
+        switch = end | {"kafka": {str(p): o for p, o in self.planner.live_start(self.planner.manifest, marks).items()}}
+        return self._live_latest(start, switch, limit, marks)
 
-    def _live_latest(self, start: dict, at: dict, limit: ReadLimit) -> dict:
-        """The next live offset from `at` (`start` itself when the topic has nothing new)."""
+    def _live_latest(self, start: dict, at: dict, limit: ReadLimit, marks: dict | None = None) -> dict:
+        """The next live offset from `at` (`start` itself when the topic has nothing new);
+        `marks`: the topic's partitions and offsets, when the caller has just listed them."""
         k = self.opts.kafka
+        if marks is None:
+            marks = partition_marks(k, self.planner.topic)
         positions = {int(p): int(o) for p, o in at["kafka"].items()}
-        for p in topic_partitions(k, self.planner.topic):
+        for p in marks:
             positions.setdefault(p, 0)  # a partition added while the query runs
-        marks = watermarks(k, self.planner.topic, sorted(positions))
         positions = check_available(self.planner.topic, positions, marks, k.fail_on_data_loss)
         latest = {p: marks[p][1] for p in positions}
         if self.live_target is not None:

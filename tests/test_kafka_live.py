@@ -22,7 +22,7 @@ from keyfill.testing.archives import Record, TopicArchive, write_archive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage
-from reader.kafka_live import DataLoss, KafkaOptions, capped, check_available, plan_ranges, read_range, watermarks
+from reader.kafka_live import DataLoss, KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
 from reader.spark import ARROW_SCHEMA, KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
 
 
@@ -150,7 +150,7 @@ def test_the_live_phase_reads_what_a_plain_consumer_reads(keyfill_kafka, tmp_pat
     topic = TopicArchive("t", parts)
     name = produce(keyfill_kafka, topic)
     k = KafkaOptions({"bootstrap.servers": keyfill_kafka.bootstrap})
-    assert watermarks(k, name, [0, 1, 2]) == {0: (0, 0), 1: (0, 9), 2: (0, 31)}
+    assert partition_marks(k, name) == {0: (0, 0), 1: (0, 9), 2: (0, 31)}
     from reader.kafka_live import KafkaRange
 
     rows = [r for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, ARROW_SCHEMA) for r in b.to_pylist()]
@@ -166,6 +166,8 @@ def test_retention_past_the_hand_off_fails_naming_partition_and_offsets():
     assert check_available("events", {0: 10, 1: 25}, marks, fail=False) == {0: 10, 1: 40}
     with pytest.raises(DataLoss, match=r"events\[0\]: the archive hands over at offset 120, but the partition ends"):
         check_available("events", {0: 120, 1: 50}, marks, fail=False)
+    with pytest.raises(DataLoss, match=r"events\[2\]: the archive hands over at offset 5, but the topic has no"):
+        check_available("events", {0: 10, 2: 5}, marks, fail=False)
 
 
 def test_a_topic_that_ends_before_the_hand_off_fails_the_query(keyfill_kafka, tmp_path):
