@@ -16,10 +16,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 
-from keyfill.testing.servers import ScratchServer
+from keyfill.testing.servers import ScratchServer, started
 
 
 def tansu_binary() -> str:
@@ -86,31 +85,10 @@ def _start_once(timeout: float) -> KafkaBroker:
     with open(os.path.join(workdir, KafkaBroker.LOG), "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
     broker = KafkaBroker(f"127.0.0.1:{port}", workdir, proc)
-    deadline = time.monotonic() + timeout
-    error: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = broker.log_tail()
-            broker.stop()
-            raise RuntimeError(f"tansu exited with code {proc.returncode}:\n{tail}")
-        try:
-            broker.admin().list_topics(timeout=2)
-            return broker
-        except Exception as e:  # not listening yet
-            error = e
-            time.sleep(0.1)
-    tail = broker.log_tail()
-    broker.stop()
-    raise RuntimeError(f"tansu did not answer within {timeout:.0f}s ({error}):\n{tail}")
+    broker.await_ready(lambda: broker.admin().list_topics(timeout=2), timeout, "tansu")
+    return broker
 
 
 def start_broker(*, timeout: float = 30.0, tries: int = 3) -> KafkaBroker:
-    """Start tansu on a free port; retried because the port can be taken between our probe
-    and its bind."""
-    for attempt in range(tries):
-        try:
-            return _start_once(timeout)
-        except RuntimeError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
+    """Start tansu on a free port (retried: the port can be taken before tansu binds it)."""
+    return started(lambda: _start_once(timeout), tries)

@@ -15,13 +15,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keyfill.testing.servers import ScratchServer
+from keyfill.testing.servers import ScratchServer, started
 
 ACCESS_KEY = "keyfill-test-key"
 SECRET_KEY = "keyfill-test-secret"
@@ -42,6 +41,7 @@ _ISOLATE = (
 )
 # `weed mini` components whose HTTP port we set; each also serves gRPC on port + 10000,
 # and its admin worker dials admin.port + 10000 whatever -admin.port.grpc says.
+_OURS_ALREADY = ("BucketAlreadyOwnedByYou", "BucketAlreadyExists")  # a retried create after the first one landed
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 
 
@@ -171,35 +171,20 @@ def _start_once(bucket: str, timeout: float) -> S3Server:
         )
     server = S3Server(f"http://127.0.0.1:{ports['s3']}", bucket, workdir, proc)
     client = _client(server.endpoint)
-    deadline = time.monotonic() + timeout
-    error: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = server.log_tail()
-            server.stop()
-            raise RuntimeError(f"weed mini exited with code {proc.returncode}:\n{tail}")
+
+    def bucket_made() -> None:
         try:
             client.create_bucket(Bucket=bucket)
             client.head_bucket(Bucket=bucket)
-            return server
-        except Exception as e:  # not answering yet, or answering before it is ready
-            code = getattr(e, "response", {}).get("Error", {}).get("Code")
-            if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                return server
-            error = e
-            time.sleep(0.1)
-    tail = server.log_tail()
-    server.stop()
-    raise RuntimeError(f"SeaweedFS S3 did not answer within {timeout:.0f}s ({error}):\n{tail}")
+        except Exception as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") not in _OURS_ALREADY:
+                raise
+
+    server.await_ready(bucket_made, timeout, "weed mini (SeaweedFS S3)")
+    return server
 
 
 def start_seaweedfs(bucket: str = BUCKET, *, timeout: float = 60.0, tries: int = 3) -> S3Server:
     """Start `weed mini` and create ``bucket``; retried because a chosen port can be taken
     by someone else between our probe and weed's bind."""
-    for attempt in range(tries):
-        try:
-            return _start_once(bucket, timeout)
-        except RuntimeError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
+    return started(lambda: _start_once(bucket, timeout), tries)

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ScratchServer:
@@ -19,6 +24,26 @@ class ScratchServer:
         except OSError:
             return ""
 
+    def await_ready(self, probe: Callable[[], object], timeout: float, name: str) -> None:
+        """Return once `probe()` runs without raising. If the process exits first, or
+        `timeout` seconds pass, stop it and raise with the tail of its log."""
+        deadline = time.monotonic() + timeout
+        error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise RuntimeError(f"{name} exited with code {self.process.returncode}:\n{tail}")
+            try:
+                probe()
+                return
+            except Exception as e:  # not answering yet, or answering before it is ready
+                error = e
+                time.sleep(0.1)
+        tail = self.log_tail()
+        self.stop()
+        raise RuntimeError(f"{name} did not answer within {timeout:.0f}s ({error}):\n{tail}")
+
     def stop(self) -> None:
         # The data is thrown away, so a graceful shutdown (3-4 s for SeaweedFS) buys nothing.
         if self.process.poll() is None:
@@ -31,3 +56,15 @@ class ScratchServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def started(start: Callable[[], T], tries: int) -> T:
+    """`start()`, tried again when it fails: a port chosen free can be taken by another
+    process between our probe and the server's bind."""
+    for attempt in range(tries):
+        try:
+            return start()
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
