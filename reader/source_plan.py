@@ -146,14 +146,6 @@ class SourcePlanner:
     def topic(self) -> str:
         return self.opts.kafka.topic or self.manifest.topic
 
-    def live_start(self, manifest: compacted.Manifest, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
-        """Where the live phase begins: each partition's hand-off offset, and offset 0 of a
-        partition the topic (whose partitions `marks` lists) has gained since the archive."""
-        start = handoff.offsets(manifest)
-        for p in marks:
-            start.setdefault(p, 0)
-        return start
-
     def live_positions(self, offset: dict, end: dict | None = None) -> dict[int, int]:
         """The Kafka offsets an offset stands for: its own in the live phase; at the switch,
         the hand-off of the version the first live offset (`end`) was planned on."""

@@ -47,6 +47,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from keygroups import handoff
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
@@ -206,19 +207,17 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return end
         if end["slice"] < self.planner.manifest.slices:
             return end
-        marks = partition_marks(self.opts.kafka, self.planner.topic)
-        switch = end | {"kafka": {str(p): o for p, o in self.planner.live_start(self.planner.manifest, marks).items()}}
-        return self._live_latest(start, switch, limit, marks)
+        # the switch: from the hand-off offsets (a partition the topic gained since: from 0, below)
+        switch = end | {"kafka": {str(p): o for p, o in handoff.offsets(self.planner.manifest).items()}}
+        return self._live_latest(start, switch, limit)
 
-    def _live_latest(self, start: dict, at: dict, limit: ReadLimit, marks: dict | None = None) -> dict:
-        """The next live offset from `at` (`start` itself when the topic has nothing new);
-        `marks`: the topic's partitions and offsets, when the caller has just listed them."""
+    def _live_latest(self, start: dict, at: dict, limit: ReadLimit) -> dict:
+        """The next live offset from `at` (`start` itself when the topic has nothing new)."""
         k = self.opts.kafka
-        if marks is None:
-            marks = partition_marks(k, self.planner.topic)
+        marks = partition_marks(k, self.planner.topic)
         positions = {int(p): int(o) for p, o in at["kafka"].items()}
         for p in marks:
-            positions.setdefault(p, 0)  # a partition added while the query runs
+            positions.setdefault(p, 0)  # a partition added since the archive, or while the query runs
         positions = check_available(self.planner.topic, positions, marks, k.fail_on_data_loss)
         latest = {p: marks[p][1] for p in positions}
         if self.live_target is not None:
