@@ -71,8 +71,7 @@ class KafkaRange(InputPartition):
     partition: int
     start: int
     end: int
-    archive: str = ""  # the archive's URL and assignment file: the key group of each record
-    assignment: str = ""
+    assignment: str = ""  # the archive's assignment file: the key group of each record
 
 
 def partition_marks(options: KafkaOptions, topic: str) -> dict[int, tuple[int, int]]:
@@ -140,7 +139,7 @@ def capped(start: dict[int, int], latest: dict[int, int], limit: int | None) -> 
 
 
 def plan_ranges(
-    topic: str, start: dict[int, int], end: dict[int, int], min_partitions: int | None, archive: str, assignment: str
+    topic: str, start: dict[int, int], end: dict[int, int], min_partitions: int | None, assignment: str
 ) -> list[KafkaRange]:
     """One range per partition with records; with `min_partitions`, the largest are split at
     offsets until there are that many (a key's records in one partition may then be read by
@@ -154,7 +153,7 @@ def plan_ranges(
                 break
             mid = a + (b - a) // 2
             ranges[i : i + 1] = [(p, a, mid), (p, mid, b)]
-    return [KafkaRange(topic, p, a, b, archive, assignment) for p, a, b in ranges]
+    return [KafkaRange(topic, p, a, b, assignment) for p, a, b in ranges]
 
 
 def read_range(

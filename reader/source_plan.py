@@ -165,7 +165,7 @@ class SourcePlanner:
         marks = partition_marks(k, self.topic)
         wanted = {p: first.get(p, 0) for p in set(first) | set(last)}
         first = check_available(self.topic, wanted, marks, k.fail_on_data_loss)
-        return plan_ranges(self.topic, first, last, k.min_partitions, self.opts.path, self.manifest.assignment)
+        return plan_ranges(self.topic, first, last, k.min_partitions, self.manifest.assignment)
 
     def group_of(self, assignment: str):
         """The key group of live records, by the assignment the range was planned with (a

@@ -206,7 +206,7 @@ def test_admission_splits_a_trigger_over_partitions_by_what_each_has_waiting():
 
 
 def test_min_partitions_splits_the_largest_ranges():
-    ranges = plan_ranges("t", {0: 0, 1: 0}, {0: 100, 1: 10}, 4, "", "")
+    ranges = plan_ranges("t", {0: 0, 1: 0}, {0: 100, 1: 10}, 4, "")
     assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 0, 25), (0, 25, 50), (0, 50, 100), (1, 0, 10)]
 
 
