@@ -32,8 +32,8 @@ def binary_buffers(arr: pa.Array) -> BinaryBuffers:
 def arrow_binary(
     n: int, offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None, typ: pa.DataType = pa.binary()
 ) -> pa.Array:
-    """A binary (or string) Arrow array of n items over int32 `offsets` (n + 1 of them, or
-    more: the rest is ignored), `data`, and `valid` (None: no nulls). The buffers are used
+    """A binary (or string) Arrow array of n items over `offsets` (int32; int64 for the large
+    types; n + 1 of them, or more: the rest is ignored), `data`, and `valid` (None: no nulls). The buffers are used
     as they are, not copied."""
     nulls = 0 if valid is None else int(n - np.count_nonzero(valid[:n]))
     validity = pa.py_buffer(np.packbits(valid[:n], bitorder="little")) if nulls else None

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import EnvelopeBuffers
+from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, binary_buffers
 from keygroups.envelope.framing import compress, put_bytes, put_varint, varint_bytes, varint_size
 from keygroups.envelope.schema import CODECS, DEFAULT_BLOCK_BYTES, PARSED_SCHEMA, conform
 from keygroups.errors import OptionError
@@ -151,7 +151,7 @@ def _encode(cols: EnvelopeBuffers) -> tuple[pa.Array, np.ndarray]:
     typ = pa.large_binary()
     if len(data) < 2**31:  # Spark's binary column (int32 offsets)
         offsets, typ = offsets.astype(np.int32), pa.binary()
-    return pa.Array.from_buffers(typ, len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)]), sizes
+    return arrow_binary(len(sizes), offsets, data, None, typ), sizes
 
 
 def encode_blocks(
@@ -167,8 +167,8 @@ def blocks_of(records: pa.Array, *, codec: str, sync_marker: bytes, block_bytes:
     """Records already encoded (`encode_records`, binary or large_binary) as data blocks, cut
     at record boundaries once a block reaches `block_bytes`: `encode_blocks`' bytes."""
     _check_codec(codec)
-    ends = _offsets(records)
-    data = _data(records)
+    cols = binary_buffers(records)
+    ends, data = cols.offsets, cols.data
     start = int(ends[0])
     ends = ends[1:]
     n = len(ends)
@@ -182,20 +182,6 @@ def blocks_of(records: pa.Array, *, codec: str, sync_marker: bytes, block_bytes:
         parts += [varint_bytes(hi - lo), varint_bytes(len(block)), block, sync_marker]
         lo = hi
     return b"".join(parts)
-
-
-def _offsets(records: pa.Array) -> np.ndarray:
-    """The n + 1 offsets of a binary column, as int64, honouring a slice's start."""
-    width = np.int64 if pa.types.is_large_binary(records.type) else np.int32
-    buf = records.buffers()[1]
-    return np.frombuffer(buf, width, count=len(records) + 1, offset=records.offset * width().itemsize).astype(
-        np.int64, copy=False
-    )
-
-
-def _data(records: pa.Array) -> np.ndarray:
-    buf = records.buffers()[2]
-    return np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
 
 
 def _check_codec(codec: str) -> None:
