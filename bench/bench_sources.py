@@ -155,7 +155,7 @@ def connect_files(recs) -> dict[str, tuple[bytes, bytes, bytes]]:
 
 
 def connect_decode(ext: str, files: tuple[bytes, bytes, bytes]) -> int:
-    from compactor.sources.kafka_connect import EXTENSIONS
+    from compactor.sources.kafka_connect_files import EXTENSIONS
     from compactor.sources.kafka_connect_records import timestamps_ms
 
     fmt = EXTENSIONS[ext]

@@ -107,14 +107,7 @@ def write_manifest(
         "idle_after": cfg.idle_after,
     }
     manifest = Manifest(
-        source=prior.source
-        or {
-            "url": source_url,
-            "format": cfg.source_format,
-            "key_field": cfg.key_field,
-            "timestamp_field": cfg.timestamp_field,
-            "allow_dropped": cfg.allow_dropped,
-        },
+        source=prior.source or {"url": source_url, "format": cfg.source_format, **cfg.source_options.kwargs()},
         config=config,
         topic=topic,
         groups=groups,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from compactor import defaults
 from compactor.slicing import parse_duration
-from compactor.sources import FORMATS, SourceArchive, open_source
+from compactor.sources import SourceArchive, SourceOptions, source_class, source_options
 from keygroups import bounds, envelope
 from keygroups.bounds import within
 from keygroups.errors import KeyfillError, OptionError
@@ -29,9 +31,9 @@ class CompactConfig:
     groups: int | None = None  # None: derived from the statistics (compactor.defaults)
     slice_duration: str | None = None  # None: derived from the statistics (compactor.slice_length)
     source_format: str = defaults.SOURCE_FORMAT
-    key_field: str | None = None
-    timestamp_field: str | None = None
-    allow_dropped: bool = False  # kafka-connect: accept files the connector thinned (see its docs)
+    # The format's own options by name, e.g. {"timestamp_field": "ts"} for kafka-connect;
+    # held as the format's options object (`KafkaConnectOptions`) once checked.
+    source_options: Mapping[str, Any] | SourceOptions = field(default_factory=dict)
     topic: str | None = None
     codec: str = defaults.CODEC
     block_bytes: int = defaults.BLOCK_BYTES
@@ -43,7 +45,6 @@ class CompactConfig:
     append: bool = False  # continue the archive at DEST from its hand-off offsets
     threads: int = defaults.IO_THREADS
     null_keys: str = "partition"
-    fail_after_files: int | None = None  # test hook: a rewrite task dies after this many files
     max_held_back: float | None = None  # fail, committing nothing, when a larger share of records would be held back
     exact_keys: int | None = None  # distinct keys up to which every key gets an exact entry (None: the bucket count)
 
@@ -57,8 +58,7 @@ class CompactConfig:
             within("--exact-keys", self.exact_keys, 0, 2**62, "keys with an exact entry in the assignment")
         if self.codec not in envelope.CODECS:
             raise OptionError(f"--codec must be one of {', '.join(envelope.CODECS)}")
-        if self.source_format not in FORMATS:
-            raise OptionError(f"--format must be one of {', '.join(FORMATS)}")
+        object.__setattr__(self, "source_options", source_options(self.source_format, self.source_options))
         if self.null_keys not in NULL_KEY_POLICIES:
             raise OptionError(f"--null-keys must be one of {', '.join(NULL_KEY_POLICIES)}")
         if self.slice_duration is not None:
@@ -81,14 +81,7 @@ class CompactConfig:
         return None if self.idle_after is None else parse_duration(self.idle_after, option="--idle-after")
 
     def open_source(self) -> SourceArchive:
-        return open_source(
-            self.source,
-            format=self.source_format,
-            key_field=self.key_field,
-            timestamp_field=self.timestamp_field,
-            allow_dropped=self.allow_dropped,
-            threads=self.threads,
-        )
+        return source_class(self.source_format).open(self.source, self.source_options, threads=self.threads)
 
 
 @dataclass

@@ -9,8 +9,8 @@ timestamp and a digest of key, value and headers: `Manifest.last_records`), and 
 first reads that record from the source and refuses when it differs or is missing.
 
 The fingerprint costs the compaction nothing extra to take: the statistics pass digests the
-last record of every run (records whose running maximum stays in one slice), and a
-partition's last published record is always the last of a run (slicing.plan_slices).
+last record of every stretch (records whose running maximum stays in one slice), and a
+partition's last published record is always the last of a stretch (slicing.plan_slices).
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ def batch_digests(batch: pa.RecordBatch, rows: list[int]) -> list[str]:
 
 def last_records(plan: SlicePlan, previous: dict[str, dict] | None = None) -> dict[str, dict]:
     """Per partition (a string key, as in the manifest), the fingerprint of the last record
-    the new version holds: this run's last published record, or the previous version's."""
+    the new version holds: this compaction's last published record, or the previous version's."""
     out = dict(previous or {})
-    for p, run in plan.last_runs.items():
-        if run.last_digest is not None:
-            out[str(p)] = {"offset": run.last_offset, "timestamp": run.last_timestamp, "digest": run.last_digest}
+    for p, last in plan.last_stretches.items():
+        if last.last_digest is not None:
+            out[str(p)] = {"offset": last.last_offset, "timestamp": last.last_timestamp, "digest": last.last_digest}
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 

@@ -141,7 +141,7 @@ def prepare(cfg: CompactConfig, *, dry_run: bool = False) -> Prepared:
     grows = compacted.load_manifest(dest, parent) if cfg.append and parent is not None else None
     if grows is not None:
         cfg = continuing(cfg, grows, source)
-        source = cfg.open_source()  # with the archive's key and timestamp fields
+        source = cfg.open_source()  # with the archive's source options
         log.info("appending to version %d of %s from its hand-off offsets", grows.version, dest.url)
     elif cfg.append:
         log.info("no archive at %s yet: --append starts it with a full compaction", dest.url)

@@ -100,7 +100,6 @@ def _write_task(
     codec: str,
     block_bytes: int,
     target_bytes: int,
-    fail_after: int | None,
     tails: dict[int, Tail],
 ):
     """Each task holds whole groups (sorted by group, slice, then the piece order): one
@@ -111,23 +110,16 @@ def _write_task(
         writer: SegmentWriter | None = None
         current: tuple[int, int] | None = None  # (group, slice) of `rows`
         rows: list[pa.RecordBatch] = []
-        earlier_files = 0  # of this task's closed writers, for the test hook
         finished: set[int] = set()  # groups this task has begun
 
         def written(close: bool = False) -> Iterator[pa.RecordBatch]:
             """Index rows of the pieces in files written since the last call (with `close`,
             the group's last file too)."""
-            nonlocal earlier_files
             if close:
                 writer.close()
             new = writer.take()
             if new:
                 yield piece_index.piece_table(new).cast(_SPARK_PIECES).to_batches()[0]
-            files = earlier_files + len(writer.files)
-            if close:
-                earlier_files = files
-            if fail_after is not None and files >= fail_after:
-                raise RuntimeError(f"injected failure after {fail_after} segment files (test hook)")
 
         def add() -> Iterator[pa.RecordBatch]:
             piece = pa.Table.from_batches(rows)
@@ -203,7 +195,7 @@ def run_rewrite(
     append, each partition's first offset to write; `tails`: the groups' last files it
     continues (`compactor.append.tails`). `spark=None`: the same tasks run in this process
     (`compactor.job.compact`)."""
-    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, cfg.fail_after_files, tails or {})
+    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {})
     if spark is None:
         slots = np.zeros(groups, np.int64)  # no shuffle to steer
         decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)

@@ -13,17 +13,17 @@ event-time span, at least `MIN_PIECE_BYTES` of payload per group, capped at `MAX
 keep the old default, 1 m (terabytes over three months: tens of MB a minute); sparse ones
 get hours or a day.
 
-The statistics pass runs before the length is known, so it cuts its per-chunk runs (records
+The statistics pass stretches before the length is known, so it cuts its per-chunk stretches (records
 whose running maximum stays in one slice) at the ladder's shortest step, `STATS_MS`, and
-they are merged into runs of the chosen length (`coarsen`): every length on the ladder is
-a multiple of it, so the merged runs are exactly the ones a pass at that length would cut.
+they are merged into stretches of the chosen length (`coarsen`): every length on the ladder is
+a multiple of it, so the merged stretches are exactly the ones a pass at that length would cut.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from compactor.slicing import ChunkStats, Run
+from compactor.slicing import ChunkStats, Stretch
 
 _MIN = 60_000
 LADDER = {  # label -> ms: each a multiple of the first
@@ -63,19 +63,19 @@ def span(chunks: list[ChunkStats]) -> int:
 
 
 def coarsen(chunks: list[ChunkStats], duration_ms: int) -> list[ChunkStats]:
-    """The chunk summaries with runs cut at `duration_ms` (a multiple of STATS_MS), from
-    runs cut at STATS_MS: consecutive runs in one longer slice merged."""
+    """The chunk summaries with stretches cut at `duration_ms` (a multiple of STATS_MS), from
+    stretches cut at STATS_MS: consecutive stretches in one longer slice merged."""
     factor = duration_ms // STATS_MS
     if factor * STATS_MS != duration_ms:
         raise ValueError(f"{duration_ms} ms is not a multiple of {STATS_MS} ms")
     if factor == 1:
         return chunks
-    return [dataclasses.replace(c, runs=_merged(c.runs, factor)) for c in chunks]
+    return [dataclasses.replace(c, stretches=_merged(c.stretches, factor)) for c in chunks]
 
 
-def _merged(runs: list[Run], factor: int) -> list[Run]:
-    out: list[Run] = []
-    for r in runs:
+def _merged(stretches: list[Stretch], factor: int) -> list[Stretch]:
+    out: list[Stretch] = []
+    for r in stretches:
         s = r.local_slice // factor
         if out and out[-1].local_slice == s:
             last = out[-1]

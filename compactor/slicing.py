@@ -56,7 +56,7 @@ def parse_duration(text: str, option: str = "--slice-duration") -> int:
 
 
 @dataclass(frozen=True)
-class Run:
+class Stretch:
     """Consecutive records of a chunk whose chunk-local running maximum is in one slice."""
 
     local_slice: int  # floor(chunk-local running max / duration)
@@ -65,7 +65,7 @@ class Run:
     records: int
     min_timestamp: int
     max_timestamp: int
-    # the run's last record: what an append checks if it is the last one archived (compactor.history)
+    # the stretch's last record: what an append checks if it is the last one archived (compactor.history)
     last_timestamp: int | None = None
     last_digest: str | None = None
 
@@ -82,14 +82,14 @@ class ChunkStats:
     records: int
     min_timestamp: int
     max_timestamp: int
-    runs: list[Run]
+    stretches: list[Stretch]
 
 
-def chunk_runs(
+def chunk_stretches(
     offsets: np.ndarray, ts: np.ndarray, duration_ms: int, digests: Callable[[list[int]], list[str]] | None = None
-) -> list[Run]:
-    """The chunk's runs; `digests`: the digests of the records at these row numbers (each
-    run's last record: a partition's last published record is always one, see plan_slices)."""
+) -> list[Stretch]:
+    """The chunk's stretches; `digests`: the digests of the records at these row numbers (each
+    stretch's last record: a partition's last published record is always one, see plan_slices)."""
     runmax = np.maximum.accumulate(ts)
     local = runmax // duration_ms
     cuts = np.flatnonzero(np.diff(local)) + 1
@@ -98,7 +98,7 @@ def chunk_runs(
     lasts = [b - 1 for b in ends]
     digest = digests(lasts) if digests is not None else [None] * len(lasts)
     return [
-        Run(
+        Stretch(
             local_slice=int(local[a]),
             first_offset=int(offsets[a]),
             last_offset=int(offsets[b - 1]),
@@ -151,8 +151,8 @@ class SlicePlan:
     first: int = 0  # the first slice this plan publishes (an append's: the parent's slice count)
     made_late: int = 0  # records of idle partitions placed after their own running maximum's slice
     idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back
-    # partition -> the run holding its last published record (that record is the run's last)
-    last_runs: dict[int, Run] = field(default_factory=dict)
+    # partition -> the stretch holding its last published record (that record is the stretch's last)
+    last_stretches: dict[int, Stretch] = field(default_factory=dict)
     seal_holder: int | None = None  # the partition whose running maximum set the seal (None: seal_all)
 
     def bounds(self, s: int) -> tuple[int, int]:
@@ -184,7 +184,7 @@ def plan_slices(
     # it (an idle partition's, or a new partition's) are lifted into it, made late.
     floor = (after.base + after.slices) * duration_ms if after else NO_PREFIX
     prefix: dict[str, int] = {}
-    per_slice: dict[int, dict[int, list[Run]]] = {}  # absolute slice -> partition -> runs
+    per_slice: dict[int, dict[int, list[Stretch]]] = {}  # absolute slice -> partition -> stretches
     gaps: list[str] = []
     handoff: dict[int, int] = {}
     final_max: dict[int, int] = {}
@@ -214,11 +214,11 @@ def plan_slices(
             prefix[cur.key] = running
             floor_slice = None if running == NO_PREFIX else running // duration_ms
             true_slice = None if true_max == NO_PREFIX else true_max // duration_ms
-            for run in cur.runs:
-                s = run.local_slice if floor_slice is None else max(run.local_slice, floor_slice)
-                if after and (run.local_slice if true_slice is None else max(run.local_slice, true_slice)) < s:
-                    made_late += run.records  # its own running maximum is in a published slice
-                per_slice.setdefault(s, {}).setdefault(p, []).append(run)
+            for stretch in cur.stretches:
+                s = stretch.local_slice if floor_slice is None else max(stretch.local_slice, floor_slice)
+                if after and (stretch.local_slice if true_slice is None else max(stretch.local_slice, true_slice)) < s:
+                    made_late += stretch.records  # its own running maximum is in a published slice
+                per_slice.setdefault(s, {}).setdefault(p, []).append(stretch)
             true_max = max(true_max, cur.max_timestamp)
         handoff[p] = cs[-1].last_offset + 1 if cs else after.handoff[p]
         final_max[p] = max(true_max, floor)
@@ -250,29 +250,29 @@ def plan_slices(
         )
     withheld: dict[int, int] = {}
     for s in [s for s in per_slice if s >= seal]:
-        for p, runs in per_slice.pop(s).items():
-            handoff[p] = min(handoff[p], runs[0].first_offset)
-            withheld[p] = withheld.get(p, 0) + sum(r.records for r in runs)
+        for p, stretches in per_slice.pop(s).items():
+            handoff[p] = min(handoff[p], stretches[0].first_offset)
+            withheld[p] = withheld.get(p, 0) + sum(r.records for r in stretches)
     ranges: dict[int, list[PartitionRange]] = {}
     for s, parts in per_slice.items():
         ranges[s - base] = [
             PartitionRange(
                 partition=p,
-                first_offset=runs[0].first_offset,
-                last_offset=runs[-1].last_offset,
-                records=sum(r.records for r in runs),
-                min_timestamp=min(r.min_timestamp for r in runs),
-                max_timestamp=max(r.max_timestamp for r in runs),
+                first_offset=stretches[0].first_offset,
+                last_offset=stretches[-1].last_offset,
+                records=sum(r.records for r in stretches),
+                min_timestamp=min(r.min_timestamp for r in stretches),
+                max_timestamp=max(r.max_timestamp for r in stretches),
             )
-            for p, runs in sorted(parts.items())
+            for p, stretches in sorted(parts.items())
         ]
-    # A partition's published records end where its first withheld run starts, and a run is
-    # withheld or published whole: its last published record is the last of a run.
-    last_runs: dict[int, Run] = {}
+    # A partition's published records end where its first withheld stretch starts, and a stretch is
+    # withheld or published whole: its last published record is the last of a stretch.
+    last_stretches: dict[int, Stretch] = {}
     for parts in per_slice.values():
-        for p, runs in parts.items():
-            if p not in last_runs or runs[-1].last_offset > last_runs[p].last_offset:
-                last_runs[p] = runs[-1]
+        for p, stretches in parts.items():
+            if p not in last_stretches or stretches[-1].last_offset > last_stretches[p].last_offset:
+                last_stretches[p] = stretches[-1]
     running_max: dict[int, int] = dict(after.running_max) if after else {}
     for rs in ranges.values():
         for r in rs:
@@ -291,7 +291,7 @@ def plan_slices(
         first=first,
         made_late=made_late,
         idle=idle,
-        last_runs=last_runs,
+        last_stretches=last_stretches,
         seal_holder=None if seal_all else lagging,
     )
 

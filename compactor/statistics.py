@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.history import batch_digests
-from compactor.slicing import ChunkStats, Run, chunk_runs
+from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
 from keygroups import envelope
@@ -84,7 +84,7 @@ def _stats_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: i
                     records=batch.num_rows,
                     min_timestamp=int(ts.min()),
                     max_timestamp=int(ts.max()),
-                    runs=chunk_runs(offsets, ts, duration_ms, partial(batch_digests, batch)),
+                    stretches=chunk_stretches(offsets, ts, duration_ms, partial(batch_digests, batch)),
                 )
                 # n key rows (kind 0), then one row with the chunk summary, its payload and
                 # its distinct keys (kind 1)
@@ -208,7 +208,7 @@ def _chunk_stats(rows: list[str]) -> list[ChunkStats]:
     out = []
     for row in rows:
         d = json.loads(row)
-        d["runs"] = [Run(**r) for r in d["runs"]]
+        d["stretches"] = [Stretch(**r) for r in d["stretches"]]
         out.append(ChunkStats(**d))
     return out
 

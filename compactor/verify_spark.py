@@ -9,13 +9,13 @@ import pyarrow as pa
 from compactor.sources import SourceArchive
 from compactor.verify import (
     MAX_REPORTED,
-    FileChecker,
     VerifyReport,
     handoff_checks,
     late_check,
     metadata_checks,
     plan_audit,
 )
+from compactor.verify_file import FileChecker
 from keygroups import envelope
 from keygroups.storage import Storage
 

@@ -23,6 +23,7 @@ from compactor.verify import verify
 from keygroups import compacted
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
+from tests.fault_injection import compact_dying_after
 from tests.records import archive_metas, below_handoff, envelope_records
 
 
@@ -334,8 +335,9 @@ def test_a_killed_append_leaves_the_previous_version_and_a_rerun_commits(
     before = compacted.load_manifest(store)
     copy_share(full_source, src, 0.8)
     cfg = CompactConfig(source=src, dest=dest, append=True)
+    run = compact
     if fail == "rewrite":
-        cfg = CompactConfig(source=src, dest=dest, append=True, fail_after_files=1)
+        run = compact_dying_after
     elif fail == "index":
         from compactor import commit as commit_module
 
@@ -350,7 +352,7 @@ def test_a_killed_append_leaves_the_previous_version_and_a_rerun_commits(
 
         monkeypatch.setattr(compacted, "commit", broken)
     with pytest.raises(Exception, match="injected failure"):
-        compact(cfg, spark)
+        run(cfg, spark)
     monkeypatch.undo()
     assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
     assert verify(open_source(src), store).ok  # version 1 against the grown source: still exact

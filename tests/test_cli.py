@@ -85,6 +85,41 @@ def test_bad_input_exits_non_zero_with_a_named_error(tmp_path, args, message):
     assert "Traceback" not in out.stderr
 
 
+def test_format_choices_and_flags_come_from_the_source_registry(capsys):
+    from compactor.sources import FORMATS
+
+    for command in ("compact", "inspect", "verify"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert "{" + ",".join(FORMATS) + "}" in help_text
+        for name, source in FORMATS.items():
+            for o in source.Options.options():
+                assert f"options of --format {name}:" in help_text and f"{o.flag}" in help_text
+                assert f"{name}: {' '.join(o.help.split())}" in help_text  # says which format it is for
+    args = build_parser().parse_args(["compact", "s", "d", "--format", "kafka-connect", "--timestamp-field", "ts"])
+    from keyfill.cli import compact_config
+
+    cfg = compact_config(args)
+    assert (cfg.source_options.timestamp_field, cfg.source_options.allow_dropped) == ("ts", False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compact", "{tmp}/s", "{tmp}/d", "--key-field", "user"],
+        ["compact", "{tmp}/s", "{tmp}/d", "--format", "iceberg", "--allow-dropped"],
+        ["inspect", "{tmp}/s", "--timestamp-field", "ts"],
+        ["verify", "{tmp}/s", "{tmp}/d", "--format", "kafka-segments", "--key-field", "user"],
+    ],
+)
+def test_a_flag_of_another_format_is_refused_naming_it(tmp_path, args, capsys):
+    flag = next(a for a in args if a.startswith("--") and a != "--format")
+    assert main([a.format(tmp=tmp_path) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} (" in err and "is an option of --format kafka-connect" in err
+
+
 def test_missing_bucket_is_named(s3_server, capsys):
     assert main(["inspect", "s3://no-such-bucket-here/x", "--no-progress"]) == 2
     assert "no-such-bucket-here" in capsys.readouterr().err

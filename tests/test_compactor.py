@@ -19,6 +19,7 @@ from compactor.verify_spark import verify_spark
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import StorageError, open_storage
+from tests.fault_injection import compact_dying_after
 from tests.records import (
     archive_assignment,
     archive_metas,
@@ -128,7 +129,7 @@ def test_failure_midway_leaves_no_archive_and_rerun_succeeds(spark, skewed, tmp_
     dest = str(tmp_path / "c")
     cfg = dict(source=skewed, dest=dest, groups=6, slice_duration="1m")
     with pytest.raises(Exception, match="injected failure"):
-        compact(CompactConfig(**cfg, fail_after_files=1), spark)
+        compact_dying_after(CompactConfig(**cfg), spark, files=1)
     store = open_storage(dest)
     assert any(o.key.endswith(".avro") for o in store.list())  # it did write part of the data ...
     with pytest.raises(compacted.FormatError, match="no committed version"):
@@ -361,12 +362,12 @@ def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):
         groups=4,
         slice_duration="1m",
         source_format="kafka-connect",
-        timestamp_field="ts",
+        source_options={"timestamp_field": "ts"},
         seal_all=True,
     )
     r = compact(cfg, spark)
     assert r.records == 60_000
-    source = open_source(connect, format="kafka-connect", timestamp_field="ts")
+    source = open_source(connect, format="kafka-connect", options={"timestamp_field": "ts"})
     report = verify(source, open_storage(dest))
     assert report.ok, report.violations
     # same keys, same groups as compacting the envelope archive it came from

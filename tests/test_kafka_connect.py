@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from compactor.sources import open_source
 from compactor.sources.envelope import ArchiveError
-from compactor.sources.kafka_connect import KafkaConnectSource, OptionError
+from compactor.sources.kafka_connect import KafkaConnectSource
 from keyfill.synth.kafka_connect import headers_schema, payment_schema, write_connect_archive
 from keygroups.envelope import ARROW_SCHEMA, CorruptFile, batch_from_records
+from keygroups.errors import OptionError
 from keygroups.storage import open_storage
 
 TOPIC = "payments"
@@ -117,7 +118,7 @@ def test_generated_archive_round_trip(storage_url):
     want = pa.Table.from_batches([env.read(c) for c in env.list_chunks()])
     write_connect_archive(env, store.sub("connect"), records_per_file=700)
 
-    src = open_source(f"{storage_url}/connect", format="kafka-connect", timestamp_field="ts")
+    src = open_source(f"{storage_url}/connect", format="kafka-connect", options={"timestamp_field": "ts"})
     chunks = src.list_chunks()
     assert [(c.partition, c.first_offset) for c in chunks] == sorted((c.partition, c.first_offset) for c in chunks)
     assert all(c.key.startswith("topics/payments/partition=") and c.last_offset is None for c in chunks)
@@ -391,6 +392,25 @@ def test_missing_headers_files(storage_url):
     assert read_all(KafkaConnectSource(bare, timestamp_field="ts")).column("headers").to_pylist() == [[]] * 12
 
 
+def test_options_are_checked_by_the_format_and_an_append_keeps_the_archives():
+    from compactor.config import CompactConfig
+    from compactor.sources.kafka_connect import KafkaConnectOptions
+
+    cfg = CompactConfig(source="s", dest="d", source_format="kafka-connect", source_options={"timestamp_field": "ts"})
+    assert cfg.source_options == KafkaConnectOptions(timestamp_field="ts")
+    with pytest.raises(OptionError, match=r"--allow-dropped \(allow_dropped\): 'yes' is not bool"):
+        CompactConfig(source="s", dest="d", source_format="kafka-connect", source_options={"allow_dropped": "yes"})
+    with pytest.raises(OptionError, match=r"--key-field \(key_field\) is an option of --format kafka-connect; "):
+        CompactConfig(source="s", dest="d", source_options={"key_field": "user"})
+    with pytest.raises(OptionError, match=r"unknown source option 'ts_field'; --format kafka-connect takes --time"):
+        open_source("s", format="kafka-connect", options={"ts_field": "ts"})
+    recorded = {"url": "s", "format": "kafka-connect", "timestamp_field": "t", "key_field": "k", "allow_dropped": True}
+    given = KafkaConnectOptions(timestamp_field="ts", key_field="user")
+    assert given.continued(recorded) == KafkaConnectOptions(timestamp_field="t", key_field="k", allow_dropped=True)
+    recorded["allow_dropped"] = False
+    assert KafkaConnectOptions("ts", allow_dropped=True).continued(recorded).allow_dropped  # this run's, too
+
+
 def test_timestamp_field_is_required_and_must_exist(storage_url):
     store = fresh(storage_url)
     write_connect_archive([batch_from_records(records(0, 3))], store, topic=TOPIC)
@@ -581,7 +601,7 @@ def _user_key(value: bytes) -> bytes | None:
 
 def test_base64_is_what_connect_json_would_write():
     """Sanity of the bytes rule against the standard library's base64 (no padding games)."""
-    from compactor.sources.kafka_connect import encode_json
+    from compactor.sources.kafka_connect_avro import encode_json
 
     assert encode_json({"b": b"\x00\x01\xfe"}) == '{"b":"' + base64.b64encode(b"\x00\x01\xfe").decode() + '"}'
 
@@ -615,9 +635,9 @@ def test_a_connect_archive_read_with_another_format_names_the_format_it_is(local
 
     write_chunk(store.sub("e"), batch_from_records(records(0, 3)), TOPIC)
     with pytest.raises(ArchiveError, match="laid out like --format envelope"):
-        open_source(f"{store.url}/e", format="kafka-connect", timestamp_field="ts").list_chunks()
+        open_source(f"{store.url}/e", format="kafka-connect", options={"timestamp_field": "ts"}).list_chunks()
     store.write(f"k/{TOPIC}-0/{0:020d}.log", b"")
     with pytest.raises(ArchiveError, match="laid out like --format kafka-segments"):
-        open_source(f"{store.url}/k", format="kafka-connect", timestamp_field="ts").list_chunks()
+        open_source(f"{store.url}/k", format="kafka-connect", options={"timestamp_field": "ts"}).list_chunks()
     with pytest.raises(ArchiveError, match="laid out like --format kafka-connect"):
         open_source(f"{store.url}/c", format="kafka-segments").list_chunks()

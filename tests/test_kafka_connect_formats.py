@@ -175,7 +175,7 @@ def test_round_trip(storage_url, fmt, ext):
     want = make_records(0, 23, first=1000) + make_records(1, 9)
     for p in (0, 1):
         write_files(store, [r for r in want if r["partition"] == p], ext, per_file=5)
-    src = open_source(store.url, format="kafka-connect", timestamp_field="ts")
+    src = open_source(store.url, format="kafka-connect", options={"timestamp_field": "ts"})
     chunks = src.list_chunks()
     assert [c.key for c in chunks] == [
         stem(p, s) + ext for p, s in [(0, o) for o in range(1000, 1023, 5)] + [(1, 0), (1, 5)]
@@ -484,7 +484,7 @@ def test_json_and_parquet_archives_compact_verify_and_replay_exactly_once(spark,
         per_file=99,
     )
     write_files(store, p1[160:], ".json", per_file=40)
-    source = open_source(str(root), format="kafka-connect", timestamp_field="ts", allow_dropped=True)
+    source = open_source(str(root), format="kafka-connect", options={"timestamp_field": "ts", "allow_dropped": True})
     want = {(c.partition, r["offset"]): r for c in source.list_chunks() for r in source.read(c).to_pylist()}
     assert len(want) == 300 + 258
     dest = str(tmp_path / "c")
@@ -492,14 +492,13 @@ def test_json_and_parquet_archives_compact_verify_and_replay_exactly_once(spark,
         source=str(root),
         dest=dest,
         source_format="kafka-connect",
-        timestamp_field="ts",
         groups=3,
         slice_duration="500ms",
         seal_all=True,
     )
     with pytest.raises(Exception, match="2 were dropped"):  # from a Spark task
-        compact(CompactConfig(**cfg), spark)
-    r = compact(CompactConfig(**cfg, allow_dropped=True), spark)
+        compact(CompactConfig(**cfg, source_options={"timestamp_field": "ts"}), spark)
+    r = compact(CompactConfig(**cfg, source_options={"timestamp_field": "ts", "allow_dropped": True}), spark)
     assert r.records == len(want)
     manifest = compacted.load_manifest(open_storage(dest))
     assert manifest.source["allow_dropped"] is True

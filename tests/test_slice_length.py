@@ -1,5 +1,5 @@
 """The slice length derived when --slice-duration is not given (compactor.slice_length): the
-rule, runs merged from the statistics pass's 1 m runs equal to runs cut at the chosen length
+rule, stretches merged from the statistics pass's 1 m stretches equal to those cut at the chosen length
 (a property), and a sparse archive of weeks compacted and replayed by the worked Spark job
 with all defaults: few micro-batches, an archive about the source's size."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from compactor import slice_length
 from compactor.job import CompactConfig, compact
-from compactor.slicing import ChunkStats, chunk_runs
+from compactor.slicing import ChunkStats, chunk_stretches
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
@@ -38,14 +38,14 @@ def test_the_rule_picks_the_shortest_length_with_enough_bytes_per_group():
     jitter=st.lists(st.integers(0, 90_000), min_size=80, max_size=80),
     label=st.sampled_from(list(slice_length.LADDER)),
 )
-def test_runs_merged_from_one_minute_runs_are_the_runs_cut_at_the_chosen_length(steps, jitter, label):
+def test_stretches_merged_from_one_minute_ones_are_those_cut_at_the_chosen_length(steps, jitter, label):
     ts = np.cumsum(steps) - np.array(jitter[: len(steps)]) + 1_700_000_000_000
     offsets = np.arange(100, 100 + len(ts))
     digests = lambda rows: [f"d{r}" for r in rows]  # noqa: E731 - which row each run ends at
     fine = ChunkStats("k", "t", 0, 100, int(offsets[-1]), len(ts), int(ts.min()), int(ts.max()), [])
-    fine.runs = chunk_runs(offsets, ts, slice_length.STATS_MS, digests)
+    fine.stretches = chunk_stretches(offsets, ts, slice_length.STATS_MS, digests)
     (merged,) = slice_length.coarsen([fine], slice_length.LADDER[label])
-    assert merged.runs == chunk_runs(offsets, ts, slice_length.LADDER[label], digests)
+    assert merged.stretches == chunk_stretches(offsets, ts, slice_length.LADDER[label], digests)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from compactor.slicing import (
     Continuation,
     NothingSealed,
     SlicingError,
-    chunk_runs,
+    chunk_stretches,
     parse_duration,
     plan_slices,
     record_slices,
@@ -52,7 +52,7 @@ def stats_for(parts, duration):
                     records=b - a,
                     min_timestamp=int(ts[a:b].min()),
                     max_timestamp=int(ts[a:b].max()),
-                    runs=chunk_runs(offs, ts[a:b], duration),
+                    stretches=chunk_stretches(offs, ts[a:b], duration),
                 )
             )
     return chunks
@@ -147,7 +147,7 @@ def stats_between(parts, lo, hi, duration):
                     b - a,
                     int(ts[a:b].min()),
                     int(ts[a:b].max()),
-                    chunk_runs(offs, ts[a:b], duration),
+                    chunk_stretches(offs, ts[a:b], duration),
                 )
             )
     return chunks
@@ -213,11 +213,11 @@ def test_appends_publish_every_record_once_in_slices_of_the_whole_source(parts, 
 
 def test_overlap_and_gaps_are_named():
     ts = np.arange(10, dtype=np.int64)
-    a = ChunkStats("a.avro", "t", 0, 0, 4, 5, 0, 4, chunk_runs(np.arange(5), ts[:5], 3))
-    b = ChunkStats("b.avro", "t", 0, 4, 8, 5, 5, 9, chunk_runs(np.arange(4, 9), ts[5:], 3))
+    a = ChunkStats("a.avro", "t", 0, 0, 4, 5, 0, 4, chunk_stretches(np.arange(5), ts[:5], 3))
+    b = ChunkStats("b.avro", "t", 0, 4, 8, 5, 5, 9, chunk_stretches(np.arange(4, 9), ts[5:], 3))
     with pytest.raises(SlicingError, match="b.avro.*overlap.*a.avro"):
         plan_slices([a, b], 3, seal_all=True)
-    c = ChunkStats("c.avro", "t", 0, 7, 11, 5, 5, 9, chunk_runs(np.arange(7, 12), ts[5:], 3))
+    c = ChunkStats("c.avro", "t", 0, 7, 11, 5, 5, 9, chunk_stretches(np.arange(7, 12), ts[5:], 3))
     with pytest.raises(SlicingError, match="5..6 missing.*--allow-gaps"):
         plan_slices([a, c], 3, seal_all=True)
     assert plan_slices([a, c], 3, allow_gaps=True, seal_all=True).gaps

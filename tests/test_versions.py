@@ -18,6 +18,7 @@ from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from tests.fault_injection import compact_dying_after
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_a_failed_overwrite_leaves_the_previous_version_and_a_rerun_commits(spar
     before = compacted.load_manifest(store)
     new = dict(seal_all=True, source=source, dest=dest, groups=5, slice_duration="10s", overwrite=True)
     with pytest.raises(Exception, match="injected failure"):
-        compact(CompactConfig(**new, fail_after_files=1), spark)
+        compact_dying_after(CompactConfig(**new), spark, files=1)
     assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
     assert verify(open_source(source), store).ok  # the failed run's files are invisible
     with reader.replay(dest, threads=2) as events:
@@ -137,9 +138,7 @@ def test_vacuum_keeps_what_retained_versions_name_and_deletes_the_rest(spark, so
     url = str(dest)
     compact(CompactConfig(seal_all=True, source=source, dest=url, groups=3, slice_duration="30s"), spark)
     with pytest.raises(Exception, match="injected failure"):  # a failed run leaves files no version names
-        compact(
-            CompactConfig(seal_all=True, source=source, dest=url, groups=5, overwrite=True, fail_after_files=1), spark
-        )
+        compact_dying_after(CompactConfig(seal_all=True, source=source, dest=url, groups=5, overwrite=True), spark)
     compact(CompactConfig(seal_all=True, source=source, dest=url, groups=2, slice_duration="1m", overwrite=True), spark)
     (dest / "notes.txt").write_text("the team's\n")
     store = open_storage(url)

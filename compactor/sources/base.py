@@ -1,5 +1,7 @@
 """What every source format gives the compactor: a list of chunks, each a contiguous offset
-range of one partition, and a way to read one chunk as envelope records.
+range of one partition, and a way to read one chunk as envelope records; and what it
+declares for the registry (`compactor.sources`): its `--format` name, its own options
+(`SourceOptions`) and the file names of its layout.
 
 The compactor never trusts header bounds for correctness: its statistics pass measures
 every chunk.
@@ -7,13 +9,19 @@ every chunk.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import types
+import typing
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from keygroups.errors import KeyfillError
-from keygroups.storage import Storage
+from keygroups.errors import KeyfillError, OptionError
+from keygroups.storage import Storage, open_storage
 
 
 class ArchiveError(KeyfillError, ValueError):
@@ -36,8 +44,74 @@ class SourceChunk:
     max_timestamp: int | None = None
 
 
+def option(help: str, default: Any = None, *, metavar: str | None = None) -> Any:
+    """A field of a format's options: `help` is its flag's help text (the flag is the field
+    name with dashes, `key_field` -> `--key-field`; a bool field, False by default, is a
+    switch)."""
+    if default is True:
+        raise AssertionError("a bool option is a switch that turns something on: False by default")
+    return dataclasses.field(default=default, metadata={"help": help, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a format as the command line offers it."""
+
+    name: str  # the field, and the key in `source_options` and in a manifest's `source`
+    flag: str  # --key-field
+    help: str
+    switch: bool  # a bool: the flag takes no value
+    metavar: str | None
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """A format's own options, one typed field each (declared with `option()`), checked when
+    built. This class itself is the options of a format that takes none; a format with
+    options subclasses it (e.g. `KafkaConnectOptions`)."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value, wanted = getattr(self, f.name), hints[f.name]
+            union = typing.get_origin(wanted) in (typing.Union, types.UnionType)
+            allowed = typing.get_args(wanted) if union else (wanted,)
+            if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+                names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+                raise OptionError(f"{flag_of(f.name)} ({f.name}): {value!r} is not {names}")
+
+    @classmethod
+    def options(cls) -> Iterator[Option]:
+        for f in dataclasses.fields(cls):
+            switch = isinstance(f.default, bool)
+            yield Option(f.name, flag_of(f.name), f.metadata.get("help", ""), switch, f.metadata.get("metavar"))
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as keyword arguments of the format's class."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def continued(self, recorded: Mapping[str, Any]) -> SourceOptions:
+        """The options an append uses, given those the archive recorded (its manifest's
+        `source`): by default the archive's, so the appended records read as its own did."""
+        kept = {f.name: recorded[f.name] for f in dataclasses.fields(self) if f.name in recorded}
+        return dataclasses.replace(self, **kept)
+
+
 class SourceArchive(ABC):
-    """A source archive; picklable, so Spark tasks can read chunks themselves."""
+    """A source archive; picklable, so Spark tasks can read chunks themselves.
+
+    A format declares, for the registry (`compactor.sources.FORMATS`): `format`, its
+    `--format` name; `Options`, its own options (a `SourceOptions` dataclass: their flags and
+    help come from it); `layouts`, the file names of its layout (for errors that name the
+    format a listing looks like). The registry opens it with `open`."""
+
+    format: ClassVar[str]
+    Options: ClassVar[type[SourceOptions]] = SourceOptions
+    layouts: ClassVar[tuple[re.Pattern, ...]] = ()
 
     store: Storage
     # Whether consecutive records of a partition have consecutive offsets (gaps are then
@@ -50,6 +124,12 @@ class SourceArchive(ABC):
     # Whether the source URL is a storage root (open_storage); False: the source opens it
     # itself (an Iceberg metadata file or catalog URL), and it is never a compacted archive.
     storage_url = True
+
+    @classmethod
+    def open(cls, url: str, options: SourceOptions, *, threads: int = 16) -> SourceArchive:
+        """The archive at `url` with `options` (this format's `Options`)."""
+        where = open_storage(url, threads=threads) if cls.storage_url else url
+        return cls(where, threads=threads, **options.kwargs())
 
     @property
     def url(self) -> str:

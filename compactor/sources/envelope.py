@@ -229,6 +229,9 @@ def read_chunk(store: Storage, chunk: SourceChunk) -> pa.RecordBatch:
 class EnvelopeSource(SourceArchive):
     """The envelope archive as a compactor source: chunk bounds come from the headers."""
 
+    format = "envelope"
+    layouts = (_CHUNK_RE,)
+
     def __init__(self, store: Storage, *, threads: int = 16):
         self.store = store
         self.threads = threads

@@ -1,25 +1,18 @@
 """Which other `--format` a listing is laid out like: the fix to name when files do not fit
 the layout asked for (a Connect archive read with the default format, a broker's log
-directory read as Connect files, ...)."""
+directory read as Connect files, ...). Each format declares its file names (`layouts`)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 
-_ICEBERG = re.compile(r"(?:^|/)metadata/[^/]*\.metadata\.json$")
 
-
-def _layouts() -> dict[str, list[re.Pattern]]:
+def _layouts() -> dict[str, tuple[re.Pattern, ...]]:
     # imported here: each source module imports this one for its errors
-    from compactor.sources import envelope, kafka_connect, kafka_segments, kafka_tiered
+    from compactor.sources import FORMATS
 
-    return {
-        "envelope": [envelope._CHUNK_RE],
-        "kafka-connect": [kafka_connect._UNDER_ROOT, kafka_connect._IN_TOPICS_DIR],
-        "kafka-segments": [kafka_segments._BROKER, kafka_tiered.KEY],
-        "iceberg": [_ICEBERG],
-    }
+    return {name: source.layouts for name, source in FORMATS.items()}
 
 
 def layout_of(keys: Iterable[str], asked: str) -> str | None:

@@ -17,19 +17,17 @@ from reading those files' two columns once at listing time.
 
 from __future__ import annotations
 
-import math
-import os
+import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
-from compactor.sources.kafka_connect_avro import encode_json
-from compactor.sources.kafka_connect_parquet import _UNIT_DIVISOR, _plain
+from compactor.sources.iceberg_columns import RP, binary, json_values, millis, needed, parquet_paths, slim, struct_field
+from compactor.sources.iceberg_ranges import DataFileBounds, Extent, cut_ranges
+from compactor.sources.iceberg_table import io_properties, sql_catalog_table, static_table
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
 
@@ -38,115 +36,10 @@ __all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
 # About this many rows per chunk (estimated from the manifests): a chunk is read into one
 # task's memory, and many tiny chunks cost a task each.
 DEFAULT_CHUNK_RECORDS = 1_000_000
+
+METADATA_FILE = re.compile(r"(?:^|/)metadata/[^/]*\.metadata\.json$")  # a table's metadata file, in a listing
 SQL_SCHEMES = ("sqlite",)  # SQLAlchemy URLs of catalogs pyiceberg's SqlCatalog reads (the driver keyfill installs)
-RP = "redpanda"
 READ_AHEAD_FILES = 4  # data files a chunk read fetches at once (each held whole until filtered)
-
-
-def _needed() -> dict[str, tuple[type, ...]]:
-    from pyiceberg.types import (
-        IntegerType,
-        LongType,
-        TimestampNanoType,
-        TimestampType,
-        TimestamptzNanoType,
-        TimestamptzType,
-    )
-
-    times = (TimestamptzType, TimestampType, TimestamptzNanoType, TimestampNanoType)  # older Redpanda: timestamp
-    return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
-
-
-@dataclass(frozen=True)
-class DataFileBounds:
-    """One data file and where its rows lie: partitions plo..phi, offsets olo..ohi."""
-
-    index: int  # into IcebergSource._tasks
-    plo: int
-    phi: int
-    olo: int
-    ohi: int
-    records: int
-    size: int
-
-
-@dataclass(frozen=True)
-class Extent:
-    """The rows of one partition in one data file: offsets lo..hi, about `records` of them."""
-
-    partition: int
-    lo: int
-    hi: int
-    records: float
-    size: float
-    file: int
-
-
-def _io_properties() -> dict[str, str]:
-    """pyiceberg FileIO properties from the standard AWS settings that the AWS SDK inside
-    pyarrow does not read itself (the endpoint); credentials it finds on its own chain."""
-    props = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        props["s3.endpoint"] = endpoint
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        props["s3.region"] = region
-    return props
-
-
-def _location(url: str) -> str:
-    """A storage URL as pyiceberg's FileIO takes it: local paths absolute, s3a/s3n as s3."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return os.path.abspath(url)
-    if scheme.lower() in ("s3a", "s3n"):
-        return "s3://" + rest
-    return url
-
-
-def _sql_catalog_table(url: str):
-    """The table `#ns.table` of the SQL catalog at `url` (`?catalog=NAME`, default "default")."""
-    from pyiceberg.catalog.sql import SqlCatalog
-    from pyiceberg.exceptions import NoSuchTableError
-
-    base, _, ident = url.partition("#")
-    uri, _, raw_query = base.partition("?")  # by hand: urllib would drop the slashes of sqlite:////abs/path
-    query = dict(parse_qsl(raw_query))
-    name = query.pop("catalog", "default")
-    if query:
-        uri += "?" + urlencode(query)
-    if not ident or "." not in ident:
-        raise ArchiveError(f"{url}: name the table after '#' as namespace.table (e.g. {base}#redpanda.payments)")
-    path = uri.split("?")[0].partition(":///")[2]
-    if uri.startswith("sqlite") and not os.path.isfile(path):
-        raise ArchiveError(f"{url}: no SQLite catalog file at {path!r}")
-    try:
-        catalog = SqlCatalog(name, uri=uri, init_catalog_tables="false", **_io_properties())
-        return catalog.load_table(ident)
-    except NoSuchTableError:
-        raise ArchiveError(
-            f"{url}: catalog {name!r} has no table {ident} (choose the catalog with ?catalog=NAME)"
-        ) from None
-    except Exception as exc:  # SQLAlchemy errors: not a catalog database
-        raise ArchiveError(f"{url}: cannot read the table from this SQL catalog: {exc}") from None
-
-
-def _static_table(url: str):
-    from pyiceberg.table import StaticTable
-
-    try:
-        return StaticTable.from_metadata(_location(url), properties=_io_properties())
-    except (OSError, ValueError) as exc:  # missing file, bad JSON, a metadata file pyiceberg refuses
-        what = "metadata file" if url.endswith(".metadata.json") else "table folder (metadata/version-hint.text)"
-        raise ArchiveError(f"{url}: cannot read the Iceberg {what}: {exc}") from None
-
-
-def _field(struct, name: str):
-    try:
-        return struct.field_by_name(name)
-    except (AttributeError, ValueError):
-        return None
 
 
 class IcebergSource(SourceArchive):
@@ -158,10 +51,12 @@ class IcebergSource(SourceArchive):
 
     contiguous = False  # offsets skip where Kafka's do (transaction markers, aborted data, compaction)
     storage_url = False  # a metadata file, a table folder or a catalog URL: opened with pyiceberg
+    format = "iceberg"
+    layouts = (METADATA_FILE,)
 
     def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None):
         scheme = url.partition("://")[0].lower() if "://" in url else ""
-        table = _sql_catalog_table(url) if scheme.split("+")[0] in SQL_SCHEMES else _static_table(url)
+        table = sql_catalog_table(url) if scheme.split("+")[0] in SQL_SCHEMES else static_table(url)
         self.given = url
         self.metadata = table.metadata
         self.metadata_location = table.metadata_location
@@ -190,7 +85,7 @@ class IcebergSource(SourceArchive):
         if self._io is None:
             from pyiceberg.io import load_file_io
 
-            self._io = load_file_io({**self.metadata.properties, **_io_properties()}, self.metadata.location)
+            self._io = load_file_io({**self.metadata.properties, **io_properties()}, self.metadata.location)
         return self._io
 
     def _check_schema(self) -> None:
@@ -199,11 +94,11 @@ class IcebergSource(SourceArchive):
 
         schema = self.metadata.schema()
         shape = "keyfill reads a redpanda struct<partition, offset, timestamp, headers, key> beside a value column"
-        rp = _field(schema.as_struct(), RP)
+        rp = struct_field(schema.as_struct(), RP)
         if rp is None or not isinstance(rp.field_type, StructType):
             raise ArchiveError(f"{self.metadata_location}: the table has no {RP!r} struct column; {shape}")
-        for name, types in _needed().items():
-            field = _field(rp.field_type, name)
+        for name, types in needed().items():
+            field = struct_field(rp.field_type, name)
             if field is None:
                 raise ArchiveError(f"{self.metadata_location}: the table has no {RP}.{name} field; {shape}")
             if not isinstance(field.field_type, types):
@@ -211,21 +106,21 @@ class IcebergSource(SourceArchive):
                     f"{self.metadata_location}: {RP}.{name} is {field.field_type}, not "
                     + " or ".join(str(t()) for t in types)
                 )
-        headers = _field(rp.field_type, "headers")
+        headers = struct_field(rp.field_type, "headers")
         if headers is not None and not (
             isinstance(headers.field_type, ListType)
             and isinstance(headers.field_type.element_type, StructType)
-            and _field(headers.field_type.element_type, "key") is not None
+            and struct_field(headers.field_type.element_type, "key") is not None
         ):
             raise ArchiveError(
                 f"{self.metadata_location}: {RP}.headers is {headers.field_type}, not list<struct<key, value>>"
             )
-        value = _field(schema.as_struct(), "value")
+        value = struct_field(schema.as_struct(), "value")
         self.value_columns = [f.name for f in schema.fields if f.name != RP]
         self.raw_value = value is not None and isinstance(value.field_type, (BinaryType, StringType))
         if not self.value_columns:
             raise ArchiveError(f"{self.metadata_location}: the table has no value column beside {RP!r}; {shape}")
-        self.has_key = _field(rp.field_type, "key") is not None
+        self.has_key = struct_field(rp.field_type, "key") is not None
         self.has_headers = headers is not None
 
     def _table(self):
@@ -262,7 +157,7 @@ class IcebergSource(SourceArchive):
         for e in extents:
             b = self._bounds.get(e.file, (e.partition, e.partition, e.lo, e.hi))
             self._bounds[e.file] = (min(b[0], e.partition), max(b[1], e.partition), min(b[2], e.lo), max(b[3], e.hi))
-        self._tasks = [_slim(t) for t in tasks]  # what a read needs: the source travels to every task
+        self._tasks = [slim(t) for t in tasks]  # what a read needs: the source travels to every task
         self._plan = {}
         chunks = []
         for p, lo, hi, files, est_size in cut_ranges(extents, self.chunk_records):
@@ -332,7 +227,7 @@ class IcebergSource(SourceArchive):
                 meta = pq.ParquetFile(stream).metadata
         except (OSError, ValueError) as exc:  # missing file, not Parquet
             raise ArchiveError(f"{f.file_path}: cannot read the data file's Parquet footer: {exc}") from None
-        paths = _parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema())
+        paths = parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema())
         extents = []
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
@@ -449,12 +344,12 @@ class IcebergSource(SourceArchive):
         ts = pc.struct_field(rp, "timestamp")
         if ts.null_count:
             raise CorruptFile(f"{self._names(files)}: {ts.null_count} rows of partition {p} without {RP}.timestamp")
-        ms = _millis(ts)
-        key = _binary(pc.struct_field(rp, "key")) if self.has_key else pa.nulls(n, pa.binary())
+        ms = millis(ts)
+        key = binary(pc.struct_field(rp, "key")) if self.has_key else pa.nulls(n, pa.binary())
         if self.raw_value:
-            value = _binary(table.column("value").combine_chunks())
+            value = binary(table.column("value").combine_chunks())
         else:
-            value = _json_values(table.select(self.value_columns))
+            value = json_values(table.select(self.value_columns))
         headers = (
             self._headers(pc.struct_field(rp, "headers"), files)
             if self.has_headers
@@ -486,119 +381,9 @@ class IcebergSource(SourceArchive):
         except pa.ArrowInvalid as exc:
             raise CorruptFile(f"{self._names(files)}: a header key is not UTF-8 text: {exc}") from None
         has_value = values.type.get_field_index("value") >= 0
-        hv = _binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
+        hv = binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
         struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
         return pa.ListArray.from_arrays(pa.array(offsets), struct)
 
     def _names(self, files) -> str:
         return ", ".join(self._tasks[i].file.file_path for i in files)
-
-
-def _millis(ts: pa.Array) -> np.ndarray:
-    """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds;
-    _check_schema admits only timestamp types)."""
-    return ts.cast(pa.int64()).to_numpy() // _UNIT_DIVISOR[ts.type.unit]
-
-
-def _slim(task):
-    """A scan task without the manifest's per-column statistics (less than half the pickled size)."""
-    from pyiceberg.manifest import DataFile, DataFileContent
-    from pyiceberg.table import FileScanTask
-
-    f = task.file
-    slim = DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=f.file_path,
-        file_format=f.file_format,
-        partition=f.partition,
-        record_count=f.record_count,
-        file_size_in_bytes=f.file_size_in_bytes,
-    )
-    slim.spec_id = f.spec_id
-    return FileScanTask(slim)
-
-
-def _parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
-    """Parquet column path -> "partition" / "offset", matched by Iceberg field id (a renamed
-    column keeps its id), or by the table's names when the file carries no ids."""
-    ids = {schema.find_field(f"{RP}.{name}").field_id: name for name in ("partition", "offset")}
-    rp_id = schema.find_field(RP).field_id
-
-    def field_id(field: pa.Field) -> int | None:
-        raw = (field.metadata or {}).get(b"PARQUET:field_id")
-        return int(raw) if raw is not None else None
-
-    out = {}
-    for top in file_schema:
-        if field_id(top) == rp_id and pa.types.is_struct(top.type):
-            out.update({f"{top.name}.{c.name}": ids[field_id(c)] for c in top.type if field_id(c) in ids})
-    return out or {f"{RP}.{name}": name for name in ids.values()}
-
-
-def _binary(a: pa.Array) -> pa.Array:
-    return a.cast(pa.binary())
-
-
-def _json_values(table: pa.Table) -> pa.Array:
-    """Value-schema mode: each row's value columns as the compact JSON object the Kafka
-    Connect source writes (compactor.sources.kafka_connect_avro.encode_json)."""
-    cols = {name: _plain(table.column(name).combine_chunks()) for name in table.column_names}
-    rows = pa.table(cols).to_pylist()
-    return pa.array([encode_json(r).encode() for r in rows], pa.binary())
-
-
-def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, tuple[int, ...], float]]:
-    """(partition, lo, hi, data files, estimated bytes) per chunk: per partition, extents
-    whose offset ranges overlap form a group (its rows can only be ordered together); groups
-    of more than `target` rows are cut into equal offset ranges, each reading every file
-    that overlaps it, and consecutive small groups are joined up to `target` rows."""
-    out = []
-    by_partition: dict[int, list[Extent]] = {}
-    for e in extents:
-        by_partition.setdefault(e.partition, []).append(e)
-    for p, es in sorted(by_partition.items()):
-        es.sort(key=lambda e: (e.lo, e.hi))
-        groups: list[list[Extent]] = []
-        highs: list[int] = []  # each group's highest offset
-        for e in es:
-            if groups and e.lo <= highs[-1]:
-                groups[-1].append(e)
-                highs[-1] = max(highs[-1], e.hi)
-            else:
-                groups.append([e])
-                highs.append(e.hi)
-        pieces: list[tuple[int, int, list[Extent], float, float]] = []
-        for g, hi in zip(groups, highs):
-            lo = g[0].lo
-            records = sum(e.records for e in g)
-            k = max(1, min(math.ceil(records / target), hi - lo + 1))
-            width = -(-(hi - lo + 1) // k)
-            for a in range(lo, hi + 1, width):
-                b = min(hi, a + width - 1)
-                inside = [e for e in g if e.lo <= b and e.hi >= a]
-                share = [(min(b, e.hi) - max(a, e.lo) + 1) / (e.hi - e.lo + 1) for e in inside]
-                pieces.append(
-                    (
-                        a,
-                        b,
-                        inside,
-                        sum(e.records * s for e, s in zip(inside, share)),
-                        sum(e.size * s for e, s in zip(inside, share)),
-                    )
-                )
-        run: list = []
-        run_records = 0.0
-        for piece in pieces:
-            if run and (run_records + piece[3] > target or len(run) >= 256):
-                out.append(_joined(p, run))
-                run, run_records = [], 0.0
-            run.append(piece)
-            run_records += piece[3]
-        if run:
-            out.append(_joined(p, run))
-    return out
-
-
-def _joined(p: int, run: list) -> tuple[int, int, int, tuple[int, ...], float]:
-    files = sorted({e.file for piece in run for e in piece[2]})
-    return p, run[0][0], run[-1][1], tuple(files), sum(piece[4] for piece in run)

@@ -19,114 +19,31 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
-from compactor.sources.kafka_connect_avro import (
-    Avro,
-    binary_array,
-    branches,
-    encode_json,
-    file_schema,
-    header_array,
-    is_record,
-    read_avro,
-    short_schema,
-    unwrap,
-)
-from compactor.sources.kafka_connect_fast import fast_headers, fast_keys, header_null_branch, key_null_branch
-from compactor.sources.kafka_connect_json import gunzip, json_headers, json_keys, json_values
-from compactor.sources.kafka_connect_parquet import parquet_headers, parquet_keys, parquet_values
-from compactor.sources.kafka_connect_records import Values, check_count, timestamps_ms
-from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
+from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk, SourceOptions, option
+from compactor.sources.kafka_connect_files import EXTENSIONS, FileFormat
+from compactor.sources.kafka_connect_records import check_count, timestamps_ms
+from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE
 from keygroups.errors import OptionError
 from keygroups.storage import Storage
 
-__all__ = ["KafkaConnectSource", "ConnectChunk", "OptionError", "KEYS_SUFFIX", "HEADERS_SUFFIX", "encode_json"]
+__all__ = [
+    "KafkaConnectSource",
+    "KafkaConnectOptions",
+    "ConnectChunk",
+    "KEYS_SUFFIX",
+    "HEADERS_SUFFIX",
+]
 
 KEYS_SUFFIX = ".keys.avro"
 HEADERS_SUFFIX = ".headers.avro"
 TOPICS_DIR = "topics"  # the connector's `topics.dir` default
 
-# Divisor from the timestamp field's unit to milliseconds.
-_TS_DIVISOR = {
-    None: 1,
-    "timestamp-millis": 1,
-    "local-timestamp-millis": 1,
-    "timestamp-micros": 1_000,
-    "local-timestamp-micros": 1_000,
-    "timestamp-nanos": 1_000_000,
-    "local-timestamp-nanos": 1_000_000,
-}
-
-
-# --- the file formats ------------------------------------------------------------------------
-
-
-def _avro_values(data: bytes, name: str, first: int, ts_field: str, key_field: str | None) -> Values:
-    """Values by fastavro's generic reader (Connect values have arbitrary schemas)."""
-    avro = read_avro(data, name, first)
-    divisor = _check_value_schema(avro.schema, name, ts_field, key_field)
-    values = avro.records
-    try:
-        texts = pa.array([encode_json(v) if v is not None else None for v in values], pa.binary())
-    except TypeError as exc:
-        raise CorruptFile(f"{name}: a value cannot be encoded as JSON: {exc}") from None
-    ts = pa.array([v[ts_field] if v is not None else None for v in values], pa.int64())
-    keys = binary_array([v[key_field] if v is not None else None for v in values]) if key_field else None
-    return Values(texts, ts, divisor, keys)
-
-
-def _avro_keys(data: bytes, name: str, first: int) -> pa.Array:
-    null_branch = key_null_branch(file_schema(data, name)[0])
-    if null_branch is not None:
-        return fast_keys(data, name, first, null_branch)
-    return binary_array(unwrap(read_avro(data, name, first), "key", "RecordKey")[1])
-
-
-def _avro_headers(data: bytes, name: str, first: int) -> pa.Array:
-    null_branch = header_null_branch(file_schema(data, name)[0])
-    if null_branch is not None:
-        return fast_headers(data, name, first, null_branch)
-    return _generic_headers(read_avro(data, name, first), name)
-
-
-@dataclass(frozen=True)
-class FileFormat:
-    """How one of the connector's formats (`format.class`, `keys.format.class`,
-    `headers.format.class`) is decoded: (data, url, first offset, ...) -> Arrow."""
-
-    values: Callable[[bytes, str, int, str, str | None], Values]
-    keys: Callable[[bytes, str, int], pa.Array]
-    headers: Callable[[bytes, str, int], pa.Array]
-
-
-def _gzipped(fn):
-    return lambda data, name, *rest: fn(gunzip(data, name), name, *rest)
-
-
-AVRO = FileFormat(_avro_values, _avro_keys, _avro_headers)
-JSON = FileFormat(json_values, json_keys, json_headers)
-JSON_GZ = FileFormat(_gzipped(json_values), _gzipped(json_keys), _gzipped(json_headers))
-PARQUET = FileFormat(parquet_values, parquet_keys, parquet_headers)
-# Extensions exactly as the connector writes them: AvroFormat ".avro" (the codec lives in
-# the file); JsonFormat ".json" + the s3.compression.type suffix ("" or ".gz"); ParquetFormat
-# the parquet.codec's extension (parquet-mr's CompressionCodecName) + ".parquet". Keys and
-# headers files put ".keys" / ".headers" before the extension.
-EXTENSIONS: dict[str, FileFormat] = {
-    ".avro": AVRO,
-    ".json": JSON,
-    ".json.gz": JSON_GZ,
-    **{
-        codec + ".parquet": PARQUET for codec in ("", ".snappy", ".gz", ".lzo", ".br", ".lz4hadoop", ".zstd", ".lz4raw")
-    },
-}
 _EXT = "|".join(re.escape(e) for e in sorted(EXTENSIONS, key=len, reverse=True))
 # Kafka topic names are [a-zA-Z0-9._-]+, so '+' safely separates the name's parts.
 _FILE = rf"(?P<ftopic>[^/+]+)\+(?P<fpart>\d+)\+(?P<start>\d+)(?P<kind>\.keys|\.headers)?(?P<ext>{_EXT})"
@@ -156,6 +73,25 @@ class ConnectChunk(SourceChunk):
 # --- the source ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class KafkaConnectOptions(SourceOptions):
+    """What the files do not say: where the event time and the key are, and whether thinned
+    files are accepted (docs/kafka-connect-source.md)."""
+
+    timestamp_field: str | None = option("value field holding the event time (required)", metavar="FIELD")
+    key_field: str | None = option("value field holding the key (when no .keys.* files)", metavar="FIELD")
+    allow_dropped: bool = option(
+        "accept files holding fewer records than the next file's start offset implies (dropped tombstones, "
+        "filtering SMTs, compacted topics); their records are numbered from the file's start",
+        default=False,
+    )
+
+    def continued(self, recorded):
+        """The archive's fields; thinned files accepted if the archive or this run accepts them."""
+        kept = super().continued(recorded)
+        return dataclasses.replace(kept, allow_dropped=self.allow_dropped or bool(recorded.get("allow_dropped")))
+
+
 class KafkaConnectSource(SourceArchive):
     """A Kafka Connect S3 sink archive (default partitioner; Avro, JSON or Parquet files)
     read as envelope records.
@@ -181,6 +117,10 @@ class KafkaConnectSource(SourceArchive):
 
     Picklable: it holds the store and the options only.
     """
+
+    format = "kafka-connect"
+    Options = KafkaConnectOptions
+    layouts = (_UNDER_ROOT, _IN_TOPICS_DIR)
 
     def __init__(
         self,
@@ -350,61 +290,3 @@ class KafkaConnectSource(SourceArchive):
                 "and the offsets of the records after a drop are unknown. Pass --allow-dropped to number "
                 "the file's records from its start offset (docs/kafka-connect-source.md)"
             )
-
-
-def _check_value_schema(schema: Any, name: str, ts_field: str, key_field: str | None) -> int:
-    """The timestamp unit divisor; OptionError unless every record branch of the Avro value
-    schema has the timestamp field (of a usable type) and the key field."""
-    records = branches(schema)
-    if not records or not all(is_record(r) for r in records):
-        raise OptionError(
-            f"{name}: timestamp_field {ts_field!r} needs record values; the value schema is {short_schema(schema)}"
-        )
-    divisors = set()
-    for rec in records:
-        fields = {f["name"]: f["type"] for f in rec.get("fields", [])}
-        for option, field in (("timestamp_field", ts_field), ("key_field", key_field)):
-            if field is not None and field not in fields:
-                raise OptionError(
-                    f"{name}: {option} {field!r} is not a field of the value schema "
-                    f"{rec.get('name', '?')} (fields: {', '.join(fields) or 'none'})"
-                )
-        divisors.add(_ts_divisor(fields[ts_field]))
-    if None in divisors or len(divisors) != 1:
-        types = [next(f["type"] for f in r["fields"] if f["name"] == ts_field) for r in records]
-        raise OptionError(
-            f"{name}: timestamp_field {ts_field!r} must be an int/long of epoch "
-            f"milliseconds or a timestamp-millis/-micros/-nanos long; it is {' / '.join(map(short_schema, types))}"
-        )
-    return divisors.pop()
-
-
-def _generic_headers(avro: Avro, hname: str) -> pa.Array:
-    schema, items = unwrap(avro, "headers", "RecordHeaders")
-    arrays = branches(schema)
-    ok = (
-        len(arrays) == 1
-        and isinstance(arrays[0], dict)
-        and arrays[0].get("type") == "array"
-        and all(is_record(r) for r in branches(arrays[0].get("items")))
-        and all({"key", "value"} <= {f["name"] for f in r["fields"]} for r in branches(arrays[0]["items"]))
-    )
-    if not ok:
-        raise CorruptFile(
-            f"{hname}: not a Kafka Connect headers file (an array of {{key, value}} records); "
-            f"schema {short_schema(avro.schema)}"
-        )
-    return header_array(items)
-
-
-def _ts_divisor(ftype: Any) -> int | None:
-    """Divisor to milliseconds for a timestamp field type, None if it is not one."""
-    one = branches(ftype)
-    if len(one) != 1:
-        return None
-    t = one[0]
-    if isinstance(t, str):
-        return 1 if t in ("int", "long") else None
-    if isinstance(t, dict) and t.get("type") in ("int", "long"):
-        return _TS_DIVISOR.get(t.get("logicalType"))
-    return None

@@ -62,6 +62,9 @@ def parse_txnindex(data: bytes, name: str) -> list[Aborted]:
 class KafkaSegmentsSource(SourceArchive):
     """Log segments of a broker's log directory, or of Aiven tiered storage."""
 
+    format = "kafka-segments"
+    layouts = (_BROKER, tiered.KEY)
+
     contiguous = False  # offsets skip at markers, aborted transactions and compaction
 
     def __init__(self, store: Storage, threads: int = 16) -> None:

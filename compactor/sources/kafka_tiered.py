@@ -44,7 +44,7 @@ KEY = re.compile(
 
 
 @dataclass(frozen=True)
-class Manifest:
+class SegmentManifest:
     """What keyfill reads of an `.rsm-manifest` (version 1)."""
 
     chunks: tuple[tuple[int, int], ...]  # per chunk: (original size, stored size)
@@ -131,7 +131,7 @@ def _chunks(index: dict, name: str) -> tuple[tuple[int, int], ...]:
     return tuple(zip(original, stored))
 
 
-def parse_manifest(data: bytes, name: str) -> Manifest:
+def parse_manifest(data: bytes, name: str) -> SegmentManifest:
     """An `.rsm-manifest`. Encrypted segments are refused: their data key is wrapped with the
     broker's RSA key, which keyfill does not hold."""
     try:
@@ -160,7 +160,7 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
         leader_epoch = max((int(e) for e in epochs), default=-1)
     except ValueError:
         raise CorruptFile(f"{name}: the manifest's segmentLeaderEpochs has a key that is not an epoch") from None
-    return Manifest(
+    return SegmentManifest(
         chunks=_chunks(_get(doc, "chunkIndex", name, dict), name),
         compression=_get(doc, "compression", name, bool),
         transaction=txn,
@@ -174,7 +174,7 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
     )
 
 
-def check_manifest(m: Manifest, key: re.Match, name: str) -> None:
+def check_manifest(m: SegmentManifest, key: re.Match, name: str) -> None:
     """The manifest describes the segment its key names. The key's topic folder may carry the
     tail of a prefix that does not end in `/` (`<prefix><topic>-<id>`): the topic is the
     manifest's, which the folder name must end with."""
@@ -189,7 +189,7 @@ def check_manifest(m: Manifest, key: re.Match, name: str) -> None:
         raise CorruptFile(f"{name}: end offset {m.end} is before start offset {m.start}")
 
 
-def check_stored(length: int, m: Manifest, name: str) -> None:
+def check_stored(length: int, m: SegmentManifest, name: str) -> None:
     """Raises CorruptFile, naming the first chunk missing, when the stored `.log` object is
     not `length` bytes as the manifest's chunk index says."""
     if length == m.stored_size:
@@ -208,7 +208,7 @@ def check_stored(length: int, m: Manifest, name: str) -> None:
     )
 
 
-def segment_bytes(data: bytes, m: Manifest, name: str) -> bytes | bytearray:
+def segment_bytes(data: bytes, m: SegmentManifest, name: str) -> bytes | bytearray:
     """The broker's segment from its stored `.log` object: the chunks as the manifest lays
     them out, each zstd-decompressed on its own when the manifest says compression."""
     check_stored(len(data), m, name)
@@ -239,7 +239,7 @@ class Segment:
 
     key: str  # the `.log` object
     size: int
-    manifest: Manifest
+    manifest: SegmentManifest
 
 
 @dataclass(frozen=True)

@@ -8,23 +8,38 @@ import json
 from compactor import defaults
 from keyfill.cli.args import byte_size, fraction, mb, positive_int
 
+_OPTION_DEST = "source_option."  # a format's option `name` is parsed into `source_option.<name>`
+
 
 def add_source_options(p: argparse.ArgumentParser) -> None:
+    """`--format`, its choices from the source registry, and every format's own flags, each
+    format's under a heading of its own: what a format declares (`compactor.sources`)."""
+    from compactor.sources import FORMATS, Option
+
     p.add_argument(
-        "--format",
-        dest="source_format",
-        default=defaults.SOURCE_FORMAT,
-        choices=["envelope", "kafka-connect", "kafka-segments", "iceberg"],
-        help="source layout",
+        "--format", dest="source_format", default=defaults.SOURCE_FORMAT, choices=list(FORMATS), help="source layout"
     )
-    p.add_argument("--key-field", help="kafka-connect: value field holding the key (when no .keys.* files)")
-    p.add_argument("--timestamp-field", help="kafka-connect: value field holding the event time")
-    p.add_argument(
-        "--allow-dropped",
-        action="store_true",
-        help="kafka-connect: accept files holding fewer records than the next file's start offset implies "
-        "(dropped tombstones, filtering SMTs, compacted topics); their records are numbered from the file's start",
-    )
+    added: dict[str, tuple[Option, argparse.Action]] = {}
+    for name, source in FORMATS.items():
+        group = None
+        for o in source.Options.options():
+            if o.flag in added:  # an option two formats take: one flag, its help naming both
+                first, action = added[o.flag]
+                if first.switch != o.switch:
+                    raise AssertionError(f"{o.flag}: a switch for one format and not for another")
+                action.help += f" (also --format {name})"
+                continue
+            group = group or p.add_argument_group(f"options of --format {name}")
+            kw = {"action": "store_true"} if o.switch else {"metavar": o.metavar}
+            action = group.add_argument(
+                o.flag, dest=_OPTION_DEST + o.name, default=argparse.SUPPRESS, help=f"{name}: {o.help}", **kw
+            )
+            added[o.flag] = (o, action)
+
+
+def source_options_from_args(args: argparse.Namespace) -> dict:
+    """The format options given on the command line, by name (checked by the format)."""
+    return {k.removeprefix(_OPTION_DEST): v for k, v in vars(args).items() if k.startswith(_OPTION_DEST)}
 
 
 def source_from_args(args: argparse.Namespace, url: str, **kw):
@@ -32,14 +47,7 @@ def source_from_args(args: argparse.Namespace, url: str, **kw):
     (`kw`: e.g. threads), for the subcommands and jobs that read a source."""
     from compactor.sources import open_source
 
-    return open_source(
-        url,
-        format=args.source_format,
-        key_field=args.key_field,
-        timestamp_field=args.timestamp_field,
-        allow_dropped=args.allow_dropped,
-        **kw,
-    )
+    return open_source(url, format=args.source_format, options=source_options_from_args(args), **kw)
 
 
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,9 +121,7 @@ def compact_config(args: argparse.Namespace):
         groups=args.groups,
         slice_duration=args.slice_duration,
         source_format=args.source_format,
-        key_field=args.key_field,
-        timestamp_field=args.timestamp_field,
-        allow_dropped=args.allow_dropped,
+        source_options=source_options_from_args(args),
         topic=args.topic,
         codec=args.codec,
         block_bytes=args.block_bytes,

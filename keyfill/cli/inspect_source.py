@@ -29,12 +29,14 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compactor.sources import FORMATS
+    from compactor.sources import FORMATS, source_options
     from keyfill.cli import inspect_compacted
+    from keyfill.cli.compact import source_options_from_args
     from keyfill.summary import inspect_archive
     from keygroups import compacted
     from keygroups.storage import open_storage
 
+    source_options(args.source_format, source_options_from_args(args))  # another format's flag fails here
     if FORMATS[args.source_format].storage_url:  # else a table or catalog URL, never a compacted archive
         store = open_storage(args.url, threads=args.threads)
         if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):

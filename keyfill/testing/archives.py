@@ -82,7 +82,7 @@ def _chunks(archive: TopicArchive) -> list[list[Record]]:
 
 def write_archive(archive: TopicArchive, url: str | Storage, layout: str = "envelope") -> dict:
     """Write `archive` under `url` in `layout`; returns the `CompactConfig` options that read
-    it (`source`, `source_format` and, for Connect, `timestamp_field`)."""
+    it (`source`, `source_format` and, for Connect, `source_options`)."""
     store = open_storage(url) if isinstance(url, str) else url
     if layout == "envelope":
         from compactor.sources.envelope import write_chunk
@@ -106,7 +106,8 @@ def write_archive(archive: TopicArchive, url: str | Storage, layout: str = "enve
             to_value=json.loads,
             records_per_file=archive.chunk_records,
         )
-        return {"source": store.url, "source_format": "kafka-connect", "timestamp_field": "timestamp"}
+        connect = {"timestamp_field": "timestamp"}
+        return {"source": store.url, "source_format": "kafka-connect", "source_options": connect}
     if layout == "kafka-segments":
         for chunk in _chunks(archive):
             base = chunk[0].offset

@@ -91,7 +91,7 @@ def _read_back(source: dict, published: list[Record]) -> list[Record]:
     from compactor.sources import open_source
 
     wanted = {(r.partition, r.offset) for r in published}
-    src = open_source(source["source"], format=source["source_format"], timestamp_field=source.get("timestamp_field"))
+    src = open_source(source["source"], format=source["source_format"], options=source.get("source_options"))
     out = []
     for chunk in src.list_chunks():
         out += [r for r in records_of(src.read(chunk)) if (r.partition, r.offset) in wanted]

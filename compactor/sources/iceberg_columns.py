@@ -1,0 +1,87 @@
+"""Redpanda Iceberg Topics' columns as `--format iceberg` reads them: the types the
+`redpanda` struct must have, and the conversions of its columns and the value's to envelope
+columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from compactor.sources.kafka_connect_avro import encode_json
+from compactor.sources.kafka_connect_parquet import _UNIT_DIVISOR, _plain
+
+RP = "redpanda"
+
+
+def needed() -> dict[str, tuple[type, ...]]:
+    from pyiceberg.types import (
+        IntegerType,
+        LongType,
+        TimestampNanoType,
+        TimestampType,
+        TimestamptzNanoType,
+        TimestamptzType,
+    )
+
+    times = (TimestamptzType, TimestampType, TimestamptzNanoType, TimestampNanoType)  # older Redpanda: timestamp
+    return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
+
+
+def struct_field(struct, name: str):
+    try:
+        return struct.field_by_name(name)
+    except (AttributeError, ValueError):
+        return None
+
+
+def millis(ts: pa.Array) -> np.ndarray:
+    """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds;
+    _check_schema admits only timestamp types)."""
+    return ts.cast(pa.int64()).to_numpy() // _UNIT_DIVISOR[ts.type.unit]
+
+
+def slim(task):
+    """A scan task without the manifest's per-column statistics (less than half the pickled size)."""
+    from pyiceberg.manifest import DataFile, DataFileContent
+    from pyiceberg.table import FileScanTask
+
+    f = task.file
+    slim = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=f.file_path,
+        file_format=f.file_format,
+        partition=f.partition,
+        record_count=f.record_count,
+        file_size_in_bytes=f.file_size_in_bytes,
+    )
+    slim.spec_id = f.spec_id
+    return FileScanTask(slim)
+
+
+def parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
+    """Parquet column path -> "partition" / "offset", matched by Iceberg field id (a renamed
+    column keeps its id), or by the table's names when the file carries no ids."""
+    ids = {schema.find_field(f"{RP}.{name}").field_id: name for name in ("partition", "offset")}
+    rp_id = schema.find_field(RP).field_id
+
+    def field_id(field: pa.Field) -> int | None:
+        raw = (field.metadata or {}).get(b"PARQUET:field_id")
+        return int(raw) if raw is not None else None
+
+    out = {}
+    for top in file_schema:
+        if field_id(top) == rp_id and pa.types.is_struct(top.type):
+            out.update({f"{top.name}.{c.name}": ids[field_id(c)] for c in top.type if field_id(c) in ids})
+    return out or {f"{RP}.{name}": name for name in ids.values()}
+
+
+def binary(a: pa.Array) -> pa.Array:
+    return a.cast(pa.binary())
+
+
+def json_values(table: pa.Table) -> pa.Array:
+    """Value-schema mode: each row's value columns as the compact JSON object the Kafka
+    Connect source writes (compactor.sources.kafka_connect_avro.encode_json)."""
+    cols = {name: _plain(table.column(name).combine_chunks()) for name in table.column_names}
+    rows = pa.table(cols).to_pylist()
+    return pa.array([encode_json(r).encode() for r in rows], pa.binary())

@@ -1,0 +1,90 @@
+"""An Iceberg source's chunks: offset ranges of one partition, planned from where each data
+file's rows lie (its extents), so a chunk reads only the files that overlap it and holds
+about the target number of rows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DataFileBounds:
+    """One data file and where its rows lie: partitions plo..phi, offsets olo..ohi."""
+
+    index: int  # into IcebergSource._tasks
+    plo: int
+    phi: int
+    olo: int
+    ohi: int
+    records: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Extent:
+    """The rows of one partition in one data file: offsets lo..hi, about `records` of them."""
+
+    partition: int
+    lo: int
+    hi: int
+    records: float
+    size: float
+    file: int
+
+
+def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, tuple[int, ...], float]]:
+    """(partition, lo, hi, data files, estimated bytes) per chunk: per partition, extents
+    whose offset ranges overlap form a group (its rows can only be ordered together); groups
+    of more than `target` rows are cut into equal offset ranges, each reading every file
+    that overlaps it, and consecutive small groups are joined up to `target` rows."""
+    out = []
+    by_partition: dict[int, list[Extent]] = {}
+    for e in extents:
+        by_partition.setdefault(e.partition, []).append(e)
+    for p, es in sorted(by_partition.items()):
+        es.sort(key=lambda e: (e.lo, e.hi))
+        groups: list[list[Extent]] = []
+        highs: list[int] = []  # each group's highest offset
+        for e in es:
+            if groups and e.lo <= highs[-1]:
+                groups[-1].append(e)
+                highs[-1] = max(highs[-1], e.hi)
+            else:
+                groups.append([e])
+                highs.append(e.hi)
+        pieces: list[tuple[int, int, list[Extent], float, float]] = []
+        for g, hi in zip(groups, highs):
+            lo = g[0].lo
+            records = sum(e.records for e in g)
+            k = max(1, min(math.ceil(records / target), hi - lo + 1))
+            width = -(-(hi - lo + 1) // k)
+            for a in range(lo, hi + 1, width):
+                b = min(hi, a + width - 1)
+                inside = [e for e in g if e.lo <= b and e.hi >= a]
+                share = [(min(b, e.hi) - max(a, e.lo) + 1) / (e.hi - e.lo + 1) for e in inside]
+                pieces.append(
+                    (
+                        a,
+                        b,
+                        inside,
+                        sum(e.records * s for e, s in zip(inside, share)),
+                        sum(e.size * s for e, s in zip(inside, share)),
+                    )
+                )
+        run: list = []
+        run_records = 0.0
+        for piece in pieces:
+            if run and (run_records + piece[3] > target or len(run) >= 256):
+                out.append(_joined(p, run))
+                run, run_records = [], 0.0
+            run.append(piece)
+            run_records += piece[3]
+        if run:
+            out.append(_joined(p, run))
+    return out
+
+
+def _joined(p: int, run: list) -> tuple[int, int, int, tuple[int, ...], float]:
+    files = sorted({e.file for piece in run for e in piece[2]})
+    return p, run[0][0], run[-1][1], tuple(files), sum(piece[4] for piece in run)

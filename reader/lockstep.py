@@ -1,0 +1,357 @@
+"""Multithreaded replay of a compacted archive, in slice lockstep for the consumer only.
+
+T threads share the G key groups (balanced by bytes: `reader.plan`). Every thread reads and
+decodes its groups' pieces a step of about a MiB at a time, the group that is furthest
+behind first (`reader.fetch`: runs of upcoming pieces are already in flight), and hands each
+step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
+thread's steps and yields the watermark of s once every thread is past s
+(`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
+of s and before any record of s + 1 (docs/design.md, invariants 1-4), and no thread waits for
+another. Inside a slice `reader.pacing` bounds how far threads
+drift apart in event time; `reader.checkpoint` is the position the consumer can resume from.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from keygroups import compacted, envelope
+from keygroups.errors import KeyfillError, OptionError
+from keygroups.piece_columns import PieceColumns
+from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from keygroups.storage import Storage, open_storage
+from reader.checkpoint import Checkpoint
+from reader.fetch import FetchPool, PieceFetcher, bounded_read_ahead, run_bytes
+from reader.options import ReplayOptions
+from reader.pacing import Pacer
+from reader.plan import ReplayPlan
+from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
+
+_KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
+RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
+
+
+class Records(NamedTuple):
+    """Records of one key group in one slice, in the piece's order. A named tuple, not a
+    frozen dataclass: a replay of 10 s slices yields one per piece, and building a frozen
+    dataclass took 4x as long."""
+
+    batch: pa.RecordBatch
+    slice: int
+    group: int
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """No later record has a timestamp below `timestamp_ms` unless it was already late in its
+    own partition's original order (with the replay's `watermark_bound_ms`)."""
+
+    timestamp_ms: int
+    slice: int
+
+
+def _tag(batch: pa.RecordBatch, group: int) -> pa.RecordBatch:
+    """Records with their key group: done once per run of pieces, not per piece."""
+    return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, group, np.int32)))
+
+
+class ReplayError(KeyfillError, RuntimeError):
+    """A read, check or decode failed in a replay thread; names the file, slice and group."""
+
+
+class Replay:
+    """The iterator `replay()` returns; use it as a context manager."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        resume: dict | None = None,
+        store: Storage | None = None,
+        options: ReplayOptions | None = None,
+        **kwargs: Any,
+    ):
+        self.options = opts = options or ReplayOptions(**kwargs)
+        self.store = store or open_storage(url, threads=max(opts.threads * 2, 16))
+        self.manifest = compacted.load_manifest(self.store)
+        self.fingerprint = self.manifest.archive
+        self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
+        self._stop = threading.Event()
+        self.pacer = Pacer(opts, self.plan.group_bytes, self._stop)
+        self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop)
+        self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
+        self._pool = FetchPool(max(2, opts.threads))
+        # the budget, bounded by the memory the process has (reader.fetch.bounded_read_ahead)
+        self._run_bytes = run_bytes(bounded_read_ahead(opts.read_ahead_bytes), self.manifest.groups, opts.range_bytes)
+        self._fetchers: list[PieceFetcher] = []
+        self._workers: list[threading.Thread] = []
+        self._started = False
+        self._last_slice_spread = self._max_slice_spread = 0
+
+        # Position: the slice being replayed, records of each group already yielded in it.
+        self._slice = 0
+        self._emitted: dict[int, int] = {}
+        self._watermark: int | None = None
+        if resume is not None:
+            cp = Checkpoint.from_json(resume)
+            cp.check(self.manifest, self.store.url)
+            self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
+        # records to drop at the start of each group's piece of the slice the replay resumes in
+        self._skip, self._skip_slice = dict(self._emitted), self._slice
+
+    @property
+    def gets(self) -> int:
+        """GET requests made for pieces and headers so far."""
+        return sum(f.gets for f in self._fetchers)
+
+    @property
+    def max_spread_ms(self) -> int:
+        """The largest event-time spread across threads seen so far."""
+        return max(self.pacer.max_spread_ms, self._max_slice_spread)
+
+    def spread_ms(self) -> int:
+        """Event-time spread across the threads still working on the current slice (without
+        a drift bound: across the threads of the last slice replayed, see `_slice_spread`)."""
+        return self.pacer.spread_ms() if self.pacer.max_drift_ms is not None else self._last_slice_spread
+
+    def _slice_spread(self, s: int) -> None:
+        """Without a drift bound the consumer takes each thread's pieces of a slice whole, one
+        after another: threads are as far apart as the slice's records reach (`ReplayPlan.slice_spread`)."""
+        self._last_slice_spread = self.plan.slice_spread(s)
+        self._max_slice_spread = max(self._max_slice_spread, self._last_slice_spread)
+
+    def checkpoint(self) -> dict:
+        """JSON-serialisable position covering exactly the events yielded so far."""
+        return Checkpoint(
+            archive=self.fingerprint,
+            url=self.store.url,
+            slices=self.plan.slices,
+            slice=self._slice,
+            groups=dict(self._emitted),
+            watermark=self._watermark,
+        ).to_json()
+
+    # --- threads ----------------------------------------------------------------------------
+
+    def _worker(self, t: int, first: int) -> None:
+        plan = self.plan
+        fetcher = self._fetchers[t]
+        try:
+            if self.pacer.max_drift_ms is None:
+                self._stepped(t, fetcher, first)
+                return
+            for s in range(first, plan.slices):  # under a drift bound every thread meets at every slice
+                own = plan.thread_pieces(s // SLICES_PER_ROW_GROUP, t).get(s, [])
+                fetcher.prefetch(s)
+                # No thread declares where slice s starts before every thread has finished
+                # s - 1: the pacer would hold a thread of s - 1 back against it.
+                self._barrier.wait()
+                if own:  # event time starts at the earliest record it will emit, known from the index
+                    self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
+                # Everyone declares where its slice starts before anyone emits: a thread that
+                # began late would otherwise join below a bound the others already used.
+                self._barrier.wait()
+                self._paced(t, fetcher, s, own)
+                self.pacer.end_slice(t)
+                if not self._merge.put(t, [], s + 1):  # at once: the others wait at the next barrier
+                    return
+        except threading.BrokenBarrierError:
+            return
+        except BaseException as exc:  # surfaces in the consumer
+            self._merge.fail(exc)
+            self._barrier.abort()
+
+    def _stepped(self, t: int, fetcher: PieceFetcher, first: int) -> None:
+        """Without a drift bound: thread t's groups a decoded step at a time, always the group
+        whose next piece is earliest (so the thread's FIFO goes forward in slice order, and
+        `through` is the earliest slice some group of it still has to hand over). Per step,
+        not per piece: a 10 s slice's piece is a few KB, and per-piece work in every thread,
+        each taking the GIL in turn, held them all back (`reader.slice_merge`)."""
+        slices, merge, pacer, stop = self.plan.slices, self._merge, self.pacer, self._stop
+        heap = [(first, g) for g in sorted(self.plan.groups_of(t))]  # (nothing of g left before, g)
+        fetcher.prefetch(first)
+        while heap:
+            if stop.is_set():
+                return
+            s, g = heap[0]
+            fetcher.prefetch(s)
+            nxt = fetcher.next_slice(g, s)
+            if nxt is None:  # nothing of g within the look-ahead: look again from where it stopped
+                frontier = fetcher.frontier(g)
+                if frontier >= slices:
+                    heapq.heappop(heap)
+                else:
+                    heapq.heapreplace(heap, (frontier, g))
+                if not merge.put(t, [], heap[0][0] if heap else slices):
+                    return
+                continue
+            if nxt > s:
+                heapq.heapreplace(heap, (nxt, g))
+                continue
+            step, batch, counts = self._step(fetcher, g)
+            numbers = step.slice.tolist()
+            heapq.heapreplace(heap, (numbers[-1] + 1, g))
+            if not merge.put(t, [Bundle(batch, g, numbers, counts)], heap[0][0] if heap else slices):
+                return
+            if pacer.proportional:  # the seed's heuristic: a sleep per batch, lighter groups longer
+                pacer.advance(t, int(step.max_timestamp[-1]), g, len(step))
+        merge.put(t, [], slices)  # says this thread is past every slice
+
+    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int]]:
+        """Group g's next decoded step and its pieces' record counts; in the slice this replay
+        resumed in, without the records emitted before its checkpoint."""
+        p = fetcher.next_piece(g)  # what an error names
+        step, batch = self._named(p, fetcher.step, g)
+        counts = step.records.tolist()
+        if p.slice == self._skip_slice:  # only a step's first piece can be: steps start at `first`
+            skip = self._skipped(p, counts[0])
+            if skip:
+                batch, counts[0] = batch.slice(skip), counts[0] - skip
+        return step, batch, counts
+
+    def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
+        """Under a drift bound: this thread's groups merged by event time (each group in its
+        own order), so its event time only moves forward within the slice, each batch waiting
+        while the thread is too far ahead of the slowest."""
+        runs = []  # per group: its batches (row ranges) with a non-decreasing event-time key
+        batches: dict[int, pa.RecordBatch] = {}
+        for p in own:
+            if self._stop.is_set():
+                return
+            batch = self._read(fetcher, p, s == self._skip_slice)
+            runs.append(
+                [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(self.pacer.cut(batch, self.options.batch_size))]
+            )
+            batches[p.group] = batch
+        for ts, g, _, a, b in heapq.merge(*runs):
+            self.pacer.pace(t, ts)
+            if not self._merge.put(t, [Bundle(batches[g].slice(a, b - a), g, [s], [b - a])], s):
+                return
+            self.pacer.advance(t, ts, g)
+
+    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> pa.RecordBatch:
+        """The piece's records, tagged with their group and checked against the index before
+        any of them is emitted; `resumed`: in the slice this replay resumed in, only those not
+        emitted before its checkpoint."""
+        batch = self._named(p, fetcher.read, p)
+        skip = self._skipped(p, batch.num_rows) if resumed else 0
+        return batch.slice(skip) if skip else batch
+
+    def _named(self, p: compacted.Piece, read: Callable[..., Any], *args: Any) -> Any:
+        """`read(*args)`, its failure raised as a ReplayError naming piece p (a FormatError
+        names its own piece)."""
+        try:
+            return read(*args)
+        except compacted.FormatError as exc:
+            raise ReplayError(str(exc)) from exc
+        except BaseException as exc:
+            raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
+
+    def _skipped(self, p: compacted.Piece, records: int) -> int:
+        """Records of piece p (of `records`) emitted before the checkpoint this replay resumed
+        from: more than the piece has is a checkpoint of another archive or a damaged one."""
+        skip = self._skip.get(p.group, 0)
+        if skip > records:
+            raise ReplayError(
+                f"{p.where(self.store.url_for(p.file))}: the checkpoint says {skip} records were emitted, "
+                f"the piece has {records}"
+            )
+        return skip
+
+    # --- consumer ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Records | Watermark]:
+        if self._started:
+            raise RuntimeError("a replay can be iterated once")
+        self._started = True
+        slices = self.manifest.slices
+        for t in range(self.options.threads):
+            self._fetchers.append(
+                PieceFetcher(
+                    self.store,
+                    self._pool,
+                    self.plan.group_pieces,
+                    slices,
+                    self.plan.groups_of(t),
+                    run_bytes=self._run_bytes,
+                    part_bytes=self.options.range_bytes,
+                    ahead=self.options.read_ahead_bytes > 0,
+                    finish=_tag,
+                )
+            )
+        for t in range(self.options.threads):
+            w = threading.Thread(target=self._worker, args=(t, self._slice), name=f"keyfill-replay-{t}", daemon=True)
+            w.start()
+            self._workers.append(w)
+        size = self.options.batch_size
+        new = tuple.__new__  # Records(...) without its Python-level __new__: once per piece
+        while self._slice < slices:
+            s = self._slice
+            emitted = self._emitted
+            try:
+                for ready in self._merge.records(s):
+                    for bundle in ready:
+                        k, rows, g = bundle.next, bundle.rows, bundle.group
+                        bundle.next = k + 1
+                        a, b, batch = rows[k], rows[k + 1], bundle.batch
+                        n = b - a
+                        if 0 < n <= size:  # the common case: the piece is one batch
+                            emitted[g] = emitted.get(g, 0) + n  # before the yield: a checkpoint may follow it
+                            yield new(Records, (batch.slice(a, n), s, g))
+                            continue
+                        # a piece over batch_size is several; none if the checkpoint this replay
+                        # resumed from covered it all
+                        for at in range(a, b, size):
+                            m = min(size, b - at)
+                            emitted[g] = emitted.get(g, 0) + m
+                            yield Records(batch.slice(at, m), s, g)
+            except ThreadFailed as failed:
+                self.close()
+                if isinstance(failed.error, ReplayError):
+                    raise failed.error from None
+                raise ReplayError(str(failed.error)) from failed.error
+            if self._stop.is_set():
+                return
+            if self.pacer.max_drift_ms is None:
+                self._slice_spread(s)
+            mark = self.manifest.bounds(s)[1] - self.options.watermark_bound_ms
+            self._slice = s + 1
+            self._emitted = {}
+            self._watermark = mark
+            yield Watermark(mark, s)
+
+    def close(self) -> None:
+        """Stop all threads promptly (about a second at most, whatever they are doing);
+        safe to call twice. A thread stuck in a GET is a daemon: it is abandoned, ends when
+        its request times out, and emits nothing more."""
+        self._stop.set()
+        self._barrier.abort()
+        self._pool.shutdown()
+        deadline = time.monotonic() + 1.0
+        for w in self._workers:
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def replay(url: str, *, threads: int = 16, resume: dict | None = None, **options: Any) -> Replay:
+    """Replay the compacted archive at `url` with `threads` readers, resuming from a
+    `checkpoint()` if given. Options: see `reader.options.ReplayOptions` (batch_size,
+    watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms, pacing)."""
+    if "options" in options:  # a ReplayOptions value: it carries the thread count itself
+        if len(options) > 1 or threads != 16:
+            raise OptionError("pass either options=ReplayOptions(...) or keyword options, not both")
+        return Replay(url, resume=resume, **options)
+    return Replay(url, threads=threads, resume=resume, **options)
