@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +34,7 @@ from compactor.sources.envelope import ArchiveIndex, SourceChunk, build_index
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 from reader.flink_keyby import consumer_indexes, flink_default_max_parallelism
+from reader.lockstep import Replay
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
 
@@ -210,3 +212,22 @@ class ShardedReplay(_BaselineReplay):
             return keep
 
         return [(order, keeper(i)) for i in range(self.shards)]
+
+
+class SeedPacedReplay(Replay):
+    """The keyfill replay with the seed design's event-time control instead of a drift bound:
+    after each decoded step a thread sleeps, longer for lighter groups (a batch of the
+    heaviest group not at all, of an empty one `sleep_s`), hoping the heavy groups' threads
+    keep up. The drift comparison's baseline; not part of the reader."""
+
+    def __init__(self, url: str, *, sleep_s: float = 0.001, **kwargs) -> None:
+        super().__init__(url, **kwargs)
+        self._weights = self.plan.group_bytes
+        self._heaviest = int(self._weights.max()) if len(self._weights) else 0
+        self._sleep_s = sleep_s
+
+    def _step(self, fetcher, g):
+        step, batch, counts = super()._step(fetcher, g)
+        if self._heaviest:
+            time.sleep(len(step) * self._sleep_s * (self._heaviest - int(self._weights[g])) / self._heaviest)
+        return step, batch, counts

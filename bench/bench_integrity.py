@@ -40,7 +40,7 @@ def ensure_archive(args: argparse.Namespace) -> str:
 
 
 def _variant(check):
-    """read_run with `check(piece bytes)` as its checksum step."""
+    """read_span with `check(piece bytes)` as its checksum step."""
 
     def decode(header: bytes, data: bytes, start: int, pieces: list[compacted.Piece], name: str):
         for p in pieces:
@@ -56,7 +56,7 @@ def _variant(check):
 
 
 VARIANTS = {
-    "crc32c (ships)": compacted.read_run,
+    "crc32c (ships)": compacted.read_span,
     "sha256": _variant(lambda data: len(hashlib.sha256(data).hexdigest()) == 64),
     "no checksum": _variant(lambda data: True),
 }
@@ -97,17 +97,17 @@ def main() -> None:
     total = sum(f.stat().st_size for f in files)
     print(f"archive: {len(files)} segment files, {total / 1e6:.0f} MB, {args.records:,} records")
 
-    shipped = compacted.read_run
+    shipped = compacted.read_span
     replay_rate(url, args.threads[0])  # warm the page cache and numba
     for threads in args.threads:
         rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for _ in range(args.rounds):
             for name, fn in VARIANTS.items():
-                compacted.read_run = fn
+                compacted.read_span = fn
                 try:
                     rates[name].append(replay_rate(url, threads))
                 finally:
-                    compacted.read_run = shipped
+                    compacted.read_span = shipped
         med = {k: statistics.median(v) for k, v in rates.items()}
         base = med["no checksum"]
         print(

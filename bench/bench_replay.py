@@ -28,7 +28,7 @@ is SeaweedFS on this machine, sharing its 2 cores with the replay; every GetObje
 sleeps --latency-ms in a botocore before-send hook, which models an object store's round
 trip (waiting releases the GIL, as real network waits do).
 
---drift (on by default when `reader.replay` has `max_drift_ms`/`pacing`): on a hot-key
+--drift (on by default): on a hot-key
 archive (one key = 90% of bytes), no control vs the seed's proportional sleep vs the drift
 bound: max event-time spread across threads (sampled by the consumer) and throughput.
 """
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import reader
-from bench.baselines import PerPartitionReplay, ShardedReplay
+from bench.baselines import PerPartitionReplay, SeedPacedReplay, ShardedReplay
 from compactor.sources.envelope import build_index
 from keygroups import compacted
 from keygroups.storage import ObjectInfo, S3Storage, Storage, open_storage
@@ -331,24 +331,19 @@ def measure_case(
     return rows
 
 
-def drift_supported() -> bool:
-    fields = reader.ReplayOptions.__dataclass_fields__
-    return "max_drift_ms" in fields and "pacing" in fields
-
-
 def run_drift(store: Storage, args: argparse.Namespace, records: int) -> list[tuple[str, Row, int, int | None]]:
     """(label, row, max sampled spread, the replay's own max spread if it keeps one)."""
     out = []
-    variants: list[tuple[str, dict[str, Any]]] = [
-        ("no control", {}),
-        ('pacing="proportional" (seed)', {"pacing": "proportional"}),
-        (f"max_drift_ms={args.drift_bound_ms:,}", {"max_drift_ms": args.drift_bound_ms}),
+    variants: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+        ("no control", reader.replay, {}),
+        ("seed's proportional sleep (bench.baselines)", SeedPacedReplay, {}),
+        (f"max_drift_ms={args.drift_bound_ms:,}", reader.replay, {"max_drift_ms": args.drift_bound_ms}),
     ]
-    for label, options in variants:
+    for label, open_replay, options in variants:
         t = time.perf_counter()
         n = 0
         spread = 0
-        with reader.replay(store.url, threads=args.drift_threads, store=store, **options) as events:
+        with open_replay(store.url, threads=args.drift_threads, store=store, **options) as events:
             sample = getattr(events, "spread_ms", None)
             for ev in events:
                 if isinstance(ev, reader.Records):
@@ -411,8 +406,8 @@ def main() -> None:
     ap.add_argument(
         "--drift",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="drift-bound comparison (default: if reader.replay supports it)",
+        default=True,
+        help="drift-bound comparison (default: on)",
     )
     ap.add_argument("--hot-records", type=int, default=None, help="records of the hot-key archive (2M; --quick 300K)")
     ap.add_argument("--drift-bound-ms", type=int, default=60_000)
@@ -424,11 +419,6 @@ def main() -> None:
     args.hot_records = args.hot_records or (300_000 if args.quick else 2_000_000)
     args.threads = [int(t) for t in args.threads.split(",")]
     cases = set(args.cases.split(","))
-    supported = drift_supported()
-    if args.drift is None:
-        args.drift = supported
-    elif args.drift and not supported:
-        raise SystemExit("--drift: reader.replay has no max_drift_ms/pacing options yet")
 
     src_root, dest_root, _, hot_dest, sink_root = ensure_archives(args)
     print(f"\nkeyfill replay benchmark: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
@@ -514,11 +504,9 @@ def main() -> None:
             f"\ndrift bound: hot-key archive (one key = 90% of bytes), {hot_records:,} records, "
             f"{args.drift_threads} threads, local disk"
         )
-        print(f"  {'':<34} {'records/s':>11} {'max spread ms (sampled)':>24} {'(replay max)':>13}")
+        print(f"  {'':<44} {'records/s':>11} {'max spread ms (sampled)':>24} {'(replay max)':>13}")
         for label, row, spread, own in drift_rows:
-            print(f"  {label:<34} {row.rate:>11,.0f} {spread:>24,} {'' if own is None else f'{own:,}':>13}")
-    elif not supported:
-        print("\ndrift bound: left out: reader.replay has no max_drift_ms/pacing options yet")
+            print(f"  {label:<44} {row.rate:>11,.0f} {spread:>24,} {'' if own is None else f'{own:,}':>13}")
     with open(os.path.join(args.dir, "last-results.json"), "w") as f:
         json.dump({k: [r.__dict__ for r in v] for k, v in results.items()}, f, indent=1)
 

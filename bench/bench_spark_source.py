@@ -53,7 +53,7 @@ class SyntheticPlanner(rs.SourcePlanner):
         for f in partition.pieces:
             left = f.records
             while left:
-                n = min(left, t.num_rows, self.opts.batch_rows)
+                n = min(left, t.num_rows, self.opts.batch_size)
                 yield t.slice(0, n)
                 left -= n
 

@@ -16,20 +16,29 @@ from keygroups._from_zip import files_for
 __path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: the extracted copy (numba caches)
 
 
-from reader.checkpoint import CheckpointError
-from reader.flink_keyby import consumer_indexes, partition_batches
-from reader.options import ReplayOptions
-from reader.replay import RECORD_SCHEMA, Records, Replay, ReplayError, Watermark, replay
+# Where each public name is defined: imported on first use, so that the command line can read
+# `reader.options`' defaults without loading pyarrow and the replay.
+_PUBLIC = {
+    "replay": "reader.lockstep",
+    "Replay": "reader.lockstep",
+    "Records": "reader.lockstep",
+    "Watermark": "reader.lockstep",
+    "ReplayError": "reader.lockstep",
+    "RECORD_SCHEMA": "reader.lockstep",
+    "ReplayOptions": "reader.options",
+    "CheckpointError": "reader.checkpoint",
+    "partition_batches": "reader.flink_keyby",
+    "consumer_indexes": "reader.flink_keyby",
+}
 
-__all__ = [
-    "replay",
-    "Replay",
-    "ReplayOptions",
-    "Records",
-    "Watermark",
-    "ReplayError",
-    "CheckpointError",
-    "RECORD_SCHEMA",
-    "partition_batches",
-    "consumer_indexes",
-]
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        import importlib
+
+        value = globals()[name] = getattr(importlib.import_module(_PUBLIC[name]), name)  # once
+        return value
+    raise AttributeError(f"module 'reader' has no attribute {name!r}")
+
+
+__all__ = list(_PUBLIC)

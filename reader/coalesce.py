@@ -1,42 +1,16 @@
-"""Ranged GETs for pieces: consecutive pieces of one segment file are fetched together, in
-parts of a size object stores serve well (8-16 MiB), so a short slice costs a share of a GET
-instead of a GET of its own. The Spark source plans its reads with `runs`; the replay's
-`reader.fetch` builds the same runs incrementally, within its read-ahead budget. Both fetch
-a run's `span` in `parts` and check what came back with `checked`.
+"""Ranged GETs for pieces: consecutive pieces of one segment file are fetched together as a
+*span* of bytes, in parts of a size object stores serve well (8-16 MiB), so a short slice
+costs a share of a GET instead of a GET of its own. `reader.fetch` chooses the spans within
+its read-ahead budget; this module says which bytes to GET for one (`span`, `parts`) and
+checks what came back (`checked`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from keygroups.compacted import Piece
 from keygroups.errors import IntegrityError
-
-
-class PieceLike(Protocol):
-    file: str
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True)
-class Run:
-    """Pieces that lie back to back in one file, fetched as one span of bytes."""
-
-    file: str
-    start: int
-    end: int
-    pieces: tuple[int, ...]  # their positions in the list given to `runs`
-
-    def parts(self, part_bytes: int) -> list[tuple[int, int]]:
-        """(start, length) of the ranged GETs that tile the run, none longer than part_bytes."""
-        return parts(self.start, self.end, part_bytes)
-
-    def slice_of(self, data: bytes, piece: PieceLike) -> bytes:
-        """A piece's bytes out of the run's bytes."""
-        return data[piece.offset - self.start : piece.offset - self.start + piece.length]
 
 
 def parts(start: int, end: int, part_bytes: int) -> list[tuple[int, int]]:
@@ -67,22 +41,3 @@ def checked(data: bytes, start: int, pieces: Sequence[Piece], url: str) -> bytes
         p = pieces[-1]
         raise IntegrityError(f"{p.where(url)}: the object is longer than the {p.file_bytes} bytes the index says")
     return data
-
-
-def runs(pieces: Sequence[PieceLike], max_run_bytes: int | None = None) -> list[Run]:
-    """Pieces, in the order they will be read, grouped into runs: a piece joins the previous
-    run when it starts in the same file where that run ends (and the run stays within
-    `max_run_bytes`, the read-ahead budget's share)."""
-    out: list[Run] = []
-    for i, p in enumerate(pieces):
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and last.file == p.file
-            and last.end == p.offset
-            and (max_run_bytes is None or p.offset + p.length - last.start <= max_run_bytes)
-        ):
-            out[-1] = Run(last.file, last.start, p.offset + p.length, (*last.pieces, i))
-        else:
-            out.append(Run(p.file, p.offset, p.offset + p.length, (i,)))
-    return out

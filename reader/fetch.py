@@ -1,22 +1,13 @@
-"""Fetching pieces for the replay: each group's upcoming pieces as few large ranged GETs
-(consecutive pieces of a segment file coalesced into runs, `reader.coalesce`), within a
-read-ahead budget, on a pool of daemon threads that a stopped replay can abandon.
-
-The pool is written by hand because `concurrent.futures.ThreadPoolExecutor` joins its (non-daemon)
-threads when the interpreter exits: a GET stuck on a frozen endpoint would then hold a
-Ctrl-C'd replay open until the read timeout. These threads are daemons, and `shutdown`
-cancels what has not started and returns at once; a GET in flight finishes (or times
-out) on its own and its result is dropped.
-"""
+"""The group reader, shared by the replay and the Spark source: each group's upcoming pieces
+as few large ranged GETs (consecutive pieces of a segment file fetched together as a span,
+`reader.coalesce`), within a read-ahead budget (`reader.memory`), on a pool of daemon
+threads (`reader.fetch_pool`), every piece checked before its records are decoded."""
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,76 +19,21 @@ from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
 from reader.coalesce import checked, parts, span
+from reader.fetch_pool import FetchPool
 
-_STOP = object()
-
-
-class FetchPool:
-    def __init__(self, workers: int, name: str = "keyfill-read") -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._closed = False
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(max(1, workers))
-        ]
-        self._started = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        with self._lock:
-            if self._closed:
-                future.cancel()
-                return future
-            if not self._started:  # threads start on first use: a replay that fails early costs none
-                self._started = True
-                for t in self._threads:
-                    t.start()
-            self._tasks.put((future, fn, args))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._tasks.get()
-            if item is _STOP:
-                return
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-
-    def shutdown(self) -> None:
-        """Cancel queued work and let the threads end; never waits for a GET in flight."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        while True:
-            try:
-                item = self._tasks.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                item[0].cancel()
-        for _ in self._threads:
-            self._tasks.put(_STOP)
+LOOKAHEAD_SLICES = 256  # how far a span may reach past the slice being read
 
 
-LOOKAHEAD_SLICES = 256  # how far a run may reach past the slice being read
-
-
-def run_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
-    """The largest run a reader fetches: each group holds the run it reads and the next one
-    in flight, so 2 x groups runs share the budget, and no run exceeds `get_bytes` (unless
-    one piece does: a piece is never split between runs)."""
+def span_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
+    """The largest span a reader fetches: each group holds the span it reads and the next one
+    in flight, so 2 x groups spans share the budget, and no span exceeds `get_bytes` (unless
+    one piece does: a piece is never split between spans)."""
     share = read_ahead_bytes // max(1, 2 * groups)
     return max(1, min(get_bytes or share, share)) if read_ahead_bytes else 1
 
 
-# A fetched run is decoded a step of about this many bytes at a time: the decoded records a
-# group holds stay small whatever the run's length (a run is up to range_bytes, and decoded
+# A fetched span is decoded a step of about this many bytes at a time: the decoded records a
+# group holds stay small whatever the span's length (a span is up to range_bytes, and decoded
 # records are several times their compressed bytes). Measured at 10 s slices: 256 KiB, 512 KiB,
 # 2 MiB and 4 MiB steps all replayed slower (a step costs ~0.1 ms of its own; large ones
 # leave the cache).
@@ -105,13 +41,13 @@ DECODE_BYTES = 1 << 20
 
 
 class _Fetched:
-    """A run in flight: the futures of its parts (from byte `start`), joined once into bytes
+    """A span in flight: the futures of its parts (from byte `start`), joined once into bytes
     and decoded in steps of about DECODE_BYTES."""
 
     def __init__(self, start: int, pieces: PieceColumns, futures: list[Future]) -> None:
         self.start, self.pieces, self.futures = start, pieces, futures
         self.last_slice = int(pieces.slice[-1])
-        self._ends = np.cumsum(pieces.length)  # bytes of the run's pieces up to each one's end
+        self._ends = np.cumsum(pieces.length)  # bytes of the span's pieces up to each one's end
         self._data: bytes | None = None
         self._records: dict[int, pa.RecordBatch] = {}  # decoded and not yet read, by slice
         self._decoded = 0  # pieces decoded so far
@@ -124,7 +60,7 @@ class _Fetched:
 
     @property
     def next_piece(self) -> Piece:
-        """The first piece not yet decoded (the run is dropped once all are)."""
+        """The first piece not yet decoded (the span is dropped once all are)."""
         return self.pieces[self._decoded]
 
     @property
@@ -132,7 +68,7 @@ class _Fetched:
         return int(self.pieces.slice[self._decoded])
 
     def index_of(self, s: int) -> int | None:
-        """Where the run's piece of slice s is, if it has one."""
+        """Where the span's piece of slice s is, if it has one."""
         i = int(np.searchsorted(self.pieces.slice, s))
         return i if i < len(self.pieces) and self.pieces.slice[i] == s else None
 
@@ -146,7 +82,7 @@ class _Fetched:
         header: Callable[[Piece, str], bytes],
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
     ) -> tuple[PieceColumns, pa.RecordBatch]:
-        """The run's next pieces, about DECODE_BYTES of them (at least one), checked and
+        """The span's next pieces, about DECODE_BYTES of them (at least one), checked and
         decoded in one pass and `finish`ed once: their records back to back, piece after piece."""
         pieces, i = self.pieces, self._decoded
         url = url_for(pieces.file_of(i))
@@ -155,7 +91,7 @@ class _Fetched:
         j = max(i + 1, int(np.searchsorted(self._ends, done + DECODE_BYTES, side="right")))
         step = pieces.rows(i, j)
         head = data[: int(pieces.file_header[0])] if self.start == 0 else header(pieces[i], url)
-        batch = finish(compacted.read_run(head, data, self.start, step, url), int(pieces.group[0]))
+        batch = finish(compacted.read_span(head, data, self.start, step, url), int(pieces.group[0]))
         self._decoded = j
         if j == len(pieces):
             self._data = None
@@ -168,19 +104,19 @@ class _Fetched:
         header: Callable[[Piece, str], bytes],
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
     ) -> pa.RecordBatch:
-        """The records of the run's piece p (each piece is taken once), decoding the next
+        """The records of the span's piece p (each piece is taken once), decoding the next
         step if p is not decoded yet."""
         batch = self._records.pop(p.slice, None)
         if batch is not None:
             return batch
         step, whole = self.step(url_for, header, finish)
-        self._records.update(zip(step.slice.tolist(), compacted.split_run(whole, step)))
+        self._records.update(zip(step.slice.tolist(), compacted.split_span(whole, step)))
         return self._records.pop(p.slice)
 
 
 class PieceFetcher:
-    """One replay thread's view of its groups' pieces: keeps, per group, the run being read
-    and the next one in flight (two runs of at most `run_bytes`), GETs each run as parts of
+    """One replay thread's view of its groups' pieces: keeps, per group, the span being read
+    and the next one in flight (two spans of at most `span_bytes`), GETs each span as parts of
     at most `part_bytes`, and the Avro header of a file once."""
 
     def __init__(
@@ -191,16 +127,16 @@ class PieceFetcher:
         slices: int,
         groups: set[int],
         *,
-        run_bytes: int,
+        span_bytes: int,
         part_bytes: int,
         ahead: bool = True,
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch] = lambda batch, group: batch,
     ) -> None:
         self.store, self.pool, self.group_pieces, self.slices = store, pool, group_pieces, slices
-        self.run_bytes, self.part_bytes, self.ahead = run_bytes, part_bytes or (1 << 62), ahead
-        self.finish = finish  # applied to a run's records once, e.g. to tag them with their group
-        self._runs: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
-        self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for runs
+        self.span_bytes, self.part_bytes, self.ahead = span_bytes, part_bytes or (1 << 62), ahead
+        self.finish = finish  # applied to a span's records once, e.g. to tag them with their group
+        self._spans: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
+        self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for spans
         self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
         self._wake = 0  # prefetch has nothing to start before this slice (the look-ahead limit holds all back)
         self.gets = 0
@@ -210,12 +146,12 @@ class PieceFetcher:
         return self.pool.submit(self.store.read_range, key, start, length)
 
     def _schedule(self, g: int, limit: int) -> None:
-        """Start the GETs of group g's next run, looking at its pieces up to slice `limit`
+        """Start the GETs of group g's next span, looking at its pieces up to slice `limit`
         (a block's pieces by group come from the plan, as columns: no walk over every slice
         or piece)."""
         s = self._frontier[g]
         found: list[PieceColumns] = []
-        file, start, end = "", 0, 0  # the run so far: its file and bytes [start, end)
+        file, start, end = "", 0, 0  # the span so far: its file and bytes [start, end)
         while s < limit:
             block = s // SLICES_PER_ROW_GROUP
             mine = self.group_pieces(block, g)
@@ -229,7 +165,7 @@ class PieceFetcher:
                 if n:
                     found.append(mine.rows(a, a + n))
                     end = int(mine.offset[a + n - 1] + mine.length[a + n - 1])
-                if a + n < z:  # the run ends before this piece
+                if a + n < z:  # the span ends before this piece
                     stop = limit = int(mine.slice[a + n])
             s = stop
         self._frontier[g] = s
@@ -238,54 +174,54 @@ class PieceFetcher:
         pieces = PieceColumns.concat(found)
         start, end = span(pieces)
         futures = [self._submit(file, a, n) for a, n in parts(start, end, self.part_bytes)]
-        self._runs[g].append(_Fetched(start, pieces, futures))
+        self._spans[g].append(_Fetched(start, pieces, futures))
 
     def _joining(self, mine: PieceColumns, a: int, z: int, file: str, start: int, end: int) -> int:
-        """How many of pieces a..z-1 carry on the run of `file` bytes [start, end): each must
-        begin in that file where the one before it ends, and the run stay within run_bytes."""
-        cut = mine.rows(a, z)  # one view, its rows read once: this runs per block per run
+        """How many of pieces a..z-1 carry on the span of `file` bytes [start, end): each must
+        begin in that file where the one before it ends, and the span stay within span_bytes."""
+        cut = mine.rows(a, z)  # one view, its rows read once: this happens per block per span
         ids, offsets = cut.file_id, cut.offset
         ends = cut.end
         if mine.file_of(a) != file or offsets[0] != end:
             return 0
-        # a run's first piece joins whatever its size; a later one only within run_bytes
-        if end > start and ends[0] - start > self.run_bytes:
+        # a span's first piece joins whatever its size; a later one only within span_bytes
+        if end > start and ends[0] - start > self.span_bytes:
             return 0
-        bad = (ends[1:] - start > self.run_bytes) | (ids[1:] != ids[:-1]) | (offsets[1:] != ends[:-1])
+        bad = (ends[1:] - start > self.span_bytes) | (ids[1:] != ids[:-1]) | (offsets[1:] != ends[:-1])
         first_bad = int(bad.argmax()) if len(bad) else 0
         return first_bad + 1 if len(bad) and bad[first_bad] else z - a
 
     def _fill(self, g: int, s: int) -> None:
-        """Group g's runs in flight: the one being read and, with read-ahead, the next."""
+        """Group g's spans in flight: the one being read and, with read-ahead, the next."""
         limit = min(self.slices, s + LOOKAHEAD_SLICES)
-        runs, want = self._runs[g], 2 if self.ahead else 1
-        while len(runs) < want and self._frontier[g] < limit:
+        spans, want = self._spans[g], 2 if self.ahead else 1
+        while len(spans) < want and self._frontier[g] < limit:
             self._schedule(g, limit)
-        if len(runs) < want and self._frontier[g] < self.slices:  # held back by the look-ahead limit only
+        if len(spans) < want and self._frontier[g] < self.slices:  # held back by the look-ahead limit only
             self._wake = min(self._wake, self._frontier[g] - LOOKAHEAD_SLICES + 1)
 
     def prefetch(self, s: int) -> None:
-        """Make sure every group of this thread has its runs from slice s on in flight.
-        Called per slice: returns at once until the look-ahead limit lets a run start (a
-        run's end starts the next one from `read`)."""
+        """Make sure every group of this thread has its spans from slice s on in flight.
+        Called per slice: returns at once until the look-ahead limit lets a span start (a
+        span's end starts the next one from `read`)."""
         if s < self._wake:
             return
         self._wake = self.slices
-        for g in self._runs:
+        for g in self._spans:
             self._frontier.setdefault(g, s)
             self._fill(g, s)
 
     def next_slice(self, g: int, s: int) -> int | None:
-        """The slice of group g's next piece not yet decoded, from slice s on; its run is put
+        """The slice of group g's next piece not yet decoded, from slice s on; its span is put
         in flight if it is not. None: group g has none before `frontier(g)`, where the
         look-ahead limit stopped the search."""
-        runs = self._runs[g]
-        if not runs:
+        spans = self._spans[g]
+        if not spans:
             self._frontier[g] = start = max(s, self._frontier.get(g, s))
             self._schedule(g, min(self.slices, start + LOOKAHEAD_SLICES))
-            if not runs:
+            if not spans:
                 return None
-        return runs[0].next_slice
+        return spans[0].next_slice
 
     def frontier(self, g: int) -> int:
         """The first slice group g's pieces have not been looked for in yet."""
@@ -293,16 +229,16 @@ class PieceFetcher:
 
     def next_piece(self, g: int) -> Piece:
         """Group g's next piece, once `next_slice` said there is one: what an error names."""
-        return self._runs[g][0].next_piece
+        return self._spans[g][0].next_piece
 
     def step(self, g: int) -> tuple[PieceColumns, pa.RecordBatch]:
         """Group g's next pieces (once `next_slice` said there is one), decoded together:
-        their records back to back. The next run is put in flight when this one ends."""
-        runs = self._runs[g]
-        fetched = runs[0]
+        their records back to back. The next span is put in flight when this one ends."""
+        spans = self._spans[g]
+        fetched = spans[0]
         step, batch = fetched.step(self.store.url_for, self._header, self.finish)
         if fetched.done:
-            runs.popleft()
+            spans.popleft()
             if self.ahead:
                 self._fill(g, fetched.last_slice + 1)
         return step, batch
@@ -318,23 +254,23 @@ class PieceFetcher:
         return head
 
     def read(self, p: Piece) -> pa.RecordBatch:
-        """Piece p's records, checked against the index; the runs before it are dropped.
+        """Piece p's records, checked against the index; the spans before it are dropped.
         Called per piece: the common path is a few dict reads."""
-        runs = self._runs[p.group]
-        while runs and runs[0].last_slice < p.slice:
-            runs.popleft()
-        if not runs or runs[0].pieces.slice[0] > p.slice:  # not in flight (no read-ahead budget)
-            runs.clear()
+        spans = self._spans[p.group]
+        while spans and spans[0].last_slice < p.slice:
+            spans.popleft()
+        if not spans or spans[0].pieces.slice[0] > p.slice:  # not in flight (no read-ahead budget)
+            spans.clear()
             self._frontier[p.group] = p.slice
             self._schedule(p.group, p.slice + 1)
-        fetched = runs[0]
+        fetched = spans[0]
         at = fetched.index_of(p.slice)
         if at is None or fetched.pieces[at] != p:
             url = self.store.url_for(p.file)
-            raise FormatError(f"{p.where(url)}: not where the index put it when the run was planned")
+            raise FormatError(f"{p.where(url)}: not where the index put it when the span was planned")
         batch = fetched.take(p, self.store.url_for, self._header, self.finish)
         if p.slice == fetched.last_slice:
-            runs.popleft()
+            spans.popleft()
             if self.ahead:
                 self._fill(p.group, p.slice + 1)
         return batch
@@ -346,11 +282,11 @@ def read_groups(
     *,
     read_ahead_bytes: int,
     part_bytes: int,
-    workers: int = 4,
+    workers: int | None = None,
 ) -> Iterator[tuple[PieceColumns, pa.RecordBatch]]:
     """Pieces of some groups (each group's in slice order, groups in the order they come),
     read group after group by a `PieceFetcher` as the replay reads them: every group's first
-    runs put in flight at once within `read_ahead_bytes`, consecutive pieces of a file
+    spans put in flight at once within `read_ahead_bytes`, consecutive pieces of a file
     coalesced into ranged GETs of at most `part_bytes`, every piece checked before its
     records are decoded. Yields the decode steps: their pieces, and their records back to
     back. A failure is raised naming the piece (a FormatError names its own)."""
@@ -367,14 +303,15 @@ def read_groups(
             blocks[(g, int(block[a]))] = mine.rows(a, z)
     none = cols.rows(0, 0)
     first, end = int(cols.slice.min()), int(cols.slice.max()) + 1
-    pool = FetchPool(workers, "keyfill-group-read")
+    # GETs in flight: two spans per group, within 4..16 threads (a span's parts share them)
+    pool = FetchPool(workers or min(16, max(4, 2 * len(order))), "keyfill-group-read")
     fetcher = PieceFetcher(
         store,
         pool,
         lambda block, g: blocks.get((g, block), none),
         end,
         set(order),
-        run_bytes=run_bytes(read_ahead_bytes, len(order), part_bytes),
+        span_bytes=span_bytes(read_ahead_bytes, len(order), part_bytes),
         part_bytes=part_bytes,
         ahead=read_ahead_bytes > 0,
     )
@@ -397,35 +334,3 @@ def read_groups(
                 s = int(step.slice[-1]) + 1
     finally:
         pool.shutdown()
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still use: the cgroup's limit less its usage where one is set
-    (a container, a YARN or Kubernetes executor), else the machine's MemAvailable; None if
-    neither can be read."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit != "max":
-            with open("/sys/fs/cgroup/memory.current") as f:
-                return max(0, int(limit) - int(f.read()))
-    except (OSError, ValueError):
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def bounded_read_ahead(wanted: int, sharers: int = 1) -> int:
-    """`wanted`, but no more than a quarter of the available memory split between `sharers`
-    readers (the tasks an executor runs at once): a small executor is not pushed over its
-    limit by a budget sized for a large machine."""
-    free = available_memory()
-    if free is None:
-        return wanted
-    return min(wanted, max(1 << 20, free // (4 * max(1, sharers))))

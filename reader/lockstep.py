@@ -2,7 +2,7 @@
 
 T threads share the G key groups (balanced by bytes: `reader.plan`). Every thread reads and
 decodes its groups' pieces a step of about a MiB at a time, the group that is furthest
-behind first (`reader.fetch`: runs of upcoming pieces are already in flight), and hands each
+behind first (`reader.fetch`: spans of upcoming pieces are already in flight), and hands each
 step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
 thread's steps and yields the watermark of s once every thread is past s
 (`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
@@ -29,7 +29,9 @@ from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
-from reader.fetch import FetchPool, PieceFetcher, bounded_read_ahead, run_bytes
+from reader.fetch import PieceFetcher, span_bytes
+from reader.fetch_pool import FetchPool
+from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
@@ -59,7 +61,7 @@ class Watermark:
 
 
 def _tag(batch: pa.RecordBatch, group: int) -> pa.RecordBatch:
-    """Records with their key group: done once per run of pieces, not per piece."""
+    """Records with their key group: done once per span of pieces, not per piece."""
     return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, group, np.int32)))
 
 
@@ -85,12 +87,12 @@ class Replay:
         self.fingerprint = self.manifest.archive
         self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
         self._stop = threading.Event()
-        self.pacer = Pacer(opts, self.plan.group_bytes, self._stop)
+        self.pacer = Pacer(opts, self._stop)
         self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop)
         self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(2, opts.threads))
-        # the budget, bounded by the memory the process has (reader.fetch.bounded_read_ahead)
-        self._run_bytes = run_bytes(bounded_read_ahead(opts.read_ahead_bytes), self.manifest.groups, opts.range_bytes)
+        # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead)
+        self._span_bytes = span_bytes(bounded_read_ahead(opts.read_ahead_bytes), self.manifest.groups, opts.range_bytes)
         self._fetchers: list[PieceFetcher] = []
         self._workers: list[threading.Thread] = []
         self._started = False
@@ -175,7 +177,7 @@ class Replay:
         `through` is the earliest slice some group of it still has to hand over). Per step,
         not per piece: a 10 s slice's piece is a few KB, and per-piece work in every thread,
         each taking the GIL in turn, held them all back (`reader.slice_merge`)."""
-        slices, merge, pacer, stop = self.plan.slices, self._merge, self.pacer, self._stop
+        slices, merge, stop = self.plan.slices, self._merge, self._stop
         heap = [(first, g) for g in sorted(self.plan.groups_of(t))]  # (nothing of g left before, g)
         fetcher.prefetch(first)
         while heap:
@@ -201,8 +203,6 @@ class Replay:
             heapq.heapreplace(heap, (numbers[-1] + 1, g))
             if not merge.put(t, [Bundle(batch, g, numbers, counts)], heap[0][0] if heap else slices):
                 return
-            if pacer.proportional:  # the seed's heuristic: a sleep per batch, lighter groups longer
-                pacer.advance(t, int(step.max_timestamp[-1]), g, len(step))
         merge.put(t, [], slices)  # says this thread is past every slice
 
     def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int]]:
@@ -221,21 +221,21 @@ class Replay:
         """Under a drift bound: this thread's groups merged by event time (each group in its
         own order), so its event time only moves forward within the slice, each batch waiting
         while the thread is too far ahead of the slowest."""
-        runs = []  # per group: its batches (row ranges) with a non-decreasing event-time key
+        ordered = []  # per group: its batches (row ranges) with a non-decreasing event-time key
         batches: dict[int, pa.RecordBatch] = {}
         for p in own:
             if self._stop.is_set():
                 return
             batch = self._read(fetcher, p, s == self._skip_slice)
-            runs.append(
+            ordered.append(
                 [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(self.pacer.cut(batch, self.options.batch_size))]
             )
             batches[p.group] = batch
-        for ts, g, _, a, b in heapq.merge(*runs):
+        for ts, g, _, a, b in heapq.merge(*ordered):
             self.pacer.pace(t, ts)
             if not self._merge.put(t, [Bundle(batches[g].slice(a, b - a), g, [s], [b - a])], s):
                 return
-            self.pacer.advance(t, ts, g)
+            self.pacer.advance(t, ts)
 
     def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> pa.RecordBatch:
         """The piece's records, tagged with their group and checked against the index before
@@ -281,7 +281,7 @@ class Replay:
                     self.plan.group_pieces,
                     slices,
                     self.plan.groups_of(t),
-                    run_bytes=self._run_bytes,
+                    span_bytes=self._span_bytes,
                     part_bytes=self.options.range_bytes,
                     ahead=self.options.read_ahead_bytes > 0,
                     finish=_tag,
@@ -346,12 +346,12 @@ class Replay:
         self.close()
 
 
-def replay(url: str, *, threads: int = 16, resume: dict | None = None, **options: Any) -> Replay:
+def replay(url: str, *, threads: int = ReplayOptions.threads, resume: dict | None = None, **options: Any) -> Replay:
     """Replay the compacted archive at `url` with `threads` readers, resuming from a
     `checkpoint()` if given. Options: see `reader.options.ReplayOptions` (batch_size,
-    watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms, pacing)."""
+    watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms; docs/options.md)."""
     if "options" in options:  # a ReplayOptions value: it carries the thread count itself
-        if len(options) > 1 or threads != 16:
+        if len(options) > 1 or threads != ReplayOptions.threads:
             raise OptionError("pass either options=ReplayOptions(...) or keyword options, not both")
         return Replay(url, resume=resume, **options)
     return Replay(url, threads=threads, resume=resume, **options)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keygroups import bounds, compacted
+from keygroups import bounds, layout
 from keygroups.bounds import within
 from keygroups.errors import OptionError
-
-PACINGS = ("drift", "proportional", "none")
 
 
 @dataclass(frozen=True)
@@ -19,19 +17,15 @@ class ReplayOptions:
     # Bytes of pieces fetched and not yet emitted, all threads together: each group holds its
     # current run and the next, so runs are read_ahead_bytes / (2 x groups), at most range_bytes.
     read_ahead_bytes: int = 2 << 30
-    range_bytes: int = compacted.GET_BYTES  # the largest GET; 0: a run in one GET, however long
+    range_bytes: int = layout.GET_BYTES  # the largest GET; 0: a run in one GET, however long
     # decoded steps (one group's pieces, ~1 MiB read, a few MiB decoded) waiting for the consumer, shared among
     # the threads' FIFOs, at least one each (default: 2 x threads, at least 64)
     queue_batches: int | None = None
     max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses
-    pacing: str = "drift"  # or "proportional": the seed design's sleep heuristic, for comparison; "none"
-    pacing_sleep_s: float = 0.001  # proportional pacing's longest sleep per batch
 
     def __post_init__(self) -> None:
         within("threads", self.threads, 1, bounds.MAX_THREADS, "each is an OS thread with read-ahead of its own")
         within("batch_size", self.batch_size, 1, bounds.MAX_BATCH_ROWS)
-        if self.pacing not in PACINGS:
-            raise OptionError(f"pacing={self.pacing!r}: must be 'drift' (with max_drift_ms), 'proportional' or 'none'")
         if self.max_drift_ms is not None and self.max_drift_ms < 0:
             raise OptionError(f"max_drift_ms={self.max_drift_ms}: must not be negative")
         if self.range_bytes < 0:
@@ -62,8 +56,3 @@ class ReplayOptions:
         (8 MB when one piece is over a MiB read), so the queue holds ~300 MB at most, well
         under the read-ahead budget's default."""
         return self.queue_batches or max(64, 2 * self.threads)
-
-    @property
-    def drift_bound_ms(self) -> int | None:
-        """The bound the pacer enforces: only under drift pacing."""
-        return self.max_drift_ms if self.pacing == "drift" else None

@@ -3,14 +3,13 @@
 Between barriers every thread reads its own groups at its own speed, so one thread can be
 minutes of event time ahead of another (602 s in the drift benchmark). Under a drift bound
 a thread more than `max_drift_ms` ahead of the slowest other active thread waits; the
-slowest never waits, so nothing deadlocks. The seed design's proportional sleep is kept
-for comparison.
+slowest never waits, so nothing deadlocks. (The seed design's sleep per batch, longer for
+lighter groups, is a baseline in bench/bench_replay.py.)
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -19,13 +18,9 @@ from reader.options import ReplayOptions
 
 
 class Pacer:
-    def __init__(self, options: ReplayOptions, group_bytes: np.ndarray, stop: threading.Event) -> None:
+    def __init__(self, options: ReplayOptions, stop: threading.Event) -> None:
         self.threads = options.threads
-        self.max_drift_ms = options.drift_bound_ms
-        self.proportional = options.pacing == "proportional"
-        self.sleep_s = options.pacing_sleep_s
-        self.group_bytes = group_bytes
-        self.heaviest = int(group_bytes.max()) if len(group_bytes) else 0
+        self.max_drift_ms = options.max_drift_ms
         self.max_spread_ms = 0
         self._stop = stop
         self._cond = threading.Condition()
@@ -44,15 +39,12 @@ class Pacer:
             self._active[t] = False
             self._cond.notify_all()
 
-    def advance(self, t: int, ts: int, group: int, batches: int = 1) -> None:
-        """Thread t has emitted `batches` batches of `group` up to event time `ts`."""
+    def advance(self, t: int, ts: int) -> None:
+        """Thread t has emitted up to event time `ts`."""
         with self._cond:
             self._progress[t] = max(self._progress[t], ts)
             self.max_spread_ms = max(self.max_spread_ms, self._spread_locked())
             self._cond.notify_all()
-        if self.proportional and self.heaviest:
-            # The seed design's heuristic, kept for comparison: lighter groups sleep longer.
-            time.sleep(batches * self.sleep_s * (self.heaviest - self.group_bytes[group]) / self.heaviest)
 
     def pace(self, t: int, ts: int) -> None:
         """Under a drift bound: wait while thread t would get ahead of the slowest other

@@ -5,7 +5,7 @@ the blocks in use (the index of a long archive does not fit in memory).
 The PRELOAD_BLOCKS blocks after the furthest one asked for are loaded in the background,
 together: threads move through slices at about the same pace, so without it they all reached
 a block boundary together and waited on one of them (7 ms a block with 10 s slices, 7% of a
-replay); and a fetcher plans a run over several blocks at once, which on S3 waited for the
+replay); and a fetcher plans a span over several blocks at once, which on S3 waited for the
 blocks' GETs one after another (+30 ms each in the layout bench). One read for all of them,
 in one thread: a thread per block cost a third more, most of it per-read overhead and the
 threads taking the GIL from each other at the start of a replay. Only those blocks: a
@@ -21,7 +21,7 @@ import numpy as np
 import keygroups
 from keygroups import compacted
 from keygroups.errors import FormatError
-from keygroups.piece_columns import Files, PieceColumns
+from keygroups.piece_columns import Files, PieceColumns, rows_fine
 from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
 from keygroups.storage import Storage
 
@@ -47,7 +47,7 @@ class ReplayPlan:
         self._loading: dict[int, Future] = {}  # blocks being loaded, by whichever thread started first
         self._ahead = -1  # preloads have been started up to this block
         self._lock = threading.Lock()
-        self._files = Files()  # one numbering of files for all blocks: a run may span two
+        self._files = Files()  # one numbering of files for all blocks: a span may cross two
 
     @property
     def slices(self) -> int:
@@ -171,7 +171,7 @@ class ReplayPlan:
             if outside.any():
                 s = int(sl[outside][0])
                 raise FormatError(f"index: a piece of slice {s}, which the slice index does not list")
-            fine = compacted.rows_fine(pieces, self.manifest.groups)
+            fine = rows_fine(pieces, self.manifest.groups)
             if not fine.all():  # names the first bad row the way every reader does
                 bad = pieces[int(np.flatnonzero(~fine)[0])]
                 bad.check(self.manifest.groups, self.store.url_for)

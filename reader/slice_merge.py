@@ -1,6 +1,6 @@
 """The replay's hand-off from its threads to the consumer, and the place slice order is kept.
 
-Each thread puts bundles on a FIFO of its own (a bundle: one group's records of a run of its
+Each thread puts bundles on a FIFO of its own (a bundle: one group's records of a span of its
 pieces, decoded together), with how far it has got (`through`: every piece of a slice before
 it is handed over). The consumer takes slice s's pieces out of every thread's bundles and
 announces s only when every thread is past it, so all records of slice s come before the

@@ -1,12 +1,17 @@
-"""The options of `format("keyfill")`, parsed once from Spark's string map: one table of
-names (case-insensitive), the archive phase's and the live phase's (docs/spark-source.md,
-docs/kafka-live.md)."""
+"""The options of `format("keyfill")`, parsed once from Spark's string map.
+
+One vocabulary (docs/options.md): an option of the source is the camelCase of the field it
+sets here, and a setting the replay shares has the same field name in `reader.options`
+(`batch_size` is `batchSize` here, `batch_size=` in `reader.replay` and `--batch-size` in
+`keyfill replay`). The live phase's options keep the names Spark's Kafka source gives them,
+so a Kafka query's option map carries over (docs/kafka-live.md). Names are case-insensitive.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-from keygroups import compacted
+from keygroups import bounds, compacted
 from keygroups.errors import OptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
 
@@ -15,7 +20,12 @@ class SourceOptionError(OptionError):
     """An option of the keyfill Spark source is missing or malformed; names the option."""
 
 
-OPTION_NAMES = ("path", "maxSlicesPerTrigger", "maxBytesPerTrigger", "numPartitions", "batchRows", "startingSlice")
+def camel(field: str) -> str:
+    """A field's option name: `max_slices_per_trigger` -> `maxSlicesPerTrigger`."""
+    head, *rest = field.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
 # The live phase's (with any kafka.* option; docs/kafka-live.md), named as Spark's Kafka source names them.
 KAFKA_OPTION_NAMES = (
     "subscribe",
@@ -24,36 +34,51 @@ KAFKA_OPTION_NAMES = (
     "failOnDataLoss",
     "kafkaConsumer.pollTimeoutMs",
 )
-_KNOWN = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
+NOT_AN_OPTION = {"option": False}  # a field of Options that no option sets
+RENAMED = {"batchrows": "batchSize"}  # old name -> the name it has now: an error says so
 DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
+# A task's read-ahead: its groups' runs in flight. Several tasks share an executor's memory,
+# so far below the replay's budget; each group still gets two runs of up to GET_BYTES while
+# the task has at most 4 groups.
+TASK_READ_AHEAD_BYTES = 8 * compacted.GET_BYTES
 
 
 @dataclass(frozen=True)
 class Options:
-    """The source's options, parsed from Spark's string map (names are case-insensitive)."""
+    """The source's options, parsed from Spark's string map."""
 
     path: str
     max_slices_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     num_partitions: int | None = None
-    batch_rows: int = 65_536
+    batch_size: int = 65_536  # rows per Arrow batch handed to Spark
     starting_slice: int = 0
-    kafka: KafkaOptions | None = None  # None: the archive alone
+    # a task's fetched, not yet decoded bytes (bounded by the executor's memory over its cores)
+    read_ahead_bytes: int = TASK_READ_AHEAD_BYTES
+    range_bytes: int = compacted.GET_BYTES  # the largest GET; 0: a span in one GET
+    kafka: KafkaOptions | None = field(default=None, metadata=NOT_AN_OPTION)  # None: the archive alone
+    # Spark's default parallelism when `reader.spark.register` ran (its cores): what sizes
+    # numPartitions when it is not set. None: one input partition per group.
+    session_cores: int | None = field(default=None, metadata=NOT_AN_OPTION)
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> Options:
+    def parse(cls, options: dict[str, str], *, session_cores: int | None = None) -> Options:
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in options if k.lower() not in _KNOWN and not k.lower().startswith(KAFKA_PREFIX))
+        known = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
+        unknown = sorted(k for k in options if k.lower() not in known and not k.lower().startswith(KAFKA_PREFIX))
         if unknown:  # a misspelt limit would otherwise be ignored without a word
+            renamed = [f"{k} is now {RENAMED[k.lower()]}" for k in unknown if k.lower() in RENAMED]
             raise SourceOptionError(
-                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the keyfill source knows "
-                f"{', '.join(sorted(OPTION_NAMES + KAFKA_OPTION_NAMES))} and kafka.* (names are case-insensitive)"
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+                + (f" ({'; '.join(renamed)})" if renamed else "")
+                + f"; the keyfill source knows {', '.join(sorted(OPTION_NAMES + KAFKA_OPTION_NAMES))} and kafka.* "
+                "(names are case-insensitive)"
             )
         path = opts.get("path")
         if not path:
             raise SourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
 
-        def positive(name: str) -> int | None:
+        def number(name: str, low: int = 1, high: int = 1 << 62) -> int | None:
             raw = opts.get(name.lower())
             if raw is None:
                 return None
@@ -61,13 +86,10 @@ class Options:
                 value = int(raw)
             except ValueError:
                 raise SourceOptionError(f"option {name}={raw!r}: expected a whole number") from None
-            if value < 1:
-                raise SourceOptionError(f"option {name}={raw!r}: must be at least 1")
+            if not low <= value <= high:
+                raise SourceOptionError(f"option {name}={raw!r}: must be between {low:,} and {high:,}")
             return value
 
-        start = opts.get("startingslice", "0")
-        if not start.isdigit():
-            raise SourceOptionError(f"option startingSlice={start!r}: expected a slice number (0 or more)")
         client = {k[len(KAFKA_PREFIX) :]: v for k, v in options.items() if k.lower().startswith(KAFKA_PREFIX)}
         live = [name for name in KAFKA_OPTION_NAMES if name.lower() in opts]
         if live and not client:
@@ -84,17 +106,24 @@ class Options:
             kafka = KafkaOptions(
                 client=client,
                 topic=opts.get("subscribe") or None,
-                max_offsets_per_trigger=positive("maxOffsetsPerTrigger"),
-                min_partitions=positive("minPartitions"),
+                max_offsets_per_trigger=number("maxOffsetsPerTrigger"),
+                min_partitions=number("minPartitions"),
                 fail_on_data_loss=fail == "true",
-                poll_timeout_ms=positive("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
+                poll_timeout_ms=number("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
             )
-        return cls(
-            path=path,
-            max_slices_per_trigger=positive("maxSlicesPerTrigger"),
-            max_bytes_per_trigger=positive("maxBytesPerTrigger"),
-            num_partitions=positive("numPartitions"),
-            batch_rows=positive("batchRows") or 65_536,
-            starting_slice=int(start),
-            kafka=kafka,
-        )
+        given = {
+            "max_slices_per_trigger": number("maxSlicesPerTrigger"),
+            "max_bytes_per_trigger": number("maxBytesPerTrigger"),
+            "num_partitions": number("numPartitions"),
+            "batch_size": number("batchSize", 1, bounds.MAX_BATCH_ROWS),
+            "starting_slice": number("startingSlice", 0),
+            "read_ahead_bytes": number("readAheadBytes", 0, bounds.MAX_READ_AHEAD_BYTES),
+            "range_bytes": number("rangeBytes", 0, bounds.MAX_RANGE_BYTES),
+        }
+        given = {k: v for k, v in given.items() if v is not None}
+        return cls(path=path, kafka=kafka, session_cores=session_cores, **given)
+
+
+# Every field but those marked NOT_AN_OPTION is an option of its camelCase name (the live
+# phase is set by KAFKA_OPTION_NAMES and kafka.*).
+OPTION_NAMES = tuple(camel(f.name) for f in fields(Options) if f.metadata.get("option", True))

@@ -19,8 +19,9 @@ from keygroups.assignment import KeyAssignment, load_assignment
 from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
-from reader.fetch import bounded_read_ahead, read_groups
+from reader.fetch import read_groups
 from reader.kafka_live import KafkaRange, check_available, partition_marks, plan_ranges, read_range
+from reader.memory import bounded_read_ahead
 from reader.source_options import Options, SourceOptionError
 
 NAME = "keyfill"
@@ -48,12 +49,6 @@ class ArchiveChanged(KeyfillError, ValueError):
     """A query's checkpointed offsets belong to another archive than the one now at its URL."""
 
 
-# A task's read-ahead: its groups' runs in flight. Several tasks share an executor's memory,
-# so far below the replay's budget; each group still gets two runs of up to GET_BYTES while
-# the task has at most 4 groups.
-TASK_READ_AHEAD_BYTES = 8 * compacted.GET_BYTES
-
-
 @dataclass(frozen=True)
 class GroupsPartition(InputPartition):
     """One Spark input partition: some key groups' pieces over a range of slices, group by
@@ -62,6 +57,7 @@ class GroupsPartition(InputPartition):
     pieces: tuple[compacted.Piece, ...]
 
 
+TASK_BYTES = 128 << 20  # compacted bytes per input partition above which there are more than the cores
 _assignments: dict[tuple[str, str], KeyAssignment] = {}  # (archive URL, assignment file) -> lookup; per process
 
 
@@ -177,7 +173,7 @@ class SourcePlanner:
         return _assignments[key].group_of
 
     def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
-        return read_range(self.opts.kafka, r, self.opts.batch_rows, ARROW_SCHEMA, self.group_of(r.assignment))
+        return read_range(self.opts.kafka, r, self.opts.batch_size, ARROW_SCHEMA, self.group_of(r.assignment))
 
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""
@@ -185,8 +181,9 @@ class SourcePlanner:
         return rows.column("records").to_numpy(), rows.column("bytes").to_numpy()
 
     def plan(self, first: int, end: int) -> list[GroupsPartition]:
-        """Input partitions for slices [first, end): one per non-empty group, or
-        `numPartitions` bundles of groups balanced by bytes."""
+        """Input partitions for slices [first, end): `numPartitions` bundles of groups
+        balanced by bytes (a group is never split: its records keep their order), by default
+        `partitions_for` them."""
         by_group: dict[int, list[compacted.Piece]] = {}
         table = self.index.piece_rows(first, end)
         for p in piece_list(table):
@@ -195,8 +192,8 @@ class SourcePlanner:
         groups = sorted(by_group)
         if not groups:
             return []
-        bundles = min(self.opts.num_partitions or len(groups), len(groups))
         weights = np.array([sum(p.length for p in by_group[g]) for g in groups], np.int64)
+        bundles = min(self.opts.num_partitions or self.partitions_for(int(weights.sum()), len(groups)), len(groups))
         owner = keygroups.assign_threads(weights, bundles) if bundles < len(groups) else np.arange(len(groups))
         parts = []
         for b in range(bundles):
@@ -205,14 +202,25 @@ class SourcePlanner:
                 parts.append(GroupsPartition(mine))
         return parts
 
+    def partitions_for(self, total_bytes: int, groups: int) -> int:
+        """The default number of input partitions: the session's cores, and more when the
+        batch holds over TASK_BYTES a core (Spark's file sources split at 128 MiB too), at
+        most one per group. A task per group paid its fixed costs (a Python task on Spark,
+        its first GETs waiting with nothing to overlap them) once per group, 16 times over
+        on 2 cores: half the rows/s of a task per core (bench/bench_spark_io.py). Without
+        the session's cores (Spark Connect), one per group."""
+        if self.opts.session_cores is None:
+            return groups
+        return max(self.opts.session_cores, -(-total_bytes // TASK_BYTES))
+
     def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
         """The partition's groups through the replay's group reader (`reader.fetch`)."""
-        budget = bounded_read_ahead(TASK_READ_AHEAD_BYTES, os.cpu_count() or 1)  # a task per core at most
+        budget = bounded_read_ahead(self.opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
         for step, batch in read_groups(
-            self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=compacted.GET_BYTES
+            self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes
         ):
             slices = np.repeat(step.slice, step.records)
-            yield from to_spark_batches(batch, int(step.group[0]), slices, self.opts.batch_rows)
+            yield from to_spark_batches(batch, int(step.group[0]), slices, self.opts.batch_size)
 
 
 def to_spark_batches(batch: pa.RecordBatch, group: int, s: int | np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:

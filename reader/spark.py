@@ -80,11 +80,20 @@ __all__ = [  # what users and the benchmarks take from here (the planner's parts
 
 
 def register(spark: Any) -> None:
-    """Make `format("keyfill")` available in this Spark session."""
-    spark.dataSource.register(_portable(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    """Make `format("keyfill")` available in this Spark session. The session's default
+    parallelism now (its cores) sizes the input partitions when `numPartitions` is not set."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spark.dataSource.register(_portable(root, _session_cores(spark)))
 
 
-def _portable(root: str) -> type[DataSource]:
+def _session_cores(spark: Any) -> int | None:
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext: one input partition per group
+        return None
+
+
+def _portable(root: str, cores: int | None = None) -> type[DataSource]:
     """KeyfillDataSource behind a stand-in that Spark pickles by value (a class made in a
     function), for the driver-side Python worker that plans a streaming query: Spark does not
     give that worker `--py-files`, so when it cannot import keyfill, the stand-in puts `root`
@@ -94,7 +103,7 @@ def _portable(root: str) -> type[DataSource]:
 
     source_name = NAME
 
-    def load() -> type[DataSource]:
+    def load(options) -> DataSource:
         import sys
 
         try:
@@ -102,7 +111,9 @@ def _portable(root: str) -> type[DataSource]:
         except ModuleNotFoundError:
             sys.path.append(root)
             import reader.spark
-        return reader.spark.KeyfillDataSource
+        source = reader.spark.KeyfillDataSource(options)
+        source.session_cores = cores
+        return source
 
     class KeyfillSource(DataSource):
         __doc__ = KeyfillDataSource.__doc__
@@ -112,13 +123,13 @@ def _portable(root: str) -> type[DataSource]:
             return source_name
 
         def schema(self):
-            return load()(self.options).schema()
+            return load(self.options).schema()
 
         def reader(self, schema):
-            return load()(self.options).reader(schema)
+            return load(self.options).reader(schema)
 
         def streamReader(self, schema):
-            return load()(self.options).streamReader(schema)
+            return load(self.options).streamReader(schema)
 
     return KeyfillSource
 
@@ -133,11 +144,13 @@ class KeyfillDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA_DDL
 
+    session_cores: int | None = None  # set by `register`: Spark's default parallelism
+
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KeyfillBatchReader(Options.parse(self.options))
+        return KeyfillBatchReader(Options.parse(self.options, session_cores=self.session_cores))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KeyfillStreamReader(Options.parse(self.options))
+        return KeyfillStreamReader(Options.parse(self.options, session_cores=self.session_cores))
 
 
 class KeyfillBatchReader(DataSourceReader):

@@ -1,59 +1,66 @@
-"""Coalesced ranged GETs: every piece is covered exactly by its run, runs merge only pieces
-that lie back to back in one file, and parts tile runs within the part size."""
+"""The bytes a span of pieces is fetched as: parts tile the span exactly within the part
+size, the span reaches back to byte 0 for a file's first piece (its header rides along)
+and one byte past a file's last piece, and what came back is refused unless it is exactly
+as long as the index says."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader.coalesce import runs
-
-
-@dataclass(frozen=True)
-class P:
-    file: str
-    offset: int
-    length: int
-
-
-@st.composite
-def layouts(draw):
-    """Pieces of a few files, each file's pieces back to back, read in an order that
-    sometimes jumps between files."""
-    pieces = []
-    for f in range(draw(st.integers(1, 4))):
-        offset = draw(st.integers(0, 100))
-        for _ in range(draw(st.integers(1, 8))):
-            n = draw(st.integers(1, 5_000))
-            pieces.append(P(f"f{f}", offset, n))
-            offset += n + draw(st.sampled_from([0, 0, 0, 7]))  # sometimes a gap (a piece not asked for)
-    order = draw(st.permutations(range(len(pieces)))) if draw(st.booleans()) else list(range(len(pieces)))
-    return [pieces[i] for i in order]
+from keygroups.compacted import Piece
+from keygroups.errors import IntegrityError
+from reader.coalesce import checked, parts, span
 
 
 @settings(max_examples=500, deadline=None)
-@given(pieces=layouts(), part=st.integers(1, 9_000), cap=st.none() | st.integers(1, 20_000))
-def test_runs_cover_pieces_exactly_and_parts_tile_runs(pieces, part, cap):
-    data = {f: bytes((i * 31 + len(f)) % 251 for i in range(40_000)) for f in {p.file for p in pieces}}
-    got = runs(pieces, cap)
-    assert [i for r in got for i in r.pieces] == list(range(len(pieces)))  # every piece once, in order
-    for r in got:
-        spans = [(pieces[i].offset, pieces[i].offset + pieces[i].length) for i in r.pieces]
-        assert all(pieces[i].file == r.file for i in r.pieces)
-        assert spans[0][0] == r.start and spans[-1][1] == r.end
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # back to back only
-        assert cap is None or len(r.pieces) == 1 or r.end - r.start <= cap
-        parts = r.parts(part)
-        assert len(parts) == math.ceil((r.end - r.start) / part)
-        assert parts[0][0] == r.start and sum(n for _, n in parts) == r.end - r.start
-        assert all(n <= part for _, n in parts) and all(a + n == b for (a, n), (b, _) in zip(parts, parts[1:]))
-        fetched = b"".join(data[r.file][a : a + n] for a, n in parts)
-        for i in r.pieces:
-            p = pieces[i]
-            assert r.slice_of(fetched, p) == data[p.file][p.offset : p.offset + p.length]
-    for a, b in zip(got, got[1:]):  # runs not merged could not have been
-        first_of_b = pieces[b.pieces[0]]
-        assert a.file != first_of_b.file or a.end != first_of_b.offset or cap is not None
+@given(start=st.integers(0, 10_000), length=st.integers(1, 50_000), part=st.integers(1, 9_000))
+def test_parts_tile_the_span_within_the_part_size(start, length, part):
+    end = start + length
+    got = parts(start, end, part)
+    assert len(got) == math.ceil(length / part)
+    assert got[0][0] == start and sum(n for _, n in got) == length
+    assert all(0 < n <= part for _, n in got)
+    assert all(a + n == b for (a, n), (b, _) in zip(got, got[1:]))
+
+
+@st.composite
+def files(draw):
+    """A file's pieces back to back after its header, and a run of consecutive ones."""
+    header = draw(st.integers(1, 200))
+    lengths = draw(st.lists(st.integers(1, 3_000), min_size=1, max_size=8))
+    offsets = [header + sum(lengths[:i]) for i in range(len(lengths))]
+    size = header + sum(lengths)
+    pieces = [Piece(i, 0, "f", o, n, 1, 0, 0, 0, header, size) for i, (o, n) in enumerate(zip(offsets, lengths))]
+    a = draw(st.integers(0, len(pieces) - 1))
+    z = draw(st.integers(a + 1, len(pieces)))
+    return pieces[a:z], size
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=files(), cut=st.integers(-3, 3))
+def test_span_and_checked(case, cut):
+    run, size = case
+    data = bytes(i % 251 for i in range(size))
+    start, end = span(run)
+    assert start == (0 if run[0].offset == run[0].file_header else run[0].offset)
+    assert end == run[-1].end + (run[-1].end == size)  # a byte past the end shows a longer object
+    got = data[start : end + cut] if cut > 0 and end == size else data[start : min(end, size) + min(cut, 0)]
+    want = run[-1].end - start
+    if len(got) == want:
+        assert checked(got, start, run, "s3://b/f") == got
+    else:
+        with pytest.raises(IntegrityError, match="s3://b/f bytes"):
+            checked(got, start, run, "s3://b/f")
+
+
+def test_an_object_longer_than_the_index_is_named() -> None:
+    p = Piece(0, 0, "f", 10, 5, 1, 0, 0, 0, 10, 15)
+    assert span([p]) == (0, 16)
+    with pytest.raises(IntegrityError, match="longer than the 15 bytes"):
+        checked(bytes(16), 0, [p], "s3://b/f")
+    with pytest.raises(IntegrityError, match="ends at byte 14"):
+        checked(bytes(14), 0, [p], "s3://b/f")

@@ -6,6 +6,7 @@ source text, so a lazy import inside a function counts too."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,104 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from compactor.job import compact\n    import reader.spark\n")
     assert {name for name, _ in imported_packages(module)} == {"compactor", "reader"}
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (lazy imports included). A
+    package's `__init__` is the package's own node: `from keygroups import envelope` is an
+    edge to `keygroups.envelope`, whichever file defines it."""
+    modules = {}
+    for f in sorted((ROOT / package).rglob("*.py")):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph: dict[str, set[str]] = {}
+    for name, f in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                edges |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
+        graph[name] = {e for e in edges if e in modules and e != name and not name.startswith(e + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_cycle_inside_a_package(package: str) -> None:
+    """Each module builds on others without going round: a cycle would force lazy imports to
+    break it and makes the modules one unit in fact."""
+    assert not cycles(module_graph(package))
+
+
+def test_the_cycle_check_finds_one() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_long_module_says_why_in_its_docstring(package: str) -> None:
+    """A module over 400 lines is usually two concepts: split it, or say in its docstring
+    why it is one ("Over 400 lines ...")."""
+    long = []
+    for f in sorted((ROOT / package).rglob("*.py")):
+        text = f.read_text()
+        if text.count("\n") > 400 and "Over 400 lines" not in " ".join(
+            (ast.get_docstring(ast.parse(text)) or "").split()
+        ):
+            long.append(f"{f.relative_to(ROOT)}: {text.count(chr(10))} lines")
+    assert not long, "split these modules or say why they are one:\n" + "\n".join(long)
+
+
+DOC_REF = re.compile(r"\b(?:docs/)?([A-Za-z0-9_-]+\.md)\b")
+CODE_DIRS = ("keygroups", "compactor", "reader", "keyfill", "jobs", "bench", "tests")
+
+
+def test_every_document_cited_is_in_the_repository() -> None:
+    """Code and docs cite docs/*.md (or the README); a citation of a file the repository
+    lacks (a design document kept elsewhere) points readers nowhere."""
+    have = {p.name for p in (ROOT / "docs").glob("*.md")} | {"README.md", "CHANGELOG.md"}
+    files = [p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py")] + sorted((ROOT / "docs").glob("*.md"))
+    files.append(ROOT / "README.md")
+    missing = sorted(
+        {
+            f"{f.relative_to(ROOT)} cites {name}"
+            for f in files
+            for name in DOC_REF.findall(f.read_text())
+            if name not in have and not name.startswith("test_")
+        }
+    )
+    assert not missing, "\n".join(missing)

@@ -308,7 +308,7 @@ def test_drift_bound_holds_back_threads_that_run_ahead(archives, drift):
     assert len({t for t, *_ in trace}) > 1
     # a thread moves past the slowest other by more than the bound only when it is the slowest
     assert all(was_slowest or ts - slowest_other <= drift for _, ts, slowest_other, was_slowest in trace)
-    with reader.replay(dest, threads=6, batch_size=50, pacing="none") as free:
+    with reader.replay(dest, threads=6, batch_size=50) as free:
         run(free)
     assert events.max_spread_ms < free.max_spread_ms
 

@@ -71,7 +71,7 @@ def test_pieces_decode_from_their_range_and_files_stay_near_the_target(
             start = run[0].offset
             span = store.read_range(f, start, run[-1].end - start)
             header = store.read_range(f, 0, run[0].file_header)
-            got = compacted.split_run(compacted.read_run(header, span, start, run, f), run)
+            got = compacted.split_span(compacted.read_span(header, span, start, run, f), run)
             assert [b.to_pylist() for b in got] == [
                 envelope.batch_from_records(by_slice[p.slice]).to_pylist() for p in run
             ]

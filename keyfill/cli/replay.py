@@ -6,6 +6,9 @@ import argparse
 import json
 
 from keyfill.cli.args import iso, non_negative_int, positive_int
+from reader.options import ReplayOptions
+
+DEFAULTS = ReplayOptions()  # the flags are ReplayOptions' fields, with its defaults (docs/options.md)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -18,13 +21,22 @@ def add(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("url", help="compacted archive")
-    p.add_argument("--threads", type=positive_int, default=16, help="reader threads")
-    p.add_argument("--batch-size", type=positive_int, default=65_536, help="records per batch")
+    p.add_argument("--threads", type=positive_int, default=DEFAULTS.threads, help="reader threads")
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULTS.batch_size, help="records per batch")
     p.add_argument(
         "--watermark-bound-ms",
         type=non_negative_int,
-        default=0,
+        default=DEFAULTS.watermark_bound_ms,
         help="bounded out-of-orderness B of the watermarks (watermark = slice end - B)",
+    )
+    p.add_argument(
+        "--read-ahead-bytes",
+        type=non_negative_int,
+        default=DEFAULTS.read_ahead_bytes,
+        help="bytes fetched ahead, all threads together (at most a quarter of the memory left)",
+    )
+    p.add_argument(
+        "--range-bytes", type=non_negative_int, default=DEFAULTS.range_bytes, help="largest GET; 0: a span in one GET"
     )
     p.add_argument(
         "--max-drift-ms", type=non_negative_int, help="pause threads this far ahead of the slowest in event time"
@@ -79,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             watermark_bound_ms=args.watermark_bound_ms,
             max_drift_ms=args.max_drift_ms,
+            read_ahead_bytes=args.read_ahead_bytes,
+            range_bytes=args.range_bytes,
         )
     except reader.CheckpointError as exc:
         raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: {exc}") from None

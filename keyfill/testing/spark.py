@@ -58,7 +58,7 @@ class SparkCheckResult:
 
 def spark_options(settings: BackfillSettings) -> dict[str, str]:
     """The keyfill source's options for an example."""
-    options = {"numPartitions": settings.threads, "batchRows": settings.batch_size}
+    options = {"numPartitions": settings.threads, "batchSize": settings.batch_size}
     if settings.slices_per_trigger is not None:
         options["maxSlicesPerTrigger"] = settings.slices_per_trigger
     return {k: str(v) for k, v in options.items()}

@@ -5,6 +5,10 @@ fastavro reads a container a record at a time into dicts with the GIL held; keyf
 decoders are specialised for fixed schemas and compiled with numba, so they need the
 framing as buffers and offsets. The header (a few hundred bytes) is parsed in Python; the
 block walk and the record loops run compiled, GIL released.
+
+Over 400 lines on purpose: this is one specification (the Avro container format) in both
+directions, and writers and readers must agree on it byte for byte; one module keeps the
+varint, block and codec rules reviewable side by side.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The compiled core of the packer: k-way largest differencing (LDM) and greedy LPT.
 
 See keygroups/packing/__init__.py for why it is hand-written and docs/packing.md for the
-algorithm. Inputs are validated by the Python API, so these loops trust them.
+algorithm. Inputs are validated by the Python API, so these loops trust them. Over 400
+lines on purpose: one algorithm whose compiled kernels (the differencing heap, the merge of
+partitions, the LPT fallback) call each other and share one heap layout.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from urllib.parse import ParseResult, unquote, urlparse
 from keygroups.errors import InvalidKey, ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import ObjectInfo, Storage, check_key
 from keygroups.storage.local import LocalStorage
-from keygroups.storage.s3 import S3Limits, S3Storage
+from keygroups.storage.s3 import S3Storage
+from keygroups.storage.s3_client import S3Limits
 
 __all__ = [
     "StorageError",

@@ -1,0 +1,111 @@
+"""Where the compacted archive's files live: the folder and file names every writer and
+reader agree on, and the recognisers vacuum uses. No imports beyond the standard library,
+so the command line can name defaults without loading pyarrow.
+
+Every file a compaction writes carries its *run* id (16 hex digits): a run is one
+compaction or append, and its files never overwrite another run's."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+FORMAT = "keyfill.compacted"
+FORMAT_VERSION = 3
+VERSIONS = "_versions"
+RUNS = "_runs"  # a running compaction's lease (compactor.lease): vacuum leaves its files alone
+LEGACY_MANIFEST = "_manifest.json"  # format versions 1 and 2: one unversioned manifest
+ASSIGNMENTS = "assignments"
+INDEX = "index"
+GROUPS = "groups"
+# The largest ranged GET readers make by default: AWS's guidance for S3 throughput is 8-16 MB
+# per request; shuffle through object storage pays off from 8 MiB (BlobShuffle). 16 MiB keeps
+# a replay under 128 GETs per GB once the index's own reads are counted.
+GET_BYTES = 16 << 20
+# A streaming micro-batch without a limit set: whole slices up to this many compacted bytes
+# (at least one slice), as Spark's Kafka source sizes batches by maxOffsetsPerTrigger. Without
+# a default a long archive is one micro-batch holding every window at once; with a fixed slice
+# count, a three-month archive of short slices was 33,000 micro-batches.
+TRIGGER_BYTES = 512 << 20
+
+
+def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
+    """GETs a replay makes to read files of these sizes once, each as consecutive ranges of
+    at most `get_bytes` (its read-ahead budget permitting)."""
+    return sum(-(-size // get_bytes) for size in file_sizes)
+
+
+_RUN = "[0-9a-f]{16}"
+# Every object this layout writes, and nothing else: what vacuum may delete.
+_ARCHIVE_KEY = re.compile(
+    rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet|{RUNS}/{_RUN}(?:\.error)?\.json"
+    rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.(?:slices|pieces)\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
+)
+# The run id in the name of a run's file (assignment, index, segment, lease), and a segment's group.
+_RUN_OF_KEY = re.compile(
+    rf"(?:{ASSIGNMENTS}/|{RUNS}/|{INDEX}/[0-9]{{10}}-|{GROUPS}/(?P<group>[0-9]{{5,}})/[0-9]{{10}}-)"
+    rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|slices\.parquet|pieces\.parquet|avro)"
+)
+# What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
+_LEGACY_KEY = re.compile(
+    rf"{re.escape(LEGACY_MANIFEST)}|assignment\.parquet|{INDEX}/[0-9]{{10}}\.(?:slices|pieces)\.parquet"
+    rf"|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}\.avro|slices/[0-9]{{6,}}/(?:_slice\.json|group-[0-9]{{5,}}\.avro)"
+)
+
+
+def is_archive_key(key: str) -> bool:
+    """Whether `key` (relative to the archive root) is one of the archive's own objects."""
+    return _ARCHIVE_KEY.fullmatch(key) is not None
+
+
+def is_legacy_key(key: str) -> bool:
+    """Whether `key` is an object of an unversioned archive (format versions 1 and 2)."""
+    return _LEGACY_KEY.fullmatch(key) is not None
+
+
+def run_of(key: str) -> tuple[str, int | None] | None:
+    """(run, group) of a file a run writes: its run id, and its group for a segment file
+    (None for the others); None for version objects and names that are not the layout's."""
+    m = _RUN_OF_KEY.fullmatch(key) if is_archive_key(key) else None
+    if m is None:
+        return None
+    return m["run"], None if m["group"] is None else int(m["group"])
+
+
+def lease_key(run: str) -> str:
+    return f"{RUNS}/{run}.json"
+
+
+def run_error_key(run: str) -> str:
+    """Where a Spark task of the run reports a deterministic input error (compactor.task_errors)."""
+    return f"{RUNS}/{run}.error.json"
+
+
+def run_of_lease(key: str) -> str | None:
+    found = run_of(key)
+    return found[0] if found and key == lease_key(found[0]) else None
+
+
+def new_run() -> str:
+    """A compaction run's id: 16 hex digits, random, in every file name the run writes."""
+    return uuid.uuid4().hex[:16]
+
+
+def segment_key(group: int, first_slice: int, run: str) -> str:
+    """A segment file, named by its group, first slice and run: listings sort by group,
+    then slice."""
+    return f"{GROUPS}/{group:05d}/{first_slice:010d}-{run}.avro"
+
+
+def segment_first_slice(key: str) -> int:
+    """The first slice of a segment file, from its name (`segment_key`)."""
+    return int(key.rpartition("/")[2][:10])
+
+
+def assignment_key(run: str) -> str:
+    return f"{ASSIGNMENTS}/{run}.parquet"
+
+
+def version_key(version: int) -> str:
+    """Zero-padded: listings sort versions in order."""
+    return f"{VERSIONS}/{version:020d}.json"

@@ -1,0 +1,209 @@
+"""The archive's versions: one manifest per commit (`_versions/<n>.json`), created once and
+never replaced; the latest is the archive a new reader sees."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from keygroups.errors import FormatError, KeyfillError, ObjectExists
+from keygroups.layout import FORMAT, FORMAT_VERSION, LEGACY_MANIFEST, VERSIONS, version_key
+from keygroups.storage import ObjectNotFound, Storage
+
+
+def dumps(obj: Any) -> bytes:
+    """Stable JSON: sorted keys, fixed separators, so equal metadata is equal bytes."""
+    return (json.dumps(obj, sort_keys=True, indent=1, separators=(",", ": ")) + "\n").encode()
+
+
+@dataclass
+class Manifest:
+    """One version of the archive (`_versions/<n>.json`): a few KB whatever the archive's
+    length (slices are in the index)."""
+
+    source: dict  # url, format, options
+    config: dict  # groups, slice_duration_ms, codec, block_bytes, target_file_bytes, null_keys, allow_gaps
+    topic: str
+    groups: int
+    slice_duration_ms: int
+    base: int  # absolute slice number of slice 0: slice s covers [(base+s)*d, (base+s+1)*d)
+    slices: int
+    group_records: list[int]
+    group_payload_bytes: list[int]  # packing weights: the statistics pass's, an unsealed tail included
+    group_file_bytes: list[int]  # bytes of each group's pieces
+    totals: dict  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
+    handoff: dict[str, int]  # partition (as a JSON string key) -> first offset not in the archive
+    # partition -> the largest timestamp below its hand-off: the running maximum an append continues from
+    running_max: dict[str, int] = field(default_factory=dict)
+    # partition -> {offset, timestamp, digest} of the last record archived: what an append
+    # checks the source still holds (compactor.history)
+    last_records: dict[str, dict] = field(default_factory=dict)
+    # index file key -> {bytes, footer_crc32c} of every index file the version names (keygroups.piece_index)
+    index_files: dict[str, dict] = field(default_factory=dict)
+    # partition -> records of slices not sealed yet when this version was committed (left for
+    # a later append; `keyfill report` draws them). Not part of the content id: it says what
+    # the source holds beyond the archive, not what the archive holds.
+    held_back: dict[str, int] = field(default_factory=dict)
+    gaps: list[str] = field(default_factory=list)
+    # The version: which archive it is, where its files are, how it came to be.
+    archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
+    version: int = 0
+    parent: int | None = None  # the version this commit followed (None: the first)
+    kind: str = "compact"  # compact | append
+    created_ms: int = 0
+    run: str = ""  # the run that wrote this version's new files
+    assignment: str = ""  # key of the key assignment
+    index_runs: list[list] = field(default_factory=list)  # [first slice, run]: who wrote the index from there on
+    runs: list[str] = field(default_factory=list)  # the runs whose segment files this version reads
+    # segment files of those runs that this version stops reading (and no later one reads):
+    # tails an append continued in a file of its own (keygroups.segments); vacuum deletes them
+    # once no older version is retained. This version's only, so the manifest stays small.
+    dropped: list[str] = field(default_factory=list)
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def bounds(self, s: int) -> tuple[int, int]:
+        d = self.slice_duration_ms
+        return (self.base + s) * d, (self.base + s + 1) * d
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict, *, name: str = "manifest") -> Manifest:
+        if d.get("format") != FORMAT:
+            raise FormatError(f"{name}: not a keyfill compacted archive manifest")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise FormatError(
+                f"{name}: format version {d.get('format_version')}; this keyfill reads version {FORMAT_VERSION} "
+                "(compact the source again, with --overwrite)"
+            )
+        m = cls(**d)
+        numbers = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
+        numbers += list(m.running_max.values()) + list(m.held_back.values())
+        numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
+        numbers += [start for start, _ in m.index_runs]
+        numbers += [f.get(k) for f in m.last_records.values() for k in ("offset", "timestamp")]
+        lists = (m.group_records, m.group_payload_bytes, m.group_file_bytes)
+        if not all(type(v) is int for v in numbers) or any(len(x) != m.groups for x in lists) or m.slices < 0:
+            raise FormatError(
+                f"{name}: a count, offset or time that is not a whole number, or group lists that do "
+                "not match the group count"
+            )
+        if not m.archive or not m.assignment or (m.slices and not (m.index_runs and m.runs)):
+            raise FormatError(f"{name}: no archive id, assignment, index or runs")
+        return m
+
+
+def index_run(index_runs: list[list], first_slice: int) -> str:
+    """The run whose index files cover the slices from `first_slice` (an index file's first
+    slice): the last entry of a manifest's `index_runs` starting at or before it."""
+    run = ""
+    for start, r in index_runs:
+        if start > first_slice:
+            break
+        run = r
+    return run
+
+
+class CommitConflict(KeyfillError, RuntimeError):
+    """Another compaction committed the version this one was about to."""
+
+
+def content_id(manifest: Manifest) -> str:
+    """16 hex digits of the SHA-256 of what the archive holds (source, configuration,
+    slices, groups, totals, hand-off), not of where its files are: a full compaction's
+    archive id. Equal input and configuration give equal ids, so a replay checkpoint or a
+    Spark offset resumes against an identical recompaction and refuses any other."""
+    content = {k: v for k, v in manifest.to_json().items() if k not in _VERSION_FIELDS}
+    return hashlib.sha256(dumps(content)).hexdigest()[:16]
+
+
+_VERSION_FIELDS = {
+    *(
+        "archive",
+        "version",
+        "parent",
+        "kind",
+        "created_ms",
+        "run",
+        "assignment",
+        "index_runs",
+        "runs",
+        "index_files",
+        "held_back",
+    )
+}
+
+
+_VERSION_KEY = re.compile(rf"{VERSIONS}/([0-9]{{20}})\.json")
+
+
+def version_numbers(keys) -> list[int]:
+    """The version numbers among these keys (a listing's), ascending."""
+    return sorted(int(m[1]) for m in map(_VERSION_KEY.fullmatch, keys) if m)
+
+
+def versions(store: Storage) -> list[int]:
+    """The committed version numbers, ascending."""
+    return version_numbers(o.key for o in store.list(VERSIONS + "/"))
+
+
+def load_manifest(store: Storage, version: int | None = None) -> Manifest:
+    """The manifest of `version` (default: the latest), or FormatError: without a version
+    there is no archive."""
+    if version is None:
+        committed = versions(store)
+        if not committed:
+            if store.exists(LEGACY_MANIFEST):
+                return _legacy(store)
+            raise FormatError(
+                f"{store.url_for(VERSIONS)}/: no committed version; not a compacted archive, or a compaction "
+                "that did not finish"
+            )
+        version = committed[-1]
+    key = version_key(version)
+    try:
+        data = store.read(key)
+    except ObjectNotFound:
+        raise FormatError(f"{store.url_for(key)}: no version {version} in this archive") from None
+    try:
+        m = Manifest.from_json(json.loads(data), name=store.url_for(key))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{store.url_for(key)}: unreadable manifest ({exc})") from None
+    if m.version != version:
+        raise FormatError(f"{store.url_for(key)}: says it is version {m.version}")
+    return m
+
+
+def _legacy(store: Storage) -> Manifest:
+    """An unversioned archive: refused, naming its format version."""
+    url = store.url_for(LEGACY_MANIFEST)
+    try:
+        found = json.loads(store.read(LEGACY_MANIFEST)).get("format_version")
+    except (ValueError, AttributeError):
+        found = "unknown"
+    raise FormatError(
+        f"{url}: format version {found}; this keyfill reads version {FORMAT_VERSION} "
+        "(compact the source again, with --overwrite)"
+    )
+
+
+def commit(store: Storage, manifest: Manifest) -> None:
+    """Publish `manifest` as its version, atomically and once: if another writer committed
+    that version first, CommitConflict, and nothing of this run is visible."""
+    manifest.created_ms = manifest.created_ms or int(time.time() * 1000)
+    key = version_key(manifest.version)
+    try:
+        store.create(key, dumps(manifest.to_json()))
+    except ObjectExists:
+        raise CommitConflict(
+            f"{store.url_for(key)}: another compaction committed version {manifest.version} while this one ran; "
+            "nothing of this run is visible (its files are left for `keyfill vacuum`); run it again"
+        ) from None

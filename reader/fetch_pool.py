@@ -1,0 +1,71 @@
+"""A pool of daemon threads for GETs that a stopped replay can abandon.
+
+Written by hand because `concurrent.futures.ThreadPoolExecutor` joins its (non-daemon)
+threads when the interpreter exits: a GET stuck on a frozen endpoint would then hold a
+Ctrl-C'd replay open until the read timeout. These threads are daemons, and `shutdown`
+cancels what has not started and returns at once; a GET in flight finishes (or times
+out) on its own and its result is dropped.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+_STOP = object()
+
+
+class FetchPool:
+    def __init__(self, workers: int, name: str = "keyfill-read") -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(max(1, workers))
+        ]
+        self._started = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                future.cancel()
+                return future
+            if not self._started:  # threads start on first use: a replay that fails early costs none
+                self._started = True
+                for t in self._threads:
+                    t.start()
+            self._tasks.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._tasks.get()
+            if item is _STOP:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Cancel queued work and let the threads end; never waits for a GET in flight."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        while True:
+            try:
+                item = self._tasks.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item[0].cancel()
+        for _ in self._threads:
+            self._tasks.put(_STOP)

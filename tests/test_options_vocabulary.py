@@ -1,0 +1,76 @@
+"""One vocabulary of reading options (docs/options.md): a setting the replay and the Spark
+source share has one name, spelt snake_case in the API, --kebab-case on the command line
+and camelCase in Spark; the names come from the dataclass fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from keyfill.cli import replay as replay_cli
+from reader.options import ReplayOptions
+from reader.source_options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, SourceOptionError, camel
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+NOT_SETTINGS = {"url", "checkpoint_file", "no_progress", "json", "help"}  # what the command does, not how it reads
+
+
+def replay_flags() -> dict[str, argparse.Action]:
+    parser = argparse.ArgumentParser()
+    replay_cli.add(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["replay"]
+    return {a.dest: a for a in sub._actions if a.dest not in NOT_SETTINGS}
+
+
+def test_every_replay_flag_is_a_replay_option_with_its_default() -> None:
+    fields = {f.name: f.default for f in dataclasses.fields(ReplayOptions)}
+    flags = replay_flags()
+    assert flags, "no flags found: the check would pass on nothing"
+    for dest, action in flags.items():
+        assert dest in fields, f"--{dest.replace('_', '-')} is not a ReplayOptions field"
+        assert action.option_strings == [f"--{dest.replace('_', '-')}"]
+        assert action.default == fields[dest], f"--{action.option_strings[0]} default differs from ReplayOptions"
+
+
+def test_spark_options_are_the_camel_case_of_the_source_fields() -> None:
+    fields = [f.name for f in dataclasses.fields(Options) if f.name not in ("kafka", "session_cores")]
+    assert list(OPTION_NAMES) == [camel(f) for f in fields]
+    assert camel("max_slices_per_trigger") == "maxSlicesPerTrigger"
+    shared = {f for f in fields} & {f.name for f in dataclasses.fields(ReplayOptions)}
+    assert {"batch_size", "read_ahead_bytes", "range_bytes"} <= shared
+    for name in ("batch_size", "range_bytes"):  # the same setting, the same default
+        assert getattr(Options, name) == getattr(ReplayOptions, name)
+
+
+def test_the_table_names_every_option() -> None:
+    table = {m for m in re.findall(r"`([^`]+)`", DOC)}
+    missing = [n for n in OPTION_NAMES if n != "path" and n not in table]
+    missing += [n for n in KAFKA_OPTION_NAMES if n not in table]
+    missing += [a.option_strings[0] for a in replay_flags().values() if a.option_strings[0] not in table]
+    missing += [f.name for f in dataclasses.fields(ReplayOptions) if f.name not in table]
+    assert not missing, f"docs/options.md does not name {missing}"
+
+
+def test_a_shared_setting_parses_to_the_field_of_its_name() -> None:
+    opts = Options.parse({"path": "/a", "batchsize": "7", "readAheadBytes": "0", "RANGEBYTES": "4096"})
+    assert (opts.batch_size, opts.read_ahead_bytes, opts.range_bytes) == (7, 0, 4096)
+    assert Options.parse({"path": "/a"}).read_ahead_bytes == Options.read_ahead_bytes
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"batchRows": "10"}, "batchRows is now batchSize"),
+        ({"batchSize": "0"}, "batchSize='0'"),
+        ({"rangeBytes": "-1"}, "rangeBytes='-1'"),
+        ({"readAheadBytes": "lots"}, "readAheadBytes='lots': expected a whole number"),
+        ({"startingSlice": "-3"}, "startingSlice='-3'"),
+    ],
+)
+def test_a_bad_option_is_named(options: dict[str, str], named: str) -> None:
+    with pytest.raises(SourceOptionError, match=re.escape(named)):
+        Options.parse({"path": "/a", **options})
