@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from keygroups import bounds, compacted
 from keygroups.errors import OptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
+from reader.options import ReplayOptions
 
 
 class SourceOptionError(OptionError):
@@ -51,11 +52,11 @@ class Options:
     max_slices_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     num_partitions: int | None = None
-    batch_size: int = 65_536  # rows per Arrow batch handed to Spark
+    batch_size: int = ReplayOptions.batch_size  # rows per Arrow batch handed to Spark
     starting_slice: int = 0
     # a task's fetched, not yet decoded bytes (bounded by the executor's memory over its cores)
     read_ahead_bytes: int = TASK_READ_AHEAD_BYTES
-    range_bytes: int = compacted.GET_BYTES  # the largest GET; 0: a span in one GET
+    range_bytes: int = ReplayOptions.range_bytes  # the largest GET; 0: a span in one GET
     kafka: KafkaOptions | None = field(default=None, metadata=NOT_AN_OPTION)  # None: the archive alone
     # Spark's default parallelism when `reader.spark.register` ran (its cores): what sizes
     # numPartitions when it is not set. None: one input partition per group.
