@@ -203,15 +203,16 @@ class SourcePlanner:
         return parts
 
     def partitions_for(self, total_bytes: int, groups: int) -> int:
-        """The default number of input partitions: the session's cores, and more when the
-        batch holds over TASK_BYTES a core (Spark's file sources split at 128 MiB too), at
-        most one per group. A task per group paid its fixed costs (a Python task on Spark,
-        its first GETs waiting with nothing to overlap them) once per group, 16 times over
-        on 2 cores: half the rows/s of a task per core (bench/bench_spark_io.py). Without
-        the session's cores (Spark Connect), one per group."""
-        if self.opts.session_cores is None:
+        """The default number of input partitions: the session's cores, or a multiple of
+        them when the batch holds over TASK_BYTES a core (so every wave of tasks is full),
+        at most one per group. A task per group paid its fixed costs (a Python task on
+        Spark, its first GETs waiting with nothing to overlap them) once per group: 16 tasks
+        on 2 cores read at half the rows/s of 2 (bench/bench_spark_io.py), and 3 tasks on 2
+        cores at 0.8x of 2. Without the session's cores (Spark Connect), one per group."""
+        cores = self.opts.session_cores
+        if cores is None:
             return groups
-        return max(self.opts.session_cores, -(-total_bytes // TASK_BYTES))
+        return cores * max(1, -(-total_bytes // (cores * TASK_BYTES)))
 
     def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
         """The partition's groups through the replay's group reader (`reader.fetch`)."""

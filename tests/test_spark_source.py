@@ -330,18 +330,23 @@ def test_bundled_partitions_are_balanced_by_bytes(archive):
 
 @pytest.mark.parametrize("cores", [None, 1, 3, 1000])
 def test_by_default_a_batch_has_a_partition_per_core(archive, cores, monkeypatch):
-    """Without numPartitions: the session's cores (never more than the groups), more when
-    the batch holds over TASK_BYTES a core; one per group without the session's cores."""
+    """Without numPartitions: the session's cores (never more than the groups), a multiple
+    of them when the batch holds over TASK_BYTES a core; one per group without the
+    session's cores."""
     url, _ = archive
     opts = reader.spark.Options.parse({"path": url}, session_cores=cores)
     planner = reader.spark.SourcePlanner(opts)
     groups = sum(1 for b in planner.manifest.group_file_bytes if b)
     total = sum(planner.manifest.group_file_bytes)
     assert len(planner.plan(0, planner.manifest.slices)) == (groups if cores is None else min(cores, groups))
-    monkeypatch.setattr("reader.source_plan.TASK_BYTES", max(1, total // 5))  # the batch is 5 TASK_BYTES or more
-    want = groups if cores is None else min(groups, max(cores, -(-total // max(1, total // 5))))
-    assert len(planner.plan(0, planner.manifest.slices)) == want
-    assert planner.partitions_for(total, groups) >= (cores or 0)
+    task = max(1, total // 5)
+    monkeypatch.setattr("reader.source_plan.TASK_BYTES", task)  # the batch is 5 TASK_BYTES or more
+    if cores is not None:
+        waves = -(-total // (cores * task))
+        assert planner.partitions_for(total, groups) == cores * waves
+        assert len(planner.plan(0, planner.manifest.slices)) == min(groups, cores * waves)
+    else:
+        assert len(planner.plan(0, planner.manifest.slices)) == groups
 
 
 @pytest.mark.parametrize("fmt", ["spark", "csv", "json"])
