@@ -57,7 +57,10 @@ class GroupsPartition(InputPartition):
     pieces: tuple[compacted.Piece, ...]
 
 
-TASK_BYTES = 128 << 20  # compacted bytes per input partition above which there are more than the cores
+# Compacted bytes a core past which a batch gets more input partitions than cores (a batch
+# read of a whole archive): a failed task re-reads about this much. A streaming micro-batch
+# (512 MiB by default) stays at one task per core.
+TASK_BYTES = 1 << 30
 _assignments: dict[tuple[str, str], KeyAssignment] = {}  # (archive URL, assignment file) -> lookup; per process
 
 
@@ -207,8 +210,8 @@ class SourcePlanner:
         them when the batch holds over TASK_BYTES a core (so every wave of tasks is full),
         at most one per group. A task per group paid its fixed costs (a Python task on
         Spark, its first GETs waiting with nothing to overlap them) once per group: 16 tasks
-        on 2 cores read at half the rows/s of 2 (bench/bench_spark_io.py), and 3 tasks on 2
-        cores at 0.8x of 2. Without the session's cores (Spark Connect), one per group."""
+        on 2 cores read at half the rows/s of 2 (bench/bench_spark_io.py); 3 tasks on 2
+        cores at 0.8x of 2, 4 at 0.86-0.95x. Without the session's cores (Spark Connect), one per group."""
         cores = self.opts.session_cores
         if cores is None:
             return groups
