@@ -5,6 +5,7 @@ local[2] Spark session.
 
     python -m bench.bench_spark_io           # 2M records, 16 groups, ~300 MB (compacted once, cached)
     python -m bench.bench_spark_io --quick   # 600K records, one repetition
+    python -m bench.bench_spark_io --replay  # the same sweep for `reader.replay` (threads, read-ahead, GET size)
 
 The latency comes from `bench.latency_proxy` (a TCP proxy on 127.0.0.1 in front of
 SeaweedFS's S3 port that waits before forwarding each request), and the Spark session is
@@ -59,6 +60,33 @@ def settings(args: argparse.Namespace) -> list[tuple[str, dict[str, str], Point]
                     opts["numPartitions"] = str(parts)
                 out.append((label(parts, ra, rb), opts, (parts, ra, rb)))
     return out
+
+
+def replay_settings(args: argparse.Namespace) -> list[tuple[str, dict[str, int], Point]]:
+    """The replay's grid (--replay): the defaults, then threads x read_ahead_bytes x range_bytes."""
+    import reader
+
+    d = reader.ReplayOptions()
+    ra0, rb0 = d.read_ahead_bytes // MiB, d.range_bytes // MiB
+    out: list[tuple[str, dict[str, int], Point]] = [("defaults", {}, (None, ra0, rb0))]
+    for t in args.threads:
+        for ra in sorted({ra0, *args.read_ahead_mib}):
+            for rb in args.range_mib:
+                if (t, ra, rb) != (d.threads, ra0, rb0):
+                    opts = {"threads": t, "read_ahead_bytes": ra * MiB, "range_bytes": rb * MiB}
+                    out.append((f"threads={t:<3} readAhead={ra:>4} MiB range={rb:>2} MiB", opts, (t, ra, rb)))
+    return out
+
+
+def replay_once(url: str, opts: dict) -> float:
+    """Seconds to replay the whole archive (every record taken by the consumer)."""
+    import reader
+
+    t = time.perf_counter()
+    with reader.replay(url, **opts) as events:
+        for _ in events:
+            pass
+    return time.perf_counter() - t
 
 
 def default_io() -> tuple[int, int]:
@@ -132,6 +160,10 @@ def read_once(spark, url: str, opts: dict[str, str]) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller archive, one repetition")
+    ap.add_argument(
+        "--replay", action="store_true", help="sweep reader.replay (threads, read_ahead_bytes, range_bytes) instead"
+    )
+    ap.add_argument("--threads", default="4,16,64", help="--replay: thread counts")
     ap.add_argument("--records", type=int, default=None, help="records (default 2M; --quick 600K)")
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--slice-duration", default="1m")
@@ -152,7 +184,8 @@ def main() -> int:
     args.read_ahead_mib = [int(x) for x in args.read_ahead_mib.split(",")]
     args.range_mib = [int(x) for x in args.range_mib.split(",")]
     args.num_partitions = [int(x) for x in args.num_partitions.split(",") if x]
-    grid = settings(args)
+    args.threads = [int(x) for x in args.threads.split(",")]
+    grid = replay_settings(args) if args.replay else settings(args)
 
     from compactor.spark_session import local_spark
     from keyfill.testing.s3server import start_seaweedfs
@@ -208,7 +241,7 @@ def main() -> int:
                 proxy.delay_ms = d
                 print(f"\nrun {r + 1}/{repeat}, +{d:g} ms (load average {os.getloadavg()[0]:.1f})", flush=True)
                 for name, opts, _ in grid:
-                    rate = records / read_once(spark, url, opts)
+                    rate = records / (replay_once(url, opts) if args.replay else read_once(spark, url, opts))
                     results[d][name] = max(results[d].get(name, 0.0), rate)
                     print(f"  {name:<52} {rate:>11,.0f} rows/s", flush=True)
     finally:
@@ -243,6 +276,8 @@ def main() -> int:
         if not flagged
         else f"defaults below 0.9x of the best at +{', +'.join(f'{d:g}' for d in flagged)} ms"
     )
+    if args.replay:
+        return 0
     # Which knob it is: the default readAheadBytes/rangeBytes against the best of those two at
     # the same numPartitions.
     ra0, rb0 = default_io()

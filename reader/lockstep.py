@@ -37,6 +37,9 @@ from reader.pacing import Pacer
 from reader.plan import ReplayPlan
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
 
+# GETs in flight at once, whatever the thread count: reader threads decode (CPU), and a
+# few of them still need many GETs in flight to hide an object store's latency.
+GET_THREADS = 16
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
 
@@ -90,7 +93,7 @@ class Replay:
         self.pacer = Pacer(opts, self._stop)
         self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop)
         self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
-        self._pool = FetchPool(max(2, opts.threads))
+        self._pool = FetchPool(max(GET_THREADS, opts.threads))
         # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead)
         self._span_bytes = span_bytes(bounded_read_ahead(opts.read_ahead_bytes), self.manifest.groups, opts.range_bytes)
         self._fetchers: list[PieceFetcher] = []
