@@ -19,7 +19,7 @@ from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
 from reader.coalesce import checked, parts, span
-from reader.fetch_pool import FetchPool
+from reader.fetch_pool import GET_THREADS, FetchPool
 
 LOOKAHEAD_SLICES = 256  # how far a span may reach past the slice being read
 
@@ -303,8 +303,8 @@ def read_groups(
             blocks[(g, int(block[a]))] = mine.rows(a, z)
     none = cols.rows(0, 0)
     first, end = int(cols.slice.min()), int(cols.slice.max()) + 1
-    # GETs in flight: two spans per group, within 4..16 threads (a span's parts share them)
-    pool = FetchPool(workers or min(16, max(4, 2 * len(order))), "keyfill-group-read")
+    # GETs in flight: two spans per group, within 4..GET_THREADS threads (a span's parts share them)
+    pool = FetchPool(workers or min(GET_THREADS, max(4, 2 * len(order))), "keyfill-group-read")
     fetcher = PieceFetcher(
         store,
         pool,

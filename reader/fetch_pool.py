@@ -15,6 +15,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+# GETs in flight at once for one reader (a replay, or a Spark task), at most: reader threads
+# decode (CPU), and even a few of them need many GETs in flight to hide an object store's
+# latency.
+GET_THREADS = 16
+
 _STOP = object()
 
 

@@ -30,16 +30,13 @@ from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
 from reader.fetch import PieceFetcher, span_bytes
-from reader.fetch_pool import FetchPool
+from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
 
-# GETs in flight at once, whatever the thread count: reader threads decode (CPU), and a
-# few of them still need many GETs in flight to hide an object store's latency.
-GET_THREADS = 16
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
 

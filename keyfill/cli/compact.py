@@ -7,6 +7,7 @@ import json
 
 from compactor import defaults
 from keyfill.cli.args import byte_size, fraction, mb, positive_int
+from keygroups import envelope  # loaded anyway: the source registry's flags import it
 
 _OPTION_DEST = "source_option."  # a format's option `name` is parsed into `source_option.<name>`
 
@@ -74,9 +75,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_source_options(p)
     p.add_argument("--topic", help="topic to compact when the source holds several")
-    p.add_argument(
-        "--codec", default=defaults.CODEC, choices=["null", "deflate", "snappy"], help="Avro codec of segment files"
-    )
+    p.add_argument("--codec", default=defaults.CODEC, choices=envelope.CODECS, help="Avro codec of segment files")
     p.add_argument("--block-bytes", type=int, default=defaults.BLOCK_BYTES, help="largest Avro block of segment files")
     p.add_argument(
         "--allow-gaps", action="store_true", help="accept offset gaps between chunks (compacted topics), reporting them"

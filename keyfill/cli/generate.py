@@ -10,6 +10,7 @@ from keyfill.cli.args import fraction, iso_ms, mb, positive_int
 
 def add(sub: argparse._SubParsersAction) -> None:
     from keyfill.synth.generate import GeneratorConfig as G
+    from keygroups import envelope
 
     p = sub.add_parser(
         "generate",
@@ -38,7 +39,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)",
     )
-    p.add_argument("--codec", default=G.codec, choices=["null", "deflate", "snappy"], help="Avro codec")
+    p.add_argument("--codec", default=G.codec, choices=envelope.CODECS, help="Avro codec")
     p.add_argument("--threads", type=positive_int, default=G.threads, help="parallel uploads")
     p.add_argument("--overwrite", action="store_true", help="replace an existing archive at --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
