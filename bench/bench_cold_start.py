@@ -21,7 +21,10 @@ compiled:
 Cold: NUMBA_CACHE_DIR is a new empty folder. numba then uses its UserProvidedCacheLocator
 (first in `CacheImpl._locator_classes`) and never looks at the in-tree `__pycache__/*.nbi`
 files; the child checks that every keyfill kernel's cache path lies under NUMBA_CACHE_DIR.
-Warm: a second process with the same folder. The difference is numba's compile cost; the
+Warm: a second process with the same folder. Seeded: a third process with an empty folder of
+its own, from a snapshot that holds the seed a wheel ships (`make wheel`,
+`keygroups._numba_seed`): what a fresh executor pays with keyfill installed from that wheel.
+Cold and warm run with KEYFILL_NUMBA_SEED=0. The difference of cold and warm is numba's compile cost; the
 kernels compiled and loaded are counted from each dispatcher's `stats` (cache misses and
 hits per signature), and the `.nbi`/`.nbc` files in the folder after the cold run.
 
@@ -284,15 +287,25 @@ def main(argv: list[str] | None = None) -> None:
         src, archive = prepare(work, args.records)
         print(f"source and archive ready ({time.perf_counter() - t:.1f} s); {args.repeats} cold/warm pairs per task")
         numba_alone, bare = numba_import_alone(max(args.repeats, 3))
-        runs: dict[str, dict[str, list[dict]]] = {task: {"cold": [], "warm": []} for task in ROWS}
+        states = ("cold", "warm") if args.in_place else ("cold", "warm", "seeded")
+        if "seeded" in states:
+            from keyfill.numba_warm import build_seed
+
+            t = time.perf_counter()
+            seed = build_seed(TREE)
+            print(f"seed built in {time.perf_counter() - t:.1f} s: {len(seed['kernels'])} kernels, generic CPU")
+        runs: dict[str, dict[str, list[dict]]] = {task: {state: [] for state in states} for task in ROWS}
         files: dict[str, list[tuple[int, int, int]]] = {task: [] for task in ROWS}
         for i in range(args.repeats):
             for task in ROWS:  # alternate the tasks so that a busy minute on the box hits both
                 cache = str(work / f"cache-{task}-{i}")
                 os.makedirs(cache)
-                for state in ("cold", "warm"):
+                for state in states:
                     dest = str(work / f"out-{task}-{i}-{state}") if task == "compact" else archive
-                    result = run_child(task, src, dest, cache, extra)
+                    env = {**extra, "KEYFILL_NUMBA_SEED": "0"}
+                    if state == "seeded":  # a fresh cache of its own, filled from the seed at import
+                        env, cache = extra, str(work / f"cache-{task}-{i}-seeded")
+                    result = run_child(task, src, dest, cache, env)
                     runs[task][state].append(result)
                     print(
                         f"  {task:8s} {state}  {result['process wall']:6.2f} s wall, "
@@ -307,14 +320,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"extra environment: {extra}")
         print()
         med = statistics.median
-        header = f"{'task':8s} {'phase':22s} {'cold s':>8s} {'warm s':>8s} {'numba s':>8s}"
+        header = f"{'task':8s} {'phase':22s} {'cold s':>8s} {'warm s':>8s} {'numba s':>8s} {'seeded s':>9s}"
         print(header)
         print("-" * len(header))
         for task, rows in ROWS.items():
             for row in rows:
                 cold = med(r.get(row, 0.0) for r in runs[task]["cold"])
                 warm = med(r.get(row, 0.0) for r in runs[task]["warm"])
-                print(f"{task:8s} {row:22s} {cold:8.2f} {warm:8.2f} {cold - warm:8.2f}")
+                seeded = f"{med(r.get(row, 0.0) for r in runs[task]['seeded']):9.2f}" if "seeded" in states else ""
+                print(f"{task:8s} {row:22s} {cold:8.2f} {warm:8.2f} {cold - warm:8.2f} {seeded}")
             cold_runs, warm_runs = runs[task]["cold"], runs[task]["warm"]
             nbi, nbc, size = files[task][0]
             print(
@@ -323,6 +337,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"{med(r['loaded'] for r in warm_runs):.0f}; cache after cold run: {nbi} .nbi, {nbc} .nbc, "
                 f"{size / 1e6:.2f} MB; records {cold_runs[0]['records']:,}"
             )
+            if "seeded" in states:
+                seeded_runs = runs[task]["seeded"]
+                print(
+                    f"{task:8s} seeded (empty cache, the wheel's seed): compiled "
+                    f"{med(r['compiled'] for r in seeded_runs):.0f}, loaded {med(r['loaded'] for r in seeded_runs):.0f}"
+                )
             print()
         compiled = {t: {k for k, v in runs[t]["cold"][0]["kernels"].items() if v["misses"]} for t in ROWS}
         used = sorted(set().union(*compiled.values()))

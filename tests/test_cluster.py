@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 
 import pytest
 
 from compactor.sources import open_source
 from compactor.verify import verify
 from keyfill.cli import jobs
+from keyfill.numba_warm import PACKAGES, build_seed
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
@@ -30,14 +33,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("dist")
+    """The wheel `make wheel` builds: numba's kernels compiled inside (keygroups/_numba_seed.py),
+    so the executors' Python workers load them instead of compiling them."""
+    out, project = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("project")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "_numba_cache")
+    for package in PACKAGES:
+        shutil.copytree(os.path.join(ROOT, package), project / package, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), project / name)
+    assert build_seed(project)["not_compiled"] == []
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), ROOT],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(project)],
         check=True,
         capture_output=True,
         timeout=600,
     )
     (found,) = [f for f in os.listdir(out) if f.startswith("keyfill-") and f.endswith(".whl")]
+    with zipfile.ZipFile(out / found) as z:
+        assert "keygroups/_numba_cache/seed.json" in z.namelist()  # package data reaches the wheel
     return str(out / found)
 
 

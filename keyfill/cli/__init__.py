@@ -22,6 +22,7 @@ from keyfill.cli import (
     vacuum,
     verify,
     versions,
+    warm,
 )
 from keyfill.cli.compact import (
     add_compact_arguments,
@@ -65,7 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     loud.add_argument("-q", "--quiet", action="store_const", const=-1, dest="verbosity", help="warnings only")
     parser.set_defaults(verbosity=0)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (generate, inspect_source, plan, compact, verify, replay, report, handoff, versions, vacuum, jobs):
+    for command in (
+        generate,
+        inspect_source,
+        plan,
+        compact,
+        verify,
+        replay,
+        report,
+        handoff,
+        versions,
+        vacuum,
+        jobs,
+        warm,
+    ):
         command.add(sub)
     return parser
 

@@ -21,7 +21,12 @@ def add(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("url", help="compacted archive")
-    p.add_argument("--threads", type=positive_int, default=DEFAULTS.threads, help="reader threads")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=DEFAULTS.threads,
+        help="reader threads (default: 2 a core, between 4 and 32)",
+    )
     p.add_argument("--batch-size", type=positive_int, default=DEFAULTS.batch_size, help="records per batch")
     p.add_argument(
         "--watermark-bound-ms",
