@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
+_found: dict[int, np.ndarray] = {}  # by partition count: Spark's hash does not change within a process
+
 
 def group_slots(spark, groups: int) -> np.ndarray:
     """slots[g]: the smallest non-negative long that `repartition(groups, slot)` sends to
     partition g."""
+    if groups in _found:
+        return _found[groups].copy()
     n = 64 * groups  # enough for every residue with overwhelming probability; widened if not
     while True:
         rows = (
@@ -32,4 +36,5 @@ def group_slots(spark, groups: int) -> np.ndarray:
     slots = np.zeros(groups, np.int64)
     for part, slot in rows:
         slots[part] = slot
-    return slots
+    _found[groups] = slots
+    return slots.copy()

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from keyfill.cli import build_parser, main
+from reader.options import ReplayOptions
 
 SUBCOMMANDS = ["generate", "inspect", "compact", "verify", "replay"]
 
@@ -189,7 +190,7 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
         "seconds": 0,
         "records_per_second": 0,
         "watermark": None,
-        "threads": 16,
+        "threads": ReplayOptions().threads,  # the default: 2 a core, between 4 and 32
         "resumed": True,
         "max_spread_ms": 0,
     }

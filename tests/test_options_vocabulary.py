@@ -74,3 +74,13 @@ def test_a_shared_setting_parses_to_the_field_of_its_name() -> None:
 def test_a_bad_option_is_named(options: dict[str, str], named: str) -> None:
     with pytest.raises(SourceOptionError, match=re.escape(named)):
         Options.parse({"path": "/a", **options})
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 4), (2, 4), (3, 6), (8, 16), (16, 32), (96, 32)])
+def test_the_replay_runs_two_threads_a_core_between_4_and_32(monkeypatch, cores, threads):
+    """Reader threads only decode (GETs in flight are GET_THREADS whatever their count), and
+    past ~2 a core they contend for it; the cores are those this process may use."""
+    from reader import options
+
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert options.default_threads() == threads
