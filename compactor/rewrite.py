@@ -30,6 +30,9 @@ RECORD_SCHEMA = (
 # a group's slices too; a Spark task holds one group and sorts on those three alone, which
 # gives Spark's sort a prefix that discriminates (a constant group id would not).
 _ORDER = ("grp", "order_ts", "partition", "offset")
+# Columns the shuffle and the sort need and the writers do not: dropped before the sorted
+# records cross back into Python (6M records: ~100 MB fewer to convert).
+_SORT_ONLY = ("slot", "order_ts", "partition", "offset")
 _assignment_cache: dict[str, KeyAssignment] = {}
 
 
@@ -207,7 +210,7 @@ def run_rewrite(
     action = (
         records.repartition(groups, "slot")  # task g holds group g alone
         .sortWithinPartitions(*_ORDER[1:])
-        .drop("slot")
+        .drop(*_SORT_ONLY)
         .mapInArrow(write, _SPARK_DDL)
         .toArrow
     )
@@ -222,6 +225,6 @@ def _rewrite_in_process(decoded: Iterator[pa.RecordBatch], write) -> pa.Table:
     batches = list(decoded)
     if not batches:
         return piece_index.PIECE_SCHEMA.empty_table()
-    records = pa.Table.from_batches(batches).sort_by([(c, "ascending") for c in _ORDER]).drop_columns(["slot"])
+    records = pa.Table.from_batches(batches).sort_by([(c, "ascending") for c in _ORDER]).drop_columns(list(_SORT_ONLY))
     written = write(iter(records.combine_chunks().to_batches()))
     return pa.Table.from_batches(list(written), _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)
