@@ -109,10 +109,9 @@ FLUSH_ROWS = 1 << 20  # key sums (one per key and chunk) a map task holds before
 def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray):
     """Sums by key, chunk by chunk, shipped per reducer in blobs that gather the task's chunks
     (up to FLUSH_ROWS sums): a blob per reducer and task, not per chunk."""
-    reducers = len(slots)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pending: list[tuple[pa.Table, np.ndarray]] = []
+        pending: list[pa.Table] = []
         held = 0
         for rows in batches:
             for row in rows.to_pylist():
@@ -131,7 +130,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
                 sums = pa.table(
                     [keys, pa.array(null_part), agg.column("bytes_sum"), agg.column("bytes_count")], schema=_SUMS_ARROW
                 )
-                pending.append((sums, np.where(nulls, chunk.partition, hash_keys(keys).view(np.int64)) % reducers))
+                pending.append(sums)
                 held += len(keys)
                 stats = ChunkStats(
                     key=chunk.key,
@@ -154,15 +153,21 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
     return run
 
 
-def _shipped(pending: list[tuple[pa.Table, np.ndarray]], slots: np.ndarray) -> pa.RecordBatch:
-    sums = pa.concat_tables([t for t, _ in pending])
-    part = np.concatenate([p for _, p in pending])
-    return _map_rows(
-        [
-            (0, int(slots[r]), _blob(sums.filter(pa.array(part == r))), None, None, None)
-            for r in np.unique(part).tolist()
-        ]
-    )
+def _shipped(pending: list[pa.Table], slots: np.ndarray) -> pa.RecordBatch:
+    """The task's sums since the last flush, summed across its chunks (a key in several of
+    them is shipped once), in one blob per reducer."""
+    sums = pa.concat_tables(pending)
+    if len(pending) > 1:
+        sums = (
+            sums.group_by(["key", "null_part"], use_threads=False)
+            .aggregate([("bytes", "sum"), ("records", "sum")])
+            .rename_columns({"bytes_sum": "bytes", "records_sum": "records"})
+            .select(_SUMS_ARROW.names)
+        )
+    keys, null_part = sums.column("key"), sums.column("null_part").to_numpy()
+    part = np.where(null_part >= 0, null_part, hash_keys(keys).view(np.int64)) % len(slots)
+    shares = [(r, sums.filter(pa.array(part == r))) for r in np.unique(part).tolist()]
+    return _map_rows([(0, int(slots[r]), _blob(share), None, None, None) for r, share in shares])
 
 
 def _map_rows(rows: list[tuple]) -> pa.RecordBatch:
