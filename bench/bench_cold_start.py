@@ -48,32 +48,11 @@ import tempfile
 import time
 from pathlib import Path
 
-PACKAGES = ("keyfill", "keygroups", "compactor", "reader", "jobs")
+from keyfill.numba_warm import PACKAGES, kernels
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # --- the child: one task kind in a fresh process ---------------------------------------------
-
-
-def _kernels() -> dict:
-    """Every numba dispatcher in keyfill's loaded modules: compiled (cache misses), loaded
-    (cache hits) and where its cache lives."""
-    from numba.core.registry import CPUDispatcher
-
-    found, seen = {}, set()
-    for name, module in list(sys.modules.items()):
-        if module is None or name.split(".")[0] not in PACKAGES:
-            continue
-        for value in list(vars(module).values()):
-            if isinstance(value, CPUDispatcher) and id(value) not in seen:
-                seen.add(id(value))
-                cache = getattr(value, "_cache", None)
-                found[f"{value.py_func.__module__}.{value.py_func.__qualname__}"] = {
-                    "misses": sum(value.stats.cache_misses.values()),
-                    "hits": sum(value.stats.cache_hits.values()),
-                    "signatures": len(value.signatures),
-                    "cache_path": getattr(cache, "cache_path", None),
-                }
-    return found
 
 
 def _child(task: str, src: str, dest: str) -> None:
@@ -140,7 +119,7 @@ def _child(task: str, src: str, dest: str) -> None:
         lap("  rest")
         out["replay"] = out["  first batch"] + out["  rest"]
         out["records"] = n
-    out["kernels"] = _kernels()
+    out["kernels"] = kernels()
     out["code"] = os.path.dirname(os.path.dirname(sys.modules["keygroups"].__file__))
     print("RESULT " + json.dumps(out))
 
@@ -187,14 +166,14 @@ def run_child(task: str, src: str, dest: str, cache_dir: str, extra: dict[str, s
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
     result["process wall"] = wall
-    kernels = result["kernels"]
+    found = result["kernels"]
     if result["code"] != str(TREE):
         raise RuntimeError(f"child imported keyfill from {result['code']}, not {TREE}")
-    outside = [k for k, v in kernels.items() if v["cache_path"] and not v["cache_path"].startswith(cache_dir)]
+    outside = [k for k, v in found.items() if v["cache"] and not v["cache"].startswith(cache_dir)]
     if outside:
         raise RuntimeError(f"kernels cached outside NUMBA_CACHE_DIR {cache_dir}: {outside[:3]}")
-    result["compiled"] = sum(1 for v in kernels.values() if v["misses"])
-    result["loaded"] = sum(1 for v in kernels.values() if v["hits"])
+    result["compiled"] = sum(1 for v in found.values() if v["compiled"])
+    result["loaded"] = sum(1 for v in found.values() if v["loaded"])
     return result
 
 
@@ -344,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{med(r['compiled'] for r in seeded_runs):.0f}, loaded {med(r['loaded'] for r in seeded_runs):.0f}"
                 )
             print()
-        compiled = {t: {k for k, v in runs[t]["cold"][0]["kernels"].items() if v["misses"]} for t in ROWS}
+        compiled = {t: {k for k, v in runs[t]["cold"][0]["kernels"].items() if v["compiled"]} for t in ROWS}
         used = sorted(set().union(*compiled.values()))
         print(f"distinct kernels compiled by any task: {len(used)}  (C: compact, R: read, P: replay)")
         for k in used:
