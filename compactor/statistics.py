@@ -77,7 +77,6 @@ class Statistics:
     buckets: pa.Table | None = None  # bucket, bytes, records, keys: every bucket, in order; None: no buckets
 
 
-_INT_MAX = (1 << 31) - 1
 Split = Callable[[int, int], KeySplit]  # (distinct keys, or fewer, payload bytes) -> the split
 
 
@@ -158,16 +157,21 @@ def _shipped(pending: list[pa.Table], slots: np.ndarray) -> pa.RecordBatch:
     them is shipped once), in one blob per reducer."""
     sums = pa.concat_tables(pending)
     if len(pending) > 1:
-        sums = (
-            sums.group_by(["key", "null_part"], use_threads=False)
-            .aggregate([("bytes", "sum"), ("records", "sum")])
-            .rename_columns({"bytes_sum": "bytes", "records_sum": "records"})
-            .select(_SUMS_ARROW.names)
-        )
+        sums = _by_key(sums)
     keys, null_part = sums.column("key"), sums.column("null_part").to_numpy()
     part = np.where(null_part >= 0, null_part, hash_keys(keys).view(np.int64)) % len(slots)
     shares = [(r, sums.filter(pa.array(part == r))) for r in np.unique(part).tolist()]
     return _map_rows([(0, int(slots[r]), _blob(share), None, None, None) for r, share in shares])
+
+
+def _by_key(sums: pa.Table) -> pa.Table:
+    """Sums (_SUMS_ARROW) added up by key; null keys by partition."""
+    return (
+        sums.group_by(["key", "null_part"], use_threads=False)
+        .aggregate([("bytes", "sum"), ("records", "sum")])
+        .rename_columns({"bytes_sum": "bytes", "records_sum": "records"})
+        .select(_SUMS_ARROW.names)
+    )
 
 
 def _map_rows(rows: list[tuple]) -> pa.RecordBatch:
@@ -181,15 +185,15 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     are at most `how.limit` (else only their count); with buckets, the keys that keep an
     entry one by one and the rest by bucket."""
     # no ("hash", "first"): an ordered aggregation, twice as slow as hashing the keys again
-    per_key = sums.group_by(["key", "null_part"], use_threads=False).aggregate([("bytes", "sum"), ("records", "sum")])
+    per_key = _by_key(sums)
     n = per_key.num_rows
-    count = _reduced(kind=np.array([3]), keys=np.array([n]))
+    count = _reduced(3, 1, keys=[n])
     key, null_part = per_key.column("key"), per_key.column("null_part").to_numpy()
-    size, records = per_key.column("bytes_sum").to_numpy(), per_key.column("records_sum").to_numpy()
+    size, records = per_key.column("bytes").to_numpy(), per_key.column("records").to_numpy()
     if how.buckets is None:
         if how.limit is not None and n > how.limit:
             return count  # the driver switches to buckets: these keys are not needed
-        return pa.concat_tables([count, _reduced(0, key, null_part, None, size, records)])
+        return pa.concat_tables([count, _reduced(0, n, key=key, null_part=null_part, bytes=size, records=records)])
     exact = null_part >= 0
     if how.threshold is not None:
         exact |= size > how.threshold
@@ -199,34 +203,39 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     bucket = hash_keys(key.filter(pa.array(light))).view(np.int64) & (how.buckets - 1)
     keys_in = np.bincount(bucket, minlength=how.buckets)
     at = np.flatnonzero(keys_in)  # this reducer's buckets (hash mod R) that hold a key
-    sums_of = [
-        np.bincount(bucket, weights=v[light], minlength=how.buckets)[at].astype(np.int64) for v in (size, records)
-    ]
-    keys_in = keys_in[at].astype(np.int64)
-    mask = pa.array(exact)
+    in_bucket = {
+        name: np.bincount(bucket, weights=v[light], minlength=how.buckets)[at].astype(np.int64)
+        for name, v in (("bytes", size), ("records", records))
+    }
     return pa.concat_tables(
         [
             count,
-            _reduced(0, key.filter(mask), null_part[exact], None, size[exact], records[exact]),
-            _reduced(2, None, None, at.astype(np.int32), *sums_of, keys_in),
+            _reduced(
+                0,
+                int(exact.sum()),
+                key=key.filter(pa.array(exact)),
+                null_part=null_part[exact],
+                bytes=size[exact],
+                records=records[exact],
+            ),
+            _reduced(2, len(at), bucket=at, keys=keys_in[at], **in_bucket),
         ]
     )
 
 
-def _reduced(kind, key=None, null_part=None, bucket=None, size=None, records=None, keys=None) -> pa.Table:
-    """Rows of _REDUCED_ARROW, one per element of the arrays given (`kind` a scalar or an array)."""
-    given = next(
-        len(v) for v in (kind, key, null_part, bucket, size, records, keys) if not np.isscalar(v) and v is not None
-    )
-    cols = []
-    for value, field in zip((kind, key, null_part, bucket, size, records, keys), _REDUCED_ARROW):
+def _reduced(kind: int, n: int, **columns) -> pa.Table:
+    """n rows of _REDUCED_ARROW of one kind: the columns given (Arrow arrays as they are,
+    numpy ones converted), nulls in the others."""
+
+    def column(f: pa.Field):
+        if f.name == "kind":
+            return pa.repeat(kind, n).cast(f.type)
+        value = columns.get(f.name)
         if value is None:
-            cols.append(pa.nulls(given, field.type))
-        elif np.isscalar(value):
-            cols.append(pa.array(np.full(given, value), field.type))
-        else:
-            cols.append(pa.array(value, field.type) if not isinstance(value, pa.Array | pa.ChunkedArray) else value)
-    return pa.table(cols, schema=_REDUCED_ARROW)
+            return pa.nulls(n, f.type)
+        return value if isinstance(value, pa.Array | pa.ChunkedArray) else pa.array(value, f.type)
+
+    return pa.table([column(f) for f in _REDUCED_ARROW], schema=_REDUCED_ARROW)
 
 
 def _reduce_task(how: KeySplit):
