@@ -6,8 +6,10 @@ cost, and how it compares with a plain Spark SQL compaction of the same archive.
 
 1. **Balance**, from Spark's own task metrics (the event log's SparkListenerTaskEnd of the
    rewrite's shuffle-read stage): rewrite tasks that received records, and the largest
-   task's records over the largest group's, at 16, 64 and 1,024 groups. One group per task
-   gives 1.00; Spark's hash of the group ids put several groups in one task (2.47 at 64).
+   task's share of the shuffled bytes over the largest group's share of the records, at 16,
+   64 and 1,024 groups (the shuffle carries runs of records, so Spark counts runs, not
+   records). One group per task gives about 1.00; Spark's hash of the group ids put several
+   groups in one task (2.47 at 64).
 2. **Distinct keys**: the same record count with 10K, 1M (and more) keys; compaction wall
    time as a ratio to the fewest keys, and the peak resident memory (VmHWM) of the driver's
    Python process, the JVM, and the largest Python worker (sampled from /proc).
@@ -90,7 +92,8 @@ def _source(root: str, records: int, keys: int, skew: float, codec: str = "null"
 
 
 def _rewrite_tasks(event_dir: str, since: float) -> list[int]:
-    """Records each task of the last rewrite job's shuffle-read stage received."""
+    """Shuffle bytes each task of the last rewrite job's shuffle-read stage received (the
+    rewrite shuffles runs of records, so Spark's record counts count runs)."""
     logs = sorted(glob.glob(os.path.join(event_dir, "*", "events_*")) + glob.glob(os.path.join(event_dir, "*")))
     logs = [p for p in logs if os.path.isfile(p) and os.path.getmtime(p) >= since]
     stages: set[int] = set()
@@ -105,7 +108,8 @@ def _rewrite_tasks(event_dir: str, since: float) -> list[int]:
                     per_stage = {}
             elif kind == "SparkListenerTaskEnd" and ev["Stage ID"] in stages:
                 read = ev.get("Task Metrics", {}).get("Shuffle Read Metrics", {})
-                per_stage.setdefault(ev["Stage ID"], []).append(int(read.get("Total Records Read", 0)))
+                got = int(read.get("Remote Bytes Read", 0)) + int(read.get("Local Bytes Read", 0))
+                per_stage.setdefault(ev["Stage ID"], []).append(got)
     reading = [v for v in per_stage.values() if sum(v)]
     return max(reading, key=len) if reading else []
 
@@ -180,15 +184,16 @@ def main() -> None:
     if "balance" not in skip:
         print(f"\n1. rewrite balance ({args.records:,} records, {key_counts[0]:,} keys with skew 1.1)")
         print(f"  {'groups':>6} {'tasks with records':>19} {'largest task':>13} {'largest group':>14} {'ratio':>6}")
+        print("  (shares: the largest task's of the shuffled bytes, the largest group's of the records)")
         for g in [int(x) for x in args.groups.split(",")]:
             since = time.time() - 1
             _compact(spark, base_src, work, g, args.slice_duration)
-            biggest = max(compacted.load_manifest(open_storage(work)).group_records)
+            groups = compacted.load_manifest(open_storage(work)).group_records
             tasks = _rewrite_tasks(events, since)
             busy = [n for n in tasks if n]
+            task_share, group_share = max(busy, default=0) / max(sum(busy), 1), max(groups) / sum(groups)
             print(
-                f"  {g:>6} {len(busy):>19,} {max(busy, default=0):>13,} {biggest:>14,} "
-                f"{max(busy, default=0) / biggest:>6.2f}",
+                f"  {g:>6} {len(busy):>19,} {task_share:>13.2%} {group_share:>14.2%} {task_share / group_share:>6.2f}",
                 flush=True,
             )
 

@@ -1,10 +1,11 @@
 """Phase 2 of the compaction: every record tagged with its slice and group, shuffled by
-group, sorted, and written as segment files of consecutive slices, in Spark tasks. Returns
-the pieces written, for the index."""
+group in sorted runs, merged, and written as segment files of consecutive slices, in Spark
+tasks. Returns the pieces written, for the index."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -17,22 +18,42 @@ from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
 from keygroups import envelope, piece_index
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
+from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
-# A record crosses the shuffle already encoded (`envelope.encode_records`): one binary column
-# is far cheaper for Spark to convert and move than key, value and the nested headers.
-RECORD_SCHEMA = (
-    "slot long, slice int, grp int, order_ts long, partition int, offset long, timestamp long, record binary"
+# What crosses the shuffle is not a record but a *run*: one map task's records of one group,
+# sorted in piece order and encoded (`envelope.encode_records`), as one Arrow IPC record batch
+# message of RUN_SCHEMA. Spark then moves, sorts and hands to Python a few large values per group instead
+# of a row per record; with a row per record, converting rows between Arrow and Spark on both
+# sides of the shuffle and sorting them took more than the decoding and writing did (6M
+# records: rewrite 11.2 -> 8.2 s, bench_scale). The write task merges a group's runs.
+RUN_SCHEMA = pa.schema(
+    [
+        ("slice", pa.int32()),
+        ("order_ts", pa.int64()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("record", pa.binary()),
+    ]
 )
-# How a rewrite task's records are sorted: by group, then the piece order. A slice is a
-# function of the running maximum (`record_slices`), so (order_ts, partition, offset) orders
-# a group's slices too; a Spark task holds one group and sorts on those three alone, which
-# gives Spark's sort a prefix that discriminates (a constant group id would not).
-_ORDER = ("grp", "order_ts", "partition", "offset")
-# Columns the shuffle and the sort need and the writers do not: dropped before the sorted
-# records cross back into Python (6M records: ~100 MB fewer to convert).
-_SORT_ONLY = ("slot", "order_ts", "partition", "offset")
+RUNS_DDL = "slot long, grp int, lo int, hi int, run binary"  # lo, hi: the run's first and last slice
+# Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
+# rarely carries less), between 2 and 64 MiB. A small flush sorts in cache: 6M records, 64
+# groups, the compaction with 2 MiB flushes took 0.95x the time with 8 MiB and 0.97x with
+# 64 MiB (best of 4), though each write task merges more runs.
+FLUSH_PER_GROUP = 32 << 10
+FLUSH_BYTES = (2 << 20, 64 << 20)
+
+
+def flush_bytes(groups: int) -> int:
+    return min(max(groups * FLUSH_PER_GROUP, FLUSH_BYTES[0]), FLUSH_BYTES[1])
+
+
+# Record bytes in one run at most: a write task holds the runs that reach past the slice it
+# writes (one per map flush that straddles it), so this bounds its memory beside the piece.
+RUN_BYTES = 4 << 20
 _assignment_cache: dict[str, KeyAssignment] = {}
 
 
@@ -45,7 +66,7 @@ def _load_assignment(dest: Storage, key: str) -> KeyAssignment:
     return _assignment_cache[url]
 
 
-def _decode_task(
+def _runs_task(
     source: SourceArchive,
     chunks: list[SourceChunk],
     dest: Storage,
@@ -55,12 +76,17 @@ def _decode_task(
     published: int,
     slots: np.ndarray,
 ):
-    """Tags each record with its slice, group and the group's shuffle slot
-    (`compactor.group_partitioning`); drops records of slices past the `published` ones
-    (unsealed: left for a later compaction)."""
+    """Tags each record with its slice and group, drops records of slices past the
+    `published` ones (unsealed: left for a later compaction), and yields the records as runs
+    (RUNS_DDL rows) every `flush_bytes(groups)`, each addressed to its group's shuffle slot
+    (`compactor.group_partitioning`)."""
+
+    flush = flush_bytes(len(slots))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assignment = _load_assignment(dest, assignment_key)
+        held: list[pa.RecordBatch] = []
+        size = 0
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
@@ -80,21 +106,117 @@ def _decode_task(
                         f"{source.store.url_for(chunk.key)}: a key missing from the assignment (the source changed "
                         "during the compaction?)"
                     )
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array(slots[grp], pa.int64()),
-                        pa.array(slices, pa.int32()),
-                        pa.array(grp, pa.int32()),
-                        pa.array(order_ts, pa.int64()),
-                        batch.column("partition"),
-                        batch.column("offset"),
-                        pa.array(ts, pa.int64()),
-                        envelope.encode_records(batch),
-                    ],
-                    names=["slot", "slice", "grp", "order_ts", "partition", "offset", "timestamp", "record"],
+                records = envelope.encode_records(batch)
+                held.append(
+                    pa.RecordBatch.from_arrays(
+                        [
+                            pa.array(grp, pa.int32()),
+                            pa.array(slices, pa.int32()),
+                            pa.array(order_ts, pa.int64()),
+                            batch.column("partition"),
+                            batch.column("offset"),
+                            pa.array(ts, pa.int64()),
+                            records,
+                        ],
+                        names=["grp", *RUN_SCHEMA.names],
+                    )
                 )
+                size += records.nbytes
+                if size >= flush:
+                    yield from _runs(held, slots)
+                    held, size = [], 0
+        if held:
+            yield from _runs(held, slots)
 
     return run
+
+
+def _runs(held: list[pa.RecordBatch], slots: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """The held records sorted by group and piece order, cut at group changes and every
+    RUN_BYTES, each run one Arrow IPC record batch message (RUN_SCHEMA, not repeated in
+    each): RUNS_DDL rows, in batches of about RUN_BYTES (a binary column's offsets are
+    32-bit; Spark converts a batch at a time)."""
+    table = pa.Table.from_batches(held).combine_chunks()
+    col = {n: table.column(n).to_numpy() for n in ("grp", "order_ts", "partition", "offset")}
+    table = _take(table, np.lexsort((col["offset"], col["partition"], col["order_ts"], col["grp"])))
+    grp, slices = table.column("grp").to_numpy(), table.column("slice").to_numpy()
+    record_offsets = binary_buffers(table.column("record").chunk(0)).offsets
+    ends = record_offsets[1:] - record_offsets[0]  # bytes of the records up to each one
+    body = table.select(RUN_SCHEMA.names).cast(RUN_SCHEMA).to_batches()[0]
+    messages, rows, size = [], [], 0
+    a = 0
+    for end in np.r_[np.flatnonzero(np.diff(grp)) + 1, len(grp)].tolist():
+        while a < end:  # runs of the group's records [a, end): RUN_BYTES at most, one record at least
+            before = int(ends[a - 1]) if a else 0
+            b = min(max(int(np.searchsorted(ends, before + RUN_BYTES, side="right")), a + 1), end)
+            messages.append(body.slice(a, b - a).serialize())
+            rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a]), int(slices[b - 1])))
+            size += messages[-1].size
+            a = b
+            if size >= RUN_BYTES:
+                yield _run_rows(rows, messages)
+                messages, rows, size = [], [], 0
+    if rows:
+        yield _run_rows(rows, messages)
+
+
+def _run_rows(rows: list[tuple[int, int, int, int]], messages: list[pa.Buffer]) -> pa.RecordBatch:
+    bounds = np.r_[0, np.cumsum([m.size for m in messages])].astype(np.int32)
+    data = np.concatenate([np.frombuffer(m, np.uint8) for m in messages])
+    runs = pa.Array.from_buffers(pa.binary(), len(rows), [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+    cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32(), pa.int32()))]
+    return pa.RecordBatch.from_arrays([*cols, runs], names=["slot", "grp", "lo", "hi", "run"])
+
+
+class _Pending:
+    """The runs a write task has read whose records it has not written yet, each sorted in
+    piece order (so by slice)."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[pa.RecordBatch, np.ndarray]] = []  # (records, their slices)
+        self.low = np.iinfo(np.int64).max  # the lowest slice held
+
+    def add(self, run: pa.RecordBatch) -> None:
+        if run.num_rows:
+            sl = run.column("slice").to_numpy()
+            self.runs.append((run, sl))
+            self.low = min(self.low, int(sl[0]))
+
+    def take_below(self, bound: int | None) -> pa.Table | None:
+        """The held records of slices below `bound` (None: all), merged in piece order."""
+        if bound is not None and bound <= self.low:
+            return None  # the common case, a run that starts where the last one did: no scan
+        heads, keep = [], []
+        for run, sl in self.runs:
+            cut = len(sl) if bound is None else int(np.searchsorted(sl, bound, side="left"))
+            if cut:
+                heads.append(run.slice(0, cut))
+            if cut < len(sl):
+                keep.append((run.slice(cut), sl[cut:]))
+        self.runs = keep
+        self.low = min((int(sl[0]) for _, sl in keep), default=np.iinfo(np.int64).max)
+        if not heads:
+            return None
+        # large_binary: a piece gathered from many runs may pass 2 GiB
+        merged = pa.Table.from_batches([h.cast(_LARGE_RUN) for h in heads]).combine_chunks()
+        if len(heads) > 1:
+            col = {n: merged.column(n).to_numpy() for n in ("order_ts", "partition", "offset")}
+            merged = _take(merged, np.lexsort((col["offset"], col["partition"], col["order_ts"])))
+        return merged
+
+
+def _take(table: pa.Table, idx: np.ndarray) -> pa.Table:
+    """`table.take(idx)` for the rewrite's columns (none has nulls), the record bytes as
+    large_binary."""
+    return pa.table(
+        {
+            n: take_binary(c.chunk(0), idx) if n == "record" else pa.array(c.to_numpy()[idx], c.type)
+            for n, c in zip(table.column_names, table.combine_chunks().columns)
+        }
+    )
+
+
+_LARGE_RUN = pa.schema([f.with_type(pa.large_binary()) if f.name == "record" else f for f in RUN_SCHEMA])
 
 
 def _write_task(
@@ -105,14 +227,15 @@ def _write_task(
     target_bytes: int,
     tails: dict[int, Tail],
 ):
-    """Each task holds whole groups (sorted by group, slice, then the piece order): one
-    SegmentWriter per group (continuing the group's tail, for an append), fed one slice's
-    records at a time; yields the index rows of the pieces written."""
+    """Each task holds whole groups, their runs sorted by group and first slice: one
+    SegmentWriter per group (continuing the group's tail, for an append). Before it reads a
+    run that starts at slice s, every slice below s is complete in the runs read so far, so
+    those records are merged and written, slice by slice; yields the index rows of the
+    pieces written."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer: SegmentWriter | None = None
-        current: tuple[int, int] | None = None  # (group, slice) of `rows`
-        rows: list[pa.RecordBatch] = []
+        pending = _Pending()
         finished: set[int] = set()  # groups this task has begun
 
         def written(close: bool = False) -> Iterator[pa.RecordBatch]:
@@ -124,47 +247,42 @@ def _write_task(
             if new:
                 yield piece_index.piece_table(new).cast(_SPARK_PIECES).to_batches()[0]
 
-        def add() -> Iterator[pa.RecordBatch]:
-            piece = pa.Table.from_batches(rows)
-            records = piece.column("record")
-            if records.num_chunks != 1:  # one buffer for the piece (large: it may pass 2 GiB)
-                records = records.cast(pa.large_binary()).combine_chunks()
-            else:
-                records = records.chunk(0)
-            writer.add_encoded(current[1], records, piece.column("timestamp").to_numpy())
-            yield from written()
+        def write_below(bound: int | None) -> Iterator[pa.RecordBatch]:
+            records = pending.take_below(bound)
+            if records is None:
+                return
+            sl = records.column("slice").to_numpy()
+            ts = records.column("timestamp").to_numpy()
+            data = records.column("record").chunk(0)
+            cuts = np.r_[0, np.flatnonzero(np.diff(sl)) + 1, len(sl)].tolist()
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                writer.add_encoded(int(sl[a]), data.slice(a, b - a), ts[a:b])
+                yield from written()
 
         for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            sl = batch.column("slice").to_numpy()
-            gr = batch.column("grp").to_numpy()
-            change = np.flatnonzero((np.diff(sl) != 0) | (np.diff(gr) != 0)) + 1
-            for a, b in zip(np.r_[0, change].tolist(), np.r_[change, batch.num_rows].tolist()):
-                here = (int(gr[a]), int(sl[a]))
-                if here != current:
-                    if rows:
-                        yield from add()
-                    if current is None or here[0] != current[0]:  # a new group: a writer of its own
-                        if writer is not None:
-                            yield from written(close=True)
-                        if here[0] in finished:  # the sort keeps a task's groups apart; never write one twice
-                            raise RuntimeError(f"group {here[0]} came back after other groups in one rewrite task")
-                        finished.add(here[0])
-                        writer = SegmentWriter(
-                            dest,
-                            here[0],
-                            run_id,
-                            codec=codec,
-                            block_bytes=block_bytes,
-                            target_bytes=target_bytes,
-                            tail=tails.get(here[0]),
-                        )
-                    current, rows = here, []
-                rows.append(batch.slice(a, b - a))
-        if rows:
-            yield from add()
+            groups, lo, runs = batch.column("grp").to_numpy(), batch.column("lo").to_numpy(), batch.column("run")
+            for i in range(batch.num_rows):
+                g = int(groups[i])
+                if writer is None or g != writer.group:  # a new group: a writer of its own
+                    if writer is not None:
+                        yield from write_below(None)
+                        yield from written(close=True)
+                    if g in finished:  # the sort keeps a task's groups apart; never write one twice
+                        raise RuntimeError(f"group {g} came back after other groups in one rewrite task")
+                    finished.add(g)
+                    writer = SegmentWriter(
+                        dest,
+                        g,
+                        run_id,
+                        codec=codec,
+                        block_bytes=block_bytes,
+                        target_bytes=target_bytes,
+                        tail=tails.get(g),
+                    )
+                yield from write_below(int(lo[i]))
+                pending.add(pa.ipc.read_record_batch(runs[i].as_buffer(), RUN_SCHEMA))
         if writer is not None:
+            yield from write_below(None)
             yield from written(close=True)
 
     return run
@@ -194,37 +312,60 @@ def run_rewrite(
     Records are shuffled by group, so one task sees a group's records of every slice in
     order and cuts its segment files at slice boundaries near the target size (files of
     exactly the sizes the layout promises, no small tails from split groups). A task holds
-    one piece and one file in memory at most; Spark spills the sort. `handoff`: for an
+    one file, one piece and the unwritten ends of the runs that straddle it (`_write_task`).
+    `handoff`: for an
     append, each partition's first offset to write; `tails`: the groups' last files it
     continues (`compactor.append.tails`). `spark=None`: the same tasks run in this process
     (`compactor.job.compact`)."""
     write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {})
     if spark is None:
         slots = np.zeros(groups, np.int64)  # no shuffle to steer
-        decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
-        return _rewrite_in_process(decode(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
+        runs = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
+        return _rewrite_in_process(runs(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
     slots = group_slots(spark, groups)
-    decode = _decode_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
-    records = frame.mapInArrow(errors.guard(decode) if errors else decode, RECORD_SCHEMA)
+    runs = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
     action = (
-        records.repartition(groups, "slot")  # task g holds group g alone
-        .sortWithinPartitions(*_ORDER[1:])
-        .drop(*_SORT_ONLY)
+        frame.mapInArrow(errors.guard(runs) if errors else runs, RUNS_DDL)
+        .repartition(groups, "slot")  # task g holds group g alone
+        .sortWithinPartitions("grp", "lo")
         .mapInArrow(write, _SPARK_DDL)
         .toArrow
     )
-    written = errors.run(spark.sparkContext, "rewrite", action) if errors else action()
+    with _arrow_batches_of(spark, RUN_BATCH_BYTES):
+        written = errors.run(spark.sparkContext, "rewrite", action) if errors else action()
     return written.cast(piece_index.PIECE_SCHEMA)
 
 
-def _rewrite_in_process(decoded: Iterator[pa.RecordBatch], write) -> pa.Table:
-    """The shuffle and sort of `run_rewrite` without Spark: every record in memory at once,
-    sorted as the Spark tasks sort theirs, written by one task (it takes groups one after
+# What Spark hands a write task at once: Spark cuts its Arrow batches at 10,000 rows, which
+# for runs (up to RUN_BYTES each) could reach its 2 GiB ceiling per batch.
+RUN_BATCH_BYTES = 64 << 20
+_MAX_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+
+@contextmanager
+def _arrow_batches_of(spark, size: int):
+    """The session's Arrow batch byte limit lowered to `size` while the rewrite runs."""
+    before = spark.conf.get(_MAX_BATCH_BYTES, None)
+    spark.conf.set(_MAX_BATCH_BYTES, str(size))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_MAX_BATCH_BYTES)
+        else:
+            spark.conf.set(_MAX_BATCH_BYTES, before)
+
+
+def _rewrite_in_process(runs: Iterator[pa.RecordBatch], write) -> pa.Table:
+    """The shuffle and sort of `run_rewrite` without Spark: every run in memory at once,
+    handed in the order the Spark tasks sort theirs to one task (it takes groups one after
     another, as a Spark task holding several would)."""
-    batches = list(decoded)
+    batches = [b for b in runs if b.num_rows]
     if not batches:
         return piece_index.PIECE_SCHEMA.empty_table()
-    records = pa.Table.from_batches(batches).sort_by([(c, "ascending") for c in _ORDER]).drop_columns(list(_SORT_ONLY))
-    written = write(iter(records.combine_chunks().to_batches()))
-    return pa.Table.from_batches(list(written), _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)
+    rows = [(b, i) for b in batches for i in range(b.num_rows)]
+    grp = np.concatenate([b.column("grp").to_numpy() for b in batches])
+    lo = np.concatenate([b.column("lo").to_numpy() for b in batches])
+    ordered = (rows[i][0].slice(rows[i][1], 1) for i in np.lexsort((lo, grp)).tolist())  # views, not copies
+    return pa.Table.from_batches(list(write(ordered)), _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compactor import rewrite
 from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
 from compactor.sources import open_source
@@ -348,6 +349,31 @@ def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
         last[k] = r["offset"]
     compact(CompactConfig(**cfg, dest=b), spark=None)
     assert canonical_files(a) == canonical_files(b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=small_archive(), run_bytes=st.integers(1, 2000))
+def test_runs_of_any_size_write_the_same_bytes(tmp_path_factory, case, run_bytes):
+    """The rewrite ships a group's records as sorted runs and its write task merges them
+    slice by slice (`compactor/rewrite.py`). Cut into runs of a few records, flushed chunk by
+    chunk, so that runs of several partitions overlap in slices, it writes what one run per
+    group writes."""
+    chunks, groups, duration, sizes = case
+    root = tmp_path_factory.mktemp("r")
+    src = open_storage(str(root / "src"))
+    for p, offs, ts, ks in chunks:
+        write_chunk(src, records(p, offs, ts, ks), "t", codec="null")
+    cfg = dict(source=src.url, groups=groups, slice_duration=duration, seal_all=True, **sizes)
+    compact(CompactConfig(**cfg, dest=str(root / "one")))
+    runs: list[int] = []
+    shipped = rewrite._run_rows
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rewrite, "RUN_BYTES", run_bytes)
+        mp.setattr(rewrite, "FLUSH_BYTES", (1, 1))  # a flush per chunk
+        mp.setattr(rewrite, "_run_rows", lambda rows, messages: runs.append(len(rows)) or shipped(rows, messages))
+        compact(CompactConfig(**cfg, dest=str(root / "many")))
+    assert sum(runs) >= len(chunks)
+    assert canonical_files(str(root / "one")) == canonical_files(str(root / "many"))
 
 
 def test_kafka_connect_layout_compacts_and_verifies(spark, skewed, tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary
+from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, copy_bytes
 from keygroups.envelope.framing import (
     ERR_EOF,
     ERR_NEGATIVE,
@@ -45,7 +45,7 @@ def _gather(buf, pos, length, n):
     offsets[n] = total
     data = np.empty(total, np.uint8)
     for i in range(n):
-        data[offsets[i] : offsets[i + 1]] = buf[pos[i] : pos[i] + length[i]]
+        copy_bytes(data, offsets[i], buf, pos[i], length[i])
     return offsets, data
 
 
