@@ -4,12 +4,13 @@ cost, and how it compares with a plain Spark SQL compaction of the same archive.
     python -m bench.bench_scale                                   # 2M records: ~10 minutes
     python -m bench.bench_scale --records 20000000 --keys 10000,1000000,20000000
 
-1. **Balance**, from Spark's own task metrics (the event log's SparkListenerTaskEnd of the
-   rewrite's shuffle-read stage): rewrite tasks that received records, and the largest
-   task's share of the shuffled bytes over the largest group's share of the records, at 16,
-   64 and 1,024 groups (the shuffle carries runs of records, so Spark counts runs, not
-   records). One group per task gives about 1.00; Spark's hash of the group ids put several
-   groups in one task (2.47 at 64).
+1. **Balance** at 16, 64 and 1,024 groups: rewrite tasks that received data, from Spark's
+   own task metrics (the event log's SparkListenerTaskEnd of the rewrite's shuffle-read
+   stage), and the largest task's records over the largest group's, each group's records
+   counted in the task that Spark's `repartition` sends its shuffle slot to (the shuffle
+   carries runs of records, so Spark's record counts count runs). As many busy tasks as
+   groups, and 1.00: one group per task. Spark's hash of the group ids put several groups in
+   one task (2.47 at 64).
 2. **Distinct keys**: the same record count with 10K, 1M (and more) keys; compaction wall
    time as a ratio to the fewest keys, and the peak resident memory (VmHWM) of the driver's
    Python process, the JVM, and the largest Python worker (sampled from /proc).
@@ -92,8 +93,7 @@ def _source(root: str, records: int, keys: int, skew: float, codec: str = "null"
 
 
 def _rewrite_tasks(event_dir: str, since: float) -> list[int]:
-    """Shuffle bytes each task of the last rewrite job's shuffle-read stage received (the
-    rewrite shuffles runs of records, so Spark's record counts count runs)."""
+    """Shuffle bytes each task of the last rewrite job's shuffle-read stage received."""
     logs = sorted(glob.glob(os.path.join(event_dir, "*", "events_*")) + glob.glob(os.path.join(event_dir, "*")))
     logs = [p for p in logs if os.path.isfile(p) and os.path.getmtime(p) >= since]
     stages: set[int] = set()
@@ -112,6 +112,21 @@ def _rewrite_tasks(event_dir: str, since: float) -> list[int]:
                 per_stage.setdefault(ev["Stage ID"], []).append(got)
     reading = [v for v in per_stage.values() if sum(v)]
     return max(reading, key=len) if reading else []
+
+
+def _task_records(spark, group_records: list[int]) -> list[int]:
+    """Records per rewrite task: each group's records in the task Spark's own `repartition`
+    sends its shuffle slot to (the rewrite shuffles runs, so Spark's task metrics count runs,
+    and compressed bytes are not proportional to records)."""
+    from compactor.group_partitioning import group_slots
+
+    n = len(group_records)
+    rows = [(int(s), g) for g, s in enumerate(group_slots(spark, n))]
+    placed = spark.createDataFrame(rows, "slot long, grp int").repartition(n, "slot")
+    tasks = [0] * n
+    for task, grp in placed.selectExpr("spark_partition_id() AS task", "grp").collect():
+        tasks[task] += group_records[grp]
+    return tasks
 
 
 def _compact(spark, src: str, dest: str, groups: int, duration: str, exact_keys: int | None = None):
@@ -184,16 +199,14 @@ def main() -> None:
     if "balance" not in skip:
         print(f"\n1. rewrite balance ({args.records:,} records, {key_counts[0]:,} keys with skew 1.1)")
         print(f"  {'groups':>6} {'tasks with records':>19} {'largest task':>13} {'largest group':>14} {'ratio':>6}")
-        print("  (shares: the largest task's of the shuffled bytes, the largest group's of the records)")
         for g in [int(x) for x in args.groups.split(",")]:
             since = time.time() - 1
             _compact(spark, base_src, work, g, args.slice_duration)
             groups = compacted.load_manifest(open_storage(work)).group_records
-            tasks = _rewrite_tasks(events, since)
-            busy = [n for n in tasks if n]
-            task_share, group_share = max(busy, default=0) / max(sum(busy), 1), max(groups) / sum(groups)
+            busy = [n for n in _rewrite_tasks(events, since) if n]
+            tasks = _task_records(spark, groups)
             print(
-                f"  {g:>6} {len(busy):>19,} {task_share:>13.2%} {group_share:>14.2%} {task_share / group_share:>6.2f}",
+                f"  {g:>6} {len(busy):>19,} {max(tasks):>13,} {max(groups):>14,} {max(tasks) / max(groups):>6.2f}",
                 flush=True,
             )
 

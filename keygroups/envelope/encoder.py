@@ -178,7 +178,7 @@ def blocks_of(records: pa.Array, *, codec: str, sync_marker: bytes, block_bytes:
         base = int(ends[lo - 1]) if lo else start
         hi = int(np.searchsorted(ends, base + block_bytes, side="left")) + 1
         hi = min(max(hi, lo + 1), n)
-        block = compress(codec, data[base : int(ends[hi - 1])].tobytes())
+        block = compress(codec, data[base : int(ends[hi - 1])])  # a view: the codecs read buffers
         parts += [varint_bytes(hi - lo), varint_bytes(len(block)), block, sync_marker]
         lo = hi
     return b"".join(parts)

@@ -83,9 +83,10 @@ def varint_bytes(n: int) -> bytes:
     return bytes(out)
 
 
-def compress(codec: str, data: bytes) -> bytes:
+def compress(codec: str, data) -> bytes:
+    """One Avro block's bytes compressed; `data`: any contiguous buffer (bytes, a numpy view)."""
     if codec == "null":
-        return data
+        return bytes(data)
     if codec == "deflate":
         c = zlib.compressobj(6, zlib.DEFLATED, -15)  # Avro's deflate is raw, no zlib header
         return c.compress(data) + c.flush()
