@@ -38,7 +38,7 @@ RUN_SCHEMA = pa.schema(
         ("record", pa.binary()),
     ]
 )
-RUNS_DDL = "slot long, grp int, lo int, hi int, run binary"  # lo, hi: the run's first and last slice
+RUNS_DDL = "slot long, grp int, lo int, run binary"  # lo: the run's first slice
 # Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
 # rarely carries less), between 2 and 64 MiB. A small flush sorts in cache: 6M records, 64
 # groups, the compaction with 2 MiB flushes took 0.95x the time with 8 MiB and 0.97x with
@@ -106,7 +106,7 @@ def _runs_task(
                         f"{source.store.url_for(chunk.key)}: a key missing from the assignment (the source changed "
                         "during the compaction?)"
                     )
-                records = envelope.encode_records(batch)
+                records = envelope.encode_records(batch).cast(pa.large_binary())  # what is held may pass 2 GiB
                 held.append(
                     pa.RecordBatch.from_arrays(
                         [
@@ -142,15 +142,16 @@ def _runs(held: list[pa.RecordBatch], slots: np.ndarray) -> Iterator[pa.RecordBa
     grp, slices = table.column("grp").to_numpy(), table.column("slice").to_numpy()
     record_offsets = binary_buffers(table.column("record").chunk(0)).offsets
     ends = record_offsets[1:] - record_offsets[0]  # bytes of the records up to each one
-    body = table.select(RUN_SCHEMA.names).cast(RUN_SCHEMA).to_batches()[0]
+    body = table.select(RUN_SCHEMA.names)
     messages, rows, size = [], [], 0
     a = 0
     for end in np.r_[np.flatnonzero(np.diff(grp)) + 1, len(grp)].tolist():
         while a < end:  # runs of the group's records [a, end): RUN_BYTES at most, one record at least
             before = int(ends[a - 1]) if a else 0
             b = min(max(int(np.searchsorted(ends, before + RUN_BYTES, side="right")), a + 1), end)
-            messages.append(body.slice(a, b - a).serialize())
-            rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a]), int(slices[b - 1])))
+            run = body.slice(a, b - a).cast(RUN_SCHEMA).combine_chunks().to_batches()[0]
+            messages.append(run.serialize())
+            rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a])))
             size += messages[-1].size
             a = b
             if size >= RUN_BYTES:
@@ -160,12 +161,16 @@ def _runs(held: list[pa.RecordBatch], slots: np.ndarray) -> Iterator[pa.RecordBa
         yield _run_rows(rows, messages)
 
 
-def _run_rows(rows: list[tuple[int, int, int, int]], messages: list[pa.Buffer]) -> pa.RecordBatch:
-    bounds = np.r_[0, np.cumsum([m.size for m in messages])].astype(np.int32)
+def _run_rows(rows: list[tuple[int, int, int]], messages: list[pa.Buffer]) -> pa.RecordBatch:
+    bounds = np.r_[0, np.cumsum([m.size for m in messages], dtype=np.int64)]
+    if bounds[-1] >= 2**31:  # unreachable while RUN_BYTES is small: a batch ends once it passes RUN_BYTES
+        raise RuntimeError(f"{bounds[-1]} bytes of runs in one batch: more than a binary column holds")
     data = np.concatenate([np.frombuffer(m, np.uint8) for m in messages])
-    runs = pa.Array.from_buffers(pa.binary(), len(rows), [None, pa.py_buffer(bounds), pa.py_buffer(data)])
-    cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32(), pa.int32()))]
-    return pa.RecordBatch.from_arrays([*cols, runs], names=["slot", "grp", "lo", "hi", "run"])
+    runs = pa.Array.from_buffers(
+        pa.binary(), len(rows), [None, pa.py_buffer(bounds.astype(np.int32)), pa.py_buffer(data)]
+    )
+    cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32()))]
+    return pa.RecordBatch.from_arrays([*cols, runs], names=["slot", "grp", "lo", "run"])
 
 
 class _Pending:
@@ -206,12 +211,12 @@ class _Pending:
 
 
 def _take(table: pa.Table, idx: np.ndarray) -> pa.Table:
-    """`table.take(idx)` for the rewrite's columns (none has nulls), the record bytes as
-    large_binary."""
+    """`table.take(idx)` for the rewrite's columns (one chunk each, no nulls), the record
+    bytes as large_binary."""
     return pa.table(
         {
             n: take_binary(c.chunk(0), idx) if n == "record" else pa.array(c.to_numpy()[idx], c.type)
-            for n, c in zip(table.column_names, table.combine_chunks().columns)
+            for n, c in zip(table.column_names, table.columns)
         }
     )
 
@@ -254,9 +259,15 @@ def _write_task(
             sl = records.column("slice").to_numpy()
             ts = records.column("timestamp").to_numpy()
             data = records.column("record").chunk(0)
+            _, offsets, values = data.buffers()
             cuts = np.r_[0, np.flatnonzero(np.diff(sl)) + 1, len(sl)].tolist()
             for a, b in zip(cuts[:-1], cuts[1:]):
-                writer.add_encoded(int(sl[a]), data.slice(a, b - a), ts[a:b])
+                # the piece's records as an array of their own over the same bytes: a slice
+                # (an array offset) would be copied before it is compressed (binary_buffers)
+                piece = pa.Array.from_buffers(
+                    pa.large_binary(), b - a, [None, offsets.slice((data.offset + a) * 8), values]
+                )
+                writer.add_encoded(int(sl[a]), piece, ts[a:b])
                 yield from written()
 
         for batch in batches:
@@ -280,7 +291,9 @@ def _write_task(
                         tail=tails.get(g),
                     )
                 yield from write_below(int(lo[i]))
-                pending.add(pa.ipc.read_record_batch(runs[i].as_buffer(), RUN_SCHEMA))
+                # a copy: a run's tail may be held long after Spark's batch (RUN_BATCH_BYTES) is gone
+                run = pa.py_buffer(np.frombuffer(runs[i].as_buffer(), np.uint8).copy())
+                pending.add(pa.ipc.read_record_batch(run, RUN_SCHEMA))
         if writer is not None:
             yield from write_below(None)
             yield from written(close=True)
@@ -313,20 +326,19 @@ def run_rewrite(
     order and cuts its segment files at slice boundaries near the target size (files of
     exactly the sizes the layout promises, no small tails from split groups). A task holds
     one file, one piece and the unwritten ends of the runs that straddle it (`_write_task`).
-    `handoff`: for an
-    append, each partition's first offset to write; `tails`: the groups' last files it
-    continues (`compactor.append.tails`). `spark=None`: the same tasks run in this process
-    (`compactor.job.compact`)."""
+    `handoff`: for an append, each partition's first offset to write; `tails`: the groups'
+    last files it continues (`compactor.append.tails`). `spark=None`: the same tasks run in
+    this process (`compactor.job.compact`)."""
     write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {})
     if spark is None:
         slots = np.zeros(groups, np.int64)  # no shuffle to steer
-        runs = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
-        return _rewrite_in_process(runs(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
+        ship = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
+        return _rewrite_in_process(ship(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
     slots = group_slots(spark, groups)
-    runs = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
+    ship = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
     action = (
-        frame.mapInArrow(errors.guard(runs) if errors else runs, RUNS_DDL)
+        frame.mapInArrow(errors.guard(ship) if errors else ship, RUNS_DDL)
         .repartition(groups, "slot")  # task g holds group g alone
         .sortWithinPartitions("grp", "lo")
         .mapInArrow(write, _SPARK_DDL)
@@ -345,7 +357,8 @@ _MAX_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 @contextmanager
 def _arrow_batches_of(spark, size: int):
-    """The session's Arrow batch byte limit lowered to `size` while the rewrite runs."""
+    """The session's Arrow batch byte limit lowered to `size` while the rewrite runs (a
+    session setting: other queries of the session running meanwhile see it too)."""
     before = spark.conf.get(_MAX_BATCH_BYTES, None)
     spark.conf.set(_MAX_BATCH_BYTES, str(size))
     try:

@@ -51,7 +51,15 @@ def arrow_binary(
 def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
     """dst[dst_at : dst_at + count] = src[src_at : src_at + count] as one memcpy, in compiled
     code. A numba slice assignment copies byte by byte: 3-4x slower for records of ~150
-    bytes, and no library gathers byte strings into numba's arrays."""
+    bytes, and no library gathers byte strings into numba's arrays. Unchecked, as memcpy is:
+    the caller keeps both ranges inside their arrays, and apart. (numba's cache does not see
+    a change here: clear the callers' caches if this changes.)"""
+
+    def flat_bytes(a) -> bool:
+        return isinstance(a, types.Array) and a.dtype == types.uint8 and a.ndim == 1 and a.layout == "C"
+
+    if not (flat_bytes(dst) and flat_bytes(src) and dst.mutable):
+        return None  # a typing error where it is called: no copy into anything but flat, writable bytes
     sig = types.void(dst, types.int64, src, types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
