@@ -136,9 +136,7 @@ def _runs(held: list[pa.RecordBatch], slots: np.ndarray) -> Iterator[pa.RecordBa
     RUN_BYTES, each run one Arrow IPC record batch message (RUN_SCHEMA, not repeated in
     each): RUNS_DDL rows, in batches of about RUN_BYTES (a binary column's offsets are
     32-bit; Spark converts a batch at a time)."""
-    table = pa.Table.from_batches(held).combine_chunks()
-    col = {n: table.column(n).to_numpy() for n in ("grp", "order_ts", "partition", "offset")}
-    table = _take(table, np.lexsort((col["offset"], col["partition"], col["order_ts"], col["grp"])))
+    table = _sorted(pa.Table.from_batches(held).combine_chunks(), ("grp", *_PIECE_ORDER))
     grp, slices = table.column("grp").to_numpy(), table.column("slice").to_numpy()
     record_offsets = binary_buffers(table.column("record").chunk(0)).offsets
     ends = record_offsets[1:] - record_offsets[0]  # bytes of the records up to each one
@@ -204,15 +202,19 @@ class _Pending:
             return None
         # large_binary: a piece gathered from many runs may pass 2 GiB
         merged = pa.Table.from_batches([h.cast(_LARGE_RUN) for h in heads]).combine_chunks()
-        if len(heads) > 1:
-            col = {n: merged.column(n).to_numpy() for n in ("order_ts", "partition", "offset")}
-            merged = _take(merged, np.lexsort((col["offset"], col["partition"], col["order_ts"])))
-        return merged
+        return _sorted(merged, _PIECE_ORDER) if len(heads) > 1 else merged
 
 
-def _take(table: pa.Table, idx: np.ndarray) -> pa.Table:
-    """`table.take(idx)` for the rewrite's columns (one chunk each, no nulls), the record
-    bytes as large_binary."""
+# How a group's records follow each other in its pieces. A slice is a function of the running
+# maximum (`record_slices`), so this orders a group's slices too.
+_PIECE_ORDER = ("order_ts", "partition", "offset")
+
+
+def _sorted(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+    """The table (the rewrite's columns, one chunk each, no nulls) sorted by `keys`, the first
+    the most significant; the record bytes as large_binary. Arrow's sort_by and take copy the
+    record bytes item by item through a builder (`take_binary`)."""
+    idx = np.lexsort([table.column(k).to_numpy() for k in reversed(keys)])
     return pa.table(
         {
             n: take_binary(c.chunk(0), idx) if n == "record" else pa.array(c.to_numpy()[idx], c.type)

@@ -20,9 +20,10 @@ never data). A record:
 
 Batch headers are read in Python (a few per megabyte); the records of all the segment's
 batches are parsed in one compiled pass (`_parse`), then keys, values and headers are
-gathered into Arrow buffers by another (`_gather`). Written by hand: kafka-python's reader
-(the reference in tests) builds a Python object per record and reads ~0.1-0.2M records/s;
-the statistics and rewrite passes read every record twice.
+gathered into Arrow buffers by another (`keygroups.envelope.buffers.gather_spans`).
+Written by hand: kafka-python's reader (the reference in tests) builds a Python object per
+record and reads ~0.1-0.2M records/s; the statistics and rewrite passes read every record
+twice.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import pyarrow as pa
 
 from keygroups._numba import njit
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
+from keygroups.envelope.buffers import gather_spans
 
 HEADER = struct.Struct(">qiibIhiqqqhii")  # the 61-byte batch header
 HEADER_BYTES = HEADER.size
@@ -205,26 +207,13 @@ def decode_segment(
 def _binary(buf: np.ndarray, pos: np.ndarray, length: np.ndarray, typ: pa.DataType) -> pa.Array:
     """Items of `buf` at `pos` of `length` (-1: null) as one binary (or string) array."""
     n = len(pos)
-    offsets, data = _gather(buf, pos, length)
+    offsets, data = gather_spans(buf, pos, length)
     valid = length >= 0
     nulls = n - int(np.count_nonzero(valid))
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     large = pa.large_binary() if typ == pa.binary() else pa.large_string()
     arr = pa.Array.from_buffers(large, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
     return arr.cast(typ)
-
-
-@njit(cache=True, nogil=True)
-def _gather(buf, pos, length):  # pragma: no cover - compiled
-    n = len(pos)
-    offsets = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        offsets[i + 1] = offsets[i] + max(length[i], 0)
-    data = np.empty(offsets[n], np.uint8)
-    for i in range(n):
-        if length[i] > 0:
-            data[offsets[i] : offsets[i + 1]] = buf[pos[i] : pos[i] + length[i]]
-    return offsets, data
 
 
 @njit(cache=True, nogil=True)

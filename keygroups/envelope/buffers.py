@@ -73,25 +73,26 @@ def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
 
 
 @njit(cache=True, nogil=True)
-def _take_spans(offsets, data, idx):
-    """The byte strings idx[0], idx[1], ... of (offsets, data), concatenated: int64 offsets
-    and data."""
-    n = len(idx)
-    out_off = np.empty(n + 1, np.int64)
-    out_off[0] = 0
+def gather_spans(buf, pos, length):
+    """buf[pos[i] : pos[i] + length[i]] for every i, concatenated: int64 offsets and data (a
+    negative length, a null, gives an empty item)."""
+    n = len(pos)
+    offsets = np.zeros(n + 1, np.int64)
     for i in range(n):
-        out_off[i + 1] = out_off[i] + offsets[idx[i] + 1] - offsets[idx[i]]
-    out = np.empty(out_off[n], np.uint8)
+        offsets[i + 1] = offsets[i] + max(length[i], 0)
+    data = np.empty(offsets[n], np.uint8)
     for i in range(n):
-        copy_bytes(out, out_off[i], data, offsets[idx[i]], out_off[i + 1] - out_off[i])
-    return out_off, out
+        if length[i] > 0:
+            copy_bytes(data, offsets[i], buf, pos[i], length[i])
+    return offsets, data
 
 
 def take_binary(arr: pa.Array, idx: np.ndarray) -> pa.Array:
     """`arr.take(idx)` for a binary column without nulls, as large_binary. Arrow's take copies
     item by item through a builder: 5x slower on the rewrite's shuffled runs."""
     cols = binary_buffers(arr)
-    offsets, data = _take_spans(cols.offsets, cols.data, idx.astype(np.int64, copy=False))
+    pos = cols.offsets[idx]
+    offsets, data = gather_spans(cols.data, pos, cols.offsets[idx + 1] - pos)
     return arrow_binary(len(idx), offsets, data, None, pa.large_binary())
 
 
