@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.group_partitioning import group_slots
 from compactor.history import batch_digests
+from compactor.key_sums import sum_by_key
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
@@ -38,8 +39,10 @@ _MAP_ARROW = pa.schema(
      ("records", pa.int64()), ("chunk", pa.string())]
 )  # fmt: skip
 MAP_SCHEMA = spark_ddl(_MAP_ARROW)
+# A key's sums carry its hash (keygroups.key_hash; 0 for null keys) so no later step hashes the key again.
 _SUMS_ARROW = pa.schema(
-    [("key", pa.binary()), ("null_part", pa.int32()), ("bytes", pa.int64()), ("records", pa.int64())]
+    [("key", pa.large_binary()), ("hash", pa.uint64()), ("null_part", pa.int32()), ("bytes", pa.int64()),
+     ("records", pa.int64())]
 )  # fmt: skip
 # What a reducer yields: kind 0, a key's totals; kind 2, a bucket's; kind 3, its distinct
 # keys (in `keys`), so the driver learns the count even where the keys stayed behind.
@@ -121,16 +124,9 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
                 offsets = batch.column("offset").to_numpy()
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 weights = envelope.record_bytes(batch)
-                t = pa.table({"key": batch.column("key"), "bytes": weights})
-                agg = t.group_by("key", use_threads=False).aggregate([("bytes", "sum"), ("bytes", "count")])
-                keys = agg.column("key").combine_chunks()
-                nulls = keys.is_null().to_numpy(zero_copy_only=False)
-                null_part = np.where(nulls, chunk.partition, -1).astype(np.int32)
-                sums = pa.table(
-                    [keys, pa.array(null_part), agg.column("bytes_sum"), agg.column("bytes_count")], schema=_SUMS_ARROW
-                )
+                sums = _chunk_sums(batch.column("key"), weights, chunk.partition)
                 pending.append(sums)
-                held += len(keys)
+                held += sums.num_rows
                 stats = ChunkStats(
                     key=chunk.key,
                     topic=chunk.topic,
@@ -142,7 +138,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
                     max_timestamp=int(ts.max()),
                     stretches=chunk_stretches(offsets, ts, duration_ms, partial(batch_digests, batch)),
                 )
-                yield _map_rows([(1, None, None, int(weights.sum()), len(keys), json.dumps(asdict(stats)))])
+                yield _map_rows([(1, None, None, int(weights.sum()), sums.num_rows, json.dumps(asdict(stats)))])
                 if held >= FLUSH_ROWS:
                     yield _shipped(pending, slots)
                     pending, held = [], 0
@@ -152,26 +148,61 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
     return run
 
 
+def _chunk_sums(keys: pa.Array, weights: np.ndarray, partition: int) -> pa.Table:
+    """A chunk's bytes and records per key (_SUMS_ARROW); its null keys as one pseudo-key of
+    the chunk's partition."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    null_part = np.where(keys.is_null().to_numpy(zero_copy_only=False), partition, -1).astype(np.int32)
+    per_record = pa.table(
+        [keys.cast(pa.large_binary()), hash_keys(keys), null_part, weights, np.ones(len(keys), np.int64)],
+        schema=_SUMS_ARROW,
+    )
+    return _by_key(per_record)
+
+
 def _shipped(pending: list[pa.Table], slots: np.ndarray) -> pa.RecordBatch:
     """The task's sums since the last flush, summed across its chunks (a key in several of
     them is shipped once), in one blob per reducer."""
     sums = pa.concat_tables(pending)
     if len(pending) > 1:
         sums = _by_key(sums)
-    keys, null_part = sums.column("key"), sums.column("null_part").to_numpy()
-    part = np.where(null_part >= 0, null_part, hash_keys(keys).view(np.int64)) % len(slots)
-    shares = [(r, sums.filter(pa.array(part == r))) for r in np.unique(part).tolist()]
-    return _map_rows([(0, int(slots[r]), _blob(share), None, None, None) for r, share in shares])
+    null_part = sums.column("null_part").to_numpy()
+    part = np.where(null_part >= 0, null_part, sums.column("hash").to_numpy().view(np.int64)) % len(slots)
+    order = np.argsort(part.astype(np.uint16), kind="stable")  # R <= MAX_REDUCERS: numpy's radix sort
+    sums, part = sums.take(order), part[order]
+    reducers = np.unique(part)
+    starts = np.searchsorted(part, reducers)
+    ends = np.append(starts[1:], len(part))
+    return _map_rows(
+        [(0, int(slots[r]), _blob(sums.slice(a, b - a)), None, None, None) for r, a, b in zip(reducers, starts, ends)]
+    )
 
 
 def _by_key(sums: pa.Table) -> pa.Table:
-    """Sums (_SUMS_ARROW) added up by key; null keys by partition."""
-    return (
-        sums.group_by(["key", "null_part"], use_threads=False)
-        .aggregate([("bytes", "sum"), ("records", "sum")])
-        .rename_columns({"bytes_sum": "bytes", "records_sum": "records"})
-        .select(_SUMS_ARROW.names)
-    )
+    """Sums (_SUMS_ARROW) added up by key, in the order keys first appear; null keys by
+    partition, after them."""
+    size, records, hashes = (sums.column(c).to_numpy() for c in ("bytes", "records", "hash"))
+    keys, first, key_size, key_records = sum_by_key(sums.column("key"), hashes, size, records)
+    out = [
+        pa.table([keys, hashes[first], np.full(len(first), -1, np.int32), key_size, key_records], schema=_SUMS_ARROW)
+    ]
+    null_part = sums.column("null_part").to_numpy()
+    nulls = null_part >= 0
+    if nulls.any():
+        parts, at = np.unique(null_part[nulls], return_inverse=True)
+        out.append(
+            pa.table(
+                [
+                    pa.nulls(len(parts), pa.large_binary()),
+                    np.zeros(len(parts), np.uint64),
+                    parts.astype(np.int32),
+                    np.bincount(at, weights=size[nulls], minlength=len(parts)).astype(np.int64),
+                    np.bincount(at, weights=records[nulls], minlength=len(parts)).astype(np.int64),
+                ],
+                schema=_SUMS_ARROW,
+            )
+        )
+    return pa.concat_tables(out) if len(out) > 1 else out[0]
 
 
 def _map_rows(rows: list[tuple]) -> pa.RecordBatch:
@@ -184,7 +215,6 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     """One reducer's keys, summed across chunks, as the driver asked: every key while there
     are at most `how.limit` (else only their count); with buckets, the keys that keep an
     entry one by one and the rest by bucket."""
-    # no ("hash", "first"): an ordered aggregation, twice as slow as hashing the keys again
     per_key = _by_key(sums)
     n = per_key.num_rows
     count = _reduced(3, 1, keys=[n])
@@ -193,14 +223,16 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     if how.buckets is None:
         if how.limit is not None and n > how.limit:
             return count  # the driver switches to buckets: these keys are not needed
-        return pa.concat_tables([count, _reduced(0, n, key=key, null_part=null_part, bytes=size, records=records)])
+        return pa.concat_tables(
+            [count, _reduced(0, n, key=key.cast(pa.binary()), null_part=null_part, bytes=size, records=records)]
+        )
     exact = null_part >= 0
     if how.threshold is not None:
         exact |= size > how.threshold
     if how.known is not None and len(how.known):
         exact |= pc.is_in(key, value_set=how.known).to_numpy(zero_copy_only=False)
     light = ~exact
-    bucket = hash_keys(key.filter(pa.array(light))).view(np.int64) & (how.buckets - 1)
+    bucket = per_key.column("hash").to_numpy()[light].view(np.int64) & (how.buckets - 1)
     keys_in = np.bincount(bucket, minlength=how.buckets)
     at = np.flatnonzero(keys_in)  # this reducer's buckets (hash mod R) that hold a key
     in_bucket = {
@@ -213,7 +245,7 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
             _reduced(
                 0,
                 int(exact.sum()),
-                key=key.filter(pa.array(exact)),
+                key=key.filter(pa.array(exact)).cast(pa.binary()),
                 null_part=null_part[exact],
                 bytes=size[exact],
                 records=records[exact],

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compactor import statistics
-from compactor.statistics import _SUMS_ARROW, KeySplit, _reduce, _settle
+from compactor.key_sums import sum_by_key
+from compactor.statistics import _SUMS_ARROW, KeySplit, _by_key, _reduce, _settle
 from keygroups.key_hash import hash_keys
 
 record_st = st.tuples(st.one_of(st.none(), st.binary(max_size=3)), st.integers(0, 2), st.integers(1, 50))
@@ -29,7 +30,10 @@ def _chunk_sums(records) -> pa.Table:
         entry = sums[(key, part if key is None else -1)]
         entry[0] += size
         entry[1] += 1
-    rows = [{"key": k, "null_part": p, "bytes": b, "records": r} for (k, p), (b, r) in sums.items()]
+    rows = [
+        {"key": k, "hash": 0 if k is None else _hash(k) % 2**64, "null_part": p, "bytes": b, "records": r}
+        for (k, p), (b, r) in sums.items()
+    ]
     return pa.Table.from_pylist(rows, schema=_SUMS_ARROW)
 
 
@@ -110,3 +114,46 @@ def test_settled_totals_match_the_records(chunks, reducers, mode, limit, buckets
     have = got.buckets
     assert have.column("bucket").to_pylist() == list(range(buckets))
     assert np.array_equal(np.stack([have.column(c).to_numpy() for c in ("bytes", "records", "keys")], 1), want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.one_of(st.none(), st.binary(max_size=4)), st.integers(0, 2), st.integers(0, 9)), max_size=60
+    ),
+    hash_bits=st.sampled_from([0, 1, 2, 64]),
+    large=st.booleans(),
+)
+def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large):
+    """Summing through the hash merges rows only where the key bytes are equal: with the
+    hash cut to a few bits, many distinct keys share one and must still come out apart."""
+    keys = pa.array([k for k, _, _ in rows], pa.large_binary() if large else pa.binary())
+    hashes = hash_keys(keys)
+    if hash_bits < 64:
+        hashes &= np.uint64((1 << hash_bits) - 1)
+    size = np.array([s for _, _, s in rows], np.int64)
+    records = np.arange(len(rows), dtype=np.int64) % 3 + 1
+    got_keys, first, got_size, got_records = sum_by_key(keys, hashes, size, records)
+    want: dict = {}
+    for (key, _, s), r in zip(rows, records.tolist()):
+        if key is not None:
+            entry = want.setdefault(key, [0, 0])
+            entry[0] += s
+            entry[1] += r
+    assert got_keys.to_pylist() == list(want)  # each key once, in the order keys first appear
+    assert [keys[i].as_py() for i in first] == list(want)
+    assert [[a, b] for a, b in zip(got_size.tolist(), got_records.tolist())] == list(want.values())
+
+    # the whole step: null keys summed by their partition, every sum kept with its hash
+    null_part = np.array([p if k is None else -1 for k, p, _ in rows], np.int32)
+    table = pa.table([keys.cast(pa.large_binary()), hashes, null_part, size, records], schema=_SUMS_ARROW)
+    by_key = _by_key(table)
+    nulls: dict = defaultdict(lambda: [0, 0])
+    for (key, part, s), r in zip(rows, records.tolist()):
+        if key is None:
+            nulls[part][0] += s
+            nulls[part][1] += r
+    got = {(r["key"], r["null_part"]): [r["bytes"], r["records"], r["hash"]] for r in by_key.to_pylist()}
+    expect = {(k, -1): [*v, int(hashes[first[i]])] for i, (k, v) in enumerate(want.items())}
+    expect |= {(None, p): [*v, 0] for p, v in nulls.items()}
+    assert got == expect
