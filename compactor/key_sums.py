@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import arrow_binary, gather_spans
 
 
 @njit(cache=True, nogil=True)
@@ -29,44 +28,60 @@ def _same(data, a0, a1, b0, b1) -> bool:
     return True
 
 
+_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+_LOW = np.uint64(0xFFFFFFFF)
+
+
 @njit(cache=True, nogil=True)
-def _sum_spans(hashes, offsets, data, skip, size, records, table, first, out_size, out_records):
+def _sum_spans(hashes, offsets, data, skip, size, records, table, bits, first, entries):
     """Rows with the same key bytes added up, in the order their keys first appear; rows
-    with `skip` set are left out. `table`: -1s, a power of two of them, more than the rows.
-    Returns how many distinct keys (entries of `first`, `out_size`, `out_records` filled)."""
+    with `skip` set are left out. Returns how many distinct keys (rows of `first` and
+    `entries` filled).
+
+    `table`: _EMPTY slots, 2**bits of them, more than the rows. A key probes from the slot
+    its hash's high bits name (a reducer's keys share their low bits: hash mod R). A slot
+    holds the key's entry (low 32 bits) and its hash's low 32 bits, so a probe passes other
+    keys without reading their rows. An entry is one row of `entries` (the key's first
+    byte, its end, its size sum, its records sum), so a repeated key costs a cache miss for
+    its slot, one for its entry and one for its bytes: the sums are bound by memory latency."""
     n = hashes.shape[0]
     mask = np.uint64(table.shape[0] - 1)
+    shift = np.uint64(64 - bits)
     m = 0
     for i in range(n):
         if skip[i]:
             continue
         h = hashes[i]
-        s = h & mask
+        tag = h << np.uint64(32)
+        s = h >> shift
+        a0, a1 = offsets[i], offsets[i + 1]
         while True:
-            e = table[s]
-            if e < 0:
-                table[s] = m
+            t = table[s]
+            if t == _EMPTY:
+                table[s] = tag | np.uint64(m)
                 first[m] = i
-                out_size[m] = size[i]
-                out_records[m] = records[i]
+                entries[m, 0] = a0
+                entries[m, 1] = a1
+                entries[m, 2] = size[i]
+                entries[m, 3] = records[i]
                 m += 1
                 break
-            r = first[e]
-            if hashes[r] == h and _same(data, offsets[r], offsets[r + 1], offsets[i], offsets[i + 1]):
-                out_size[e] += size[i]
-                out_records[e] += records[i]
-                break
+            if t & ~_LOW == tag:  # the same low 32 bits of hash: compare the bytes
+                e = np.int64(t & _LOW)
+                if _same(data, entries[e, 0], entries[e, 1], a0, a1):
+                    entries[e, 2] += size[i]
+                    entries[e, 3] += records[i]
+                    break
             s = (s + np.uint64(1)) & mask
     return m
 
 
 def sum_by_key(
     keys: pa.Array, hashes: np.ndarray, size: np.ndarray, records: np.ndarray
-) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
-    """(each distinct non-null key, as large_binary, in the order keys first appear; the
-    index of its first row; its size sum; its records sum). `hashes`:
-    `keygroups.key_hash.hash_keys(keys)`; null keys are left out (the caller sums them by
-    partition)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct non-null key, in the order keys first appear: the index of its first
+    row, its size sum, its records sum. `hashes`: `keygroups.key_hash.hash_keys(keys)`; null
+    keys are left out (the caller sums them by partition)."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if not pa.types.is_large_binary(keys.type):
@@ -76,12 +91,12 @@ def sum_by_key(
     offsets = np.frombuffer(offsets_buf, np.int64)[keys.offset : keys.offset + n + 1] if n else np.zeros(1, np.int64)
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     skip = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else np.zeros(n, np.bool_)
-    # a slot per two rows at least, so probes stay short; int32 entries halve the table's
-    # cache misses (a step sums at most a few million rows: FLUSH_ROWS, REDUCER_ROWS)
-    table = np.full(1 << (2 * n).bit_length(), -1, np.int32 if n < 2**31 else np.int64)
+    if n >= 1 << 31:
+        raise ValueError(f"{n} key sums in one step: more than a slot's 32-bit entry can hold")
+    bits = max(1, (2 * n).bit_length())  # a slot per two rows at least: short probes
+    table = np.full(1 << bits, _EMPTY, np.uint64)
     first = np.empty(n, np.int64)
-    out_size = np.empty(n, np.int64)
-    out_records = np.empty(n, np.int64)
+    entries = np.empty((n, 4), np.int64)
     m = _sum_spans(
         np.ascontiguousarray(hashes, np.uint64),
         offsets,
@@ -90,11 +105,8 @@ def sum_by_key(
         np.ascontiguousarray(size, np.int64),
         np.ascontiguousarray(records, np.int64),
         table,
+        bits,
         first,
-        out_size,
-        out_records,
+        entries,
     )
-    first = first[:m]
-    pos = offsets[first]
-    key_offsets, key_data = gather_spans(data, pos, offsets[first + 1] - pos)
-    return arrow_binary(m, key_offsets, key_data, None, pa.large_binary()), first, out_size[:m], out_records[:m]
+    return first[:m], entries[:m, 2].copy(), entries[:m, 3].copy()

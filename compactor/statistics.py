@@ -30,10 +30,12 @@ from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
 from keygroups import envelope
 from keygroups.assignment import BUCKETS_PER_GROUP
+from keygroups.envelope.buffers import take_binary
 from keygroups.key_hash import hash_keys
 
 # What a map task yields: kind 0, a blob of key sums (_SUMS_ARROW) for reducer `part` (the
-# shuffle slot that sends it there); kind 1, a chunk's summary (payload, distinct keys).
+# shuffle slot that sends it there); kind 1, a chunk's summary (payload, its ChunkStats);
+# kind 2, the distinct keys of the records summed at once (at least as many in all).
 _MAP_ARROW = pa.schema(
     [("kind", pa.int32()), ("slot", pa.int64()), ("blob", pa.binary()), ("bytes", pa.int64()),
      ("records", pa.int64()), ("chunk", pa.string())]
@@ -94,27 +96,39 @@ def reducers_for(parallelism: int, chunks: list[SourceChunk]) -> int:
 
 
 def _blob(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as out:
-        out.write_table(table)
-    return sink.getvalue().to_pybytes()
+    """The sums as one IPC record-batch message, without its schema (_SUMS_ARROW on both
+    sides): an IPC stream written into a growing buffer took 0.1 s per million sums."""
+    columns = [c.combine_chunks() for c in table.columns]
+    return pa.RecordBatch.from_arrays(columns, schema=_SUMS_ARROW).serialize().to_pybytes()
 
 
 def _unblob(blobs) -> pa.Table:
-    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
-    return pa.concat_tables(tables) if tables else _SUMS_ARROW.empty_table()
+    return pa.Table.from_batches([pa.ipc.read_record_batch(pa.py_buffer(b), _SUMS_ARROW) for b in blobs], _SUMS_ARROW)
 
 
-FLUSH_ROWS = 1 << 20  # key sums (one per key and chunk) a map task holds before it ships them
+FLUSH_ROWS = 1 << 20  # rows (a record's, or a key's sums) a map task holds before it sums them by key
 
 
 def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray):
-    """Sums by key, chunk by chunk, shipped per reducer in blobs that gather the task's chunks
-    (up to FLUSH_ROWS sums): a blob per reducer and task, not per chunk."""
+    """A row per record, summed by key once FLUSH_ROWS have gathered, like a combiner:
+    where the keys repeat the sums are held and grow with later chunks; where they are
+    mostly distinct (more than half of FLUSH_ROWS) they are shipped, one blob per reducer.
+    Each record passes the sum once on the map side, whatever the key count."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Table] = []
         held = 0
+
+        def combined() -> Iterator[pa.RecordBatch]:
+            nonlocal pending, held
+            sums = _by_key(pa.concat_tables(pending), len(slots))
+            yield _map_rows([(2, None, None, None, sums.num_rows, None)])  # distinct keys: at least these
+            if sums.num_rows > FLUSH_ROWS // 2:
+                yield _shipped(sums, slots)
+                pending, held = [], 0
+            else:
+                pending, held = [sums], sums.num_rows
+
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
@@ -124,9 +138,8 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
                 offsets = batch.column("offset").to_numpy()
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 weights = envelope.record_bytes(batch)
-                sums = _chunk_sums(batch.column("key"), weights, chunk.partition)
-                pending.append(sums)
-                held += sums.num_rows
+                pending.append(_record_sums(batch.column("key"), weights, chunk.partition))
+                held += batch.num_rows
                 stats = ChunkStats(
                     key=chunk.key,
                     topic=chunk.topic,
@@ -138,53 +151,59 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
                     max_timestamp=int(ts.max()),
                     stretches=chunk_stretches(offsets, ts, duration_ms, partial(batch_digests, batch)),
                 )
-                yield _map_rows([(1, None, None, int(weights.sum()), sums.num_rows, json.dumps(asdict(stats)))])
+                yield _map_rows([(1, None, None, int(weights.sum()), None, json.dumps(asdict(stats)))])
                 if held >= FLUSH_ROWS:
-                    yield _shipped(pending, slots)
-                    pending, held = [], 0
+                    yield from combined()
         if pending:
-            yield _shipped(pending, slots)
+            yield from combined()
+            if pending:
+                yield _shipped(pending[0], slots)
 
     return run
 
 
-def _chunk_sums(keys: pa.Array, weights: np.ndarray, partition: int) -> pa.Table:
-    """A chunk's bytes and records per key (_SUMS_ARROW); its null keys as one pseudo-key of
-    the chunk's partition."""
+def _record_sums(keys: pa.Array, weights: np.ndarray, partition: int) -> pa.Table:
+    """A chunk's records as key sums of one record each (_SUMS_ARROW); null keys as the
+    pseudo-key of the chunk's partition."""
     keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
     null_part = np.where(keys.is_null().to_numpy(zero_copy_only=False), partition, -1).astype(np.int32)
-    per_record = pa.table(
+    return pa.table(
         [keys.cast(pa.large_binary()), hash_keys(keys), null_part, weights, np.ones(len(keys), np.int64)],
         schema=_SUMS_ARROW,
     )
-    return _by_key(per_record)
 
 
-def _shipped(pending: list[pa.Table], slots: np.ndarray) -> pa.RecordBatch:
-    """The task's sums since the last flush, summed across its chunks (a key in several of
-    them is shipped once), in one blob per reducer."""
-    sums = pa.concat_tables(pending)
-    if len(pending) > 1:
-        sums = _by_key(sums)
+def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
+    """Key sums from `_by_key(..., reducers=len(slots))`, in one blob per reducer."""
     null_part = sums.column("null_part").to_numpy()
-    part = np.where(null_part >= 0, null_part, sums.column("hash").to_numpy().view(np.int64)) % len(slots)
-    order = np.argsort(part.astype(np.uint16), kind="stable")  # R <= MAX_REDUCERS: numpy's radix sort
-    sums, part = sums.take(order), part[order]
-    reducers = np.unique(part)
-    starts = np.searchsorted(part, reducers)
-    ends = np.append(starts[1:], len(part))
-    return _map_rows(
-        [(0, int(slots[r]), _blob(sums.slice(a, b - a)), None, None, None) for r, a, b in zip(reducers, starts, ends)]
-    )
+    keyed = int(np.count_nonzero(null_part < 0))  # the keyed rows come first, in reducer order
+    r_of = sums.column("hash").to_numpy()[:keyed].view(np.int64) % len(slots)
+    ends = np.cumsum(np.bincount(r_of, minlength=len(slots)))
+    null_r = null_part[keyed:] % len(slots)
+    blobs = []
+    for r in np.flatnonzero(np.bincount(r_of, minlength=len(slots)) + np.bincount(null_r, minlength=len(slots))):
+        a = int(ends[r - 1]) if r else 0
+        share = [sums.slice(a, int(ends[r]) - a)]
+        if (null_r == r).any():
+            share.append(sums.slice(keyed).filter(pa.array(null_r == r)))
+        blobs.append((0, int(slots[r]), _blob(pa.concat_tables(share)), None, None, None))
+    return _map_rows(blobs)
 
 
-def _by_key(sums: pa.Table) -> pa.Table:
-    """Sums (_SUMS_ARROW) added up by key, in the order keys first appear; null keys by
-    partition, after them."""
+def _by_key(sums: pa.Table, reducers: int = 1) -> pa.Table:
+    """Sums (_SUMS_ARROW) added up by key, then null keys by partition. The keys come by
+    reducer (hash mod `reducers`), each reducer's in the order they first appear."""
     size, records, hashes = (sums.column(c).to_numpy() for c in ("bytes", "records", "hash"))
-    keys, first, key_size, key_records = sum_by_key(sums.column("key"), hashes, size, records)
+    keys = sums.column("key").combine_chunks()
+    first, key_size, key_records = sum_by_key(keys, hashes, size, records)
+    if reducers > 1:
+        order = np.argsort((hashes[first].view(np.int64) % reducers).astype(np.uint16), kind="stable")
+        first, key_size, key_records = first[order], key_size[order], key_records[order]
     out = [
-        pa.table([keys, hashes[first], np.full(len(first), -1, np.int32), key_size, key_records], schema=_SUMS_ARROW)
+        pa.table(
+            [take_binary(keys, first), hashes[first], np.full(len(first), -1, np.int32), key_size, key_records],
+            schema=_SUMS_ARROW,
+        )
     ]
     null_part = sums.column("null_part").to_numpy()
     nulls = null_part >= 0
@@ -299,7 +318,7 @@ def run_statistics(
             _MAP_ARROW,
         )
         kind = mapped.column("kind").to_numpy()
-        summaries = mapped.filter(pa.array(kind == 1))
+        summaries = mapped.filter(pa.array(kind != 0))
         sums = _unblob(mapped.filter(pa.array(kind == 0)).column("blob").to_pylist())
         return _settle(summaries, lambda how: _reduce(sums, how), split)
 
@@ -316,7 +335,7 @@ def run_statistics(
         return errors.run(sc, name, action) if errors else action()
 
     try:
-        summaries = run("chunk summaries", mapped.filter("kind = 1").select("chunk", "bytes", "records").toArrow)
+        summaries = run("chunk summaries", mapped.filter("kind != 0").select("chunk", "bytes", "records").toArrow)
         blobs = mapped.filter("kind = 0").select("slot", "blob").repartition(len(slots), "slot")
 
         def reduce(how: KeySplit) -> pa.Table:
@@ -329,8 +348,8 @@ def run_statistics(
 
 def _settle(summaries: pa.Table, reduce: Callable[[KeySplit], pa.Table], split: Split) -> Statistics:
     """Ask the reducers for every key while the split allows it, else for heavy keys and
-    buckets. The chunk summaries give the payload and a lower bound on the distinct keys (the
-    most in one chunk), which most often settles exact against bucketed at once."""
+    buckets. The map's summaries give the payload and a lower bound on the distinct keys (the
+    most summed at once), which most often settles exact against bucketed at once."""
     payload = int(pc.sum(summaries.column("bytes")).as_py() or 0)
     at_least = int(pc.max(summaries.column("records")).as_py() or 0)
     how = split(at_least, payload)
@@ -347,7 +366,8 @@ def _settle(summaries: pa.Table, reduce: Callable[[KeySplit], pa.Table], split: 
             buckets = _every_bucket(
                 rows.filter(pa.array(kind == 2)).select(["bucket", "bytes", "records", "keys"]), how.buckets
             )
-        return Statistics(totals, _chunk_stats(summaries.column("chunk").to_pylist()), keys, payload, buckets)
+        chunk_rows = [c for c in summaries.column("chunk").to_pylist() if c is not None]
+        return Statistics(totals, _chunk_stats(chunk_rows), keys, payload, buckets)
 
 
 def _every_bucket(sums: pa.Table, buckets: int) -> pa.Table:

@@ -8,13 +8,18 @@ from collections import defaultdict
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor import statistics
 from compactor.key_sums import sum_by_key
+from compactor.sources import open_source
+from compactor.sources.envelope import write_chunk
 from compactor.statistics import _SUMS_ARROW, KeySplit, _by_key, _reduce, _settle
 from keygroups.key_hash import hash_keys
+from keygroups.storage import open_storage
+from tests.records import envelope_records
 
 record_st = st.tuples(st.one_of(st.none(), st.binary(max_size=3)), st.integers(0, 2), st.integers(1, 50))
 
@@ -123,8 +128,9 @@ def test_settled_totals_match_the_records(chunks, reducers, mode, limit, buckets
     ),
     hash_bits=st.sampled_from([0, 1, 2, 64]),
     large=st.booleans(),
+    reducers=st.sampled_from([1, 2, 4]),
 )
-def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large):
+def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, reducers):
     """Summing through the hash merges rows only where the key bytes are equal: with the
     hash cut to a few bits, many distinct keys share one and must still come out apart."""
     keys = pa.array([k for k, _, _ in rows], pa.large_binary() if large else pa.binary())
@@ -133,21 +139,36 @@ def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large):
         hashes &= np.uint64((1 << hash_bits) - 1)
     size = np.array([s for _, _, s in rows], np.int64)
     records = np.arange(len(rows), dtype=np.int64) % 3 + 1
-    got_keys, first, got_size, got_records = sum_by_key(keys, hashes, size, records)
+    first, got_size, got_records = sum_by_key(keys, hashes, size, records)
     want: dict = {}
     for (key, _, s), r in zip(rows, records.tolist()):
         if key is not None:
             entry = want.setdefault(key, [0, 0])
             entry[0] += s
             entry[1] += r
-    assert got_keys.to_pylist() == list(want)  # each key once, in the order keys first appear
-    assert [keys[i].as_py() for i in first] == list(want)
+    assert [keys[i].as_py() for i in first] == list(want)  # each key once, in the order keys first appear
     assert [[a, b] for a, b in zip(got_size.tolist(), got_records.tolist())] == list(want.values())
 
     # the whole step: null keys summed by their partition, every sum kept with its hash
     null_part = np.array([p if k is None else -1 for k, p, _ in rows], np.int32)
     table = pa.table([keys.cast(pa.large_binary()), hashes, null_part, size, records], schema=_SUMS_ARROW)
-    by_key = _by_key(table)
+    by_key = _by_key(table, reducers)
+    keyed = by_key.filter(pa.compute.is_valid(by_key.column("key")))
+    r_of = (keyed.column("hash").to_numpy().view(np.int64) % reducers).tolist()
+    assert r_of == sorted(r_of)  # by reducer, as the map ships them
+    slots = np.arange(100, 100 + reducers)
+    shipped = statistics._shipped(by_key, slots).to_pylist() if by_key.num_rows else []
+    for row in shipped:  # each blob holds its reducer's rows only
+        share = statistics._unblob([row["blob"]])
+        r = int(row["slot"]) - 100
+        part = np.where(share.column("null_part").to_numpy() >= 0, share.column("null_part").to_numpy(), 0)
+        keyed_r = share.column("hash").to_numpy().view(np.int64) % reducers
+        assert (
+            np.where(share.column("key").is_null().to_numpy(zero_copy_only=False), part % reducers, keyed_r) == r
+        ).all()
+    assert sorted(map(str, statistics._unblob([row["blob"] for row in shipped]).to_pylist())) == sorted(
+        map(str, by_key.to_pylist())
+    )
     nulls: dict = defaultdict(lambda: [0, 0])
     for (key, part, s), r in zip(rows, records.tolist()):
         if key is None:
@@ -157,3 +178,44 @@ def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large):
     expect = {(k, -1): [*v, int(hashes[first[i]])] for i, (k, v) in enumerate(want.items())}
     expect |= {(None, p): [*v, 0] for p, v in nulls.items()}
     assert got == expect
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    chunks=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.one_of(st.none(), st.sampled_from([b"a", b"bb", b"c"])), min_size=1)),
+        min_size=1,
+        max_size=8,
+    ),
+    flush=st.integers(1, 30),
+)
+def test_the_map_side_sums_records_whatever_it_holds(tmp_path_factory, chunks, flush):
+    """A map task sums its records by key once FLUSH_ROWS gather, holds the sums while the
+    keys repeat and ships them once they are mostly distinct; whatever the flush size, the
+    totals are each key's records and bytes, and the distinct-key bound never passes the truth."""
+    src = open_storage(str(tmp_path_factory.mktemp("s")))
+    next_offset = defaultdict(int)
+    want: dict = defaultdict(lambda: [0, 0])
+    for p, keys in chunks:
+        offsets = list(range(next_offset[p], next_offset[p] + len(keys)))
+        next_offset[p] += len(keys)
+        batch = envelope_records(p, offsets, [1000 * o for o in offsets], keys)
+        write_chunk(src, batch, "t", codec="null")
+        for k, o in zip(keys, offsets):
+            entry = want[(k, p if k is None else -1)]
+            entry[0] += len(k or b"") + len(b"v%d" % o)
+            entry[1] += 1
+    source = open_source(src.url)
+    bounds = []
+    split = statistics._settle
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(statistics, "FLUSH_ROWS", flush)
+        mp.setattr(
+            statistics,
+            "_settle",
+            lambda summaries, *a: bounds.append(summaries.column("records")) or split(summaries, *a),
+        )
+        got = statistics.run_statistics(None, source, source.list_chunks(), 60_000)
+    assert {(r["key"], r["null_part"]): [r["bytes"], r["records"]] for r in got.totals.to_pylist()} == dict(want)
+    assert got.keys == len(want) and len(got.chunks) == len(source.list_chunks())
+    assert 0 < pa.compute.max(bounds[0]).as_py() <= len(want)
