@@ -1,14 +1,15 @@
 """Phase 1 of the compaction: bytes and records per key, and per chunk the summaries slicing
 needs, computed in Spark tasks; the driver receives per-key totals, never records.
 
-Two stages. A map task per batch of chunks sums its records by key, chunk by chunk, and
-ships the sums in a few Arrow IPC blobs, one per reducer: a reducer owns the keys whose hash
-is r mod R (null keys: their partition mod R), so it owns whole hash buckets too. A reducer
-sums its keys across chunks and returns what the driver asked for: every key while they are
-few, else the heavy keys and its share of the buckets. Spark moves a few large binary rows
-instead of a row per key: with as many keys as records, a row per key cost the JVM more
-than the rest of the pass together (2M records: statistics 3.1 s with 860K keys, 1.2 s with
-10K, `bench/bench_scale.py`)."""
+Two stages. A map task per batch of chunks sums its records by key, like a combiner
+(`_map_task`), and ships the sums in a few Arrow IPC blobs, one per reducer: a reducer owns
+the keys whose hash is r mod R (null keys: their partition mod R), so it owns whole hash
+buckets too. A reducer sums its keys across chunks and returns what the driver asked for:
+every key while they are few, else the heavy keys and its share of the buckets. Spark moves
+a few large binary rows instead of a row per key: with as many keys as records, a row per
+key cost the JVM more than the rest of the pass together (2M records: statistics 3.1 s with
+860K keys, 1.2 s with 10K, `bench/bench_scale.py`). Every sum goes through the key's hash,
+computed once per record and carried with the sums (`compactor.key_sums`)"""
 
 from __future__ import annotations
 
