@@ -1,13 +1,13 @@
 """Sums per distinct key, found through the keys' 64-bit hashes.
 
-The statistics pass adds up bytes and records per key three times: per chunk, per map
-flush and per reducer. With a key per record, pyarrow's `group_by` on the binary keys was
-most of the pass (about 75 ms per 200K keys, hashing every key's bytes again at each step),
-and the pass grew 5x from 10K to 12.5M distinct keys (`bench/bench_scale.py`). The keys'
-hashes are computed once (`keygroups.key_hash`) and travel with the sums, so a step here
-hashes nothing: an open-addressing table keyed by the hash, where a slot matches only when
-the key bytes match too, so two keys sharing a hash stay apart (exact, as pyarrow's is). No
-library offers a group-by over a hash the caller already has.
+The statistics pass adds up bytes and records per key in its map tasks and again in its
+reducers. With a key per record, pyarrow's `group_by` on the binary keys was most of the
+pass (about 75 ms per 200K keys, hashing every key's bytes again at each step), and the pass
+grew 5x from 10K to 12.5M distinct keys (`bench/bench_scale.py`). The keys' hashes are
+computed once (`keygroups.key_hash`) and travel with the sums, so a step here hashes
+nothing: an open-addressing table keyed by the hash, where a slot matches only when the key
+bytes match too, so two keys sharing a hash stay apart (exact, as pyarrow's is). No library
+offers a group-by over a hash the caller already has.
 """
 
 from __future__ import annotations
@@ -33,18 +33,31 @@ _LOW = np.uint64(0xFFFFFFFF)
 
 
 @njit(cache=True, nogil=True)
-def _sum_spans(hashes, offsets, data, skip, size, records, table, bits, first, entries):
+def _slot_of(table, shift, h):
+    """The first empty slot of h's probe sequence."""
+    mask = np.uint64(table.shape[0] - 1)
+    s = h >> shift
+    while table[s] != _EMPTY:
+        s = (s + np.uint64(1)) & mask
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _sum_spans(hashes, offsets, data, skip, size, records, first, entries):
     """Rows with the same key bytes added up, in the order their keys first appear; rows
     with `skip` set are left out. Returns how many distinct keys (rows of `first` and
     `entries` filled).
 
-    `table`: _EMPTY slots, 2**bits of them, more than the rows. A key probes from the slot
-    its hash's high bits name (a reducer's keys share their low bits: hash mod R). A slot
-    holds the key's entry (low 32 bits) and its hash's low 32 bits, so a probe passes other
-    keys without reading their rows. An entry is one row of `entries` (the key's first
+    The table starts small and doubles when half full (sized by the distinct keys, not the
+    rows: 10K keys in a million rows keep a table that stays in cache). A key probes from
+    the slot its hash's high bits name (a reducer's keys share their low bits: hash mod R).
+    A slot holds the key's entry (low 32 bits) and its hash's low 32 bits, so a probe passes
+    other keys without reading their rows. An entry is one row of `entries` (the key's first
     byte, its end, its size sum, its records sum), so a repeated key costs a cache miss for
     its slot, one for its entry and one for its bytes: the sums are bound by memory latency."""
     n = hashes.shape[0]
+    bits = 10
+    table = np.full(1 << bits, _EMPTY, np.uint64)
     mask = np.uint64(table.shape[0] - 1)
     shift = np.uint64(64 - bits)
     m = 0
@@ -73,6 +86,14 @@ def _sum_spans(hashes, offsets, data, skip, size, records, table, bits, first, e
                     entries[e, 3] += records[i]
                     break
             s = (s + np.uint64(1)) & mask
+        if 2 * m > table.shape[0]:  # half full: double, and place every entry again
+            bits += 1
+            table = np.full(1 << bits, _EMPTY, np.uint64)
+            mask = np.uint64(table.shape[0] - 1)
+            shift = np.uint64(64 - bits)
+            for e in range(m):
+                he = hashes[first[e]]
+                table[_slot_of(table, shift, he)] = (he << np.uint64(32)) | np.uint64(e)
     return m
 
 
@@ -93,8 +114,6 @@ def sum_by_key(
     skip = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else np.zeros(n, np.bool_)
     if n >= 1 << 31:
         raise ValueError(f"{n} key sums in one step: more than a slot's 32-bit entry can hold")
-    bits = max(1, (2 * n).bit_length())  # a slot per two rows at least: short probes
-    table = np.full(1 << bits, _EMPTY, np.uint64)
     first = np.empty(n, np.int64)
     entries = np.empty((n, 4), np.int64)
     m = _sum_spans(
@@ -104,8 +123,6 @@ def sum_by_key(
         skip,
         np.ascontiguousarray(size, np.int64),
         np.ascontiguousarray(records, np.int64),
-        table,
-        bits,
         first,
         entries,
     )
