@@ -35,9 +35,10 @@ RUN_SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("timestamp", pa.int64()),
-        ("record", pa.binary()),
+        ("record", pa.large_binary()),  # as the map holds it and the merge needs it: no cast per run
     ]
 )
+_HELD = pa.schema([("grp", pa.int32()), *RUN_SCHEMA])
 RUNS_DDL = "slot long, grp int, lo int, run binary"  # lo: the run's first slice
 # Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
 # rarely carries less), between 2 and 64 MiB. A small flush sorts in cache: 6M records, 64
@@ -113,12 +114,12 @@ def _runs_task(
                             pa.array(grp, pa.int32()),
                             pa.array(slices, pa.int32()),
                             pa.array(order_ts, pa.int64()),
-                            batch.column("partition"),
-                            batch.column("offset"),
+                            batch.column("partition").cast(pa.int32()),
+                            batch.column("offset").cast(pa.int64()),
                             pa.array(ts, pa.int64()),
                             records,
                         ],
-                        names=["grp", *RUN_SCHEMA.names],
+                        schema=_HELD,  # RUN_SCHEMA's types exactly: a run is read back by that schema
                     )
                 )
                 size += records.nbytes
@@ -147,7 +148,7 @@ def _runs(held: list[pa.RecordBatch], slots: np.ndarray) -> Iterator[pa.RecordBa
         while a < end:  # runs of the group's records [a, end): RUN_BYTES at most, one record at least
             before = int(ends[a - 1]) if a else 0
             b = min(max(int(np.searchsorted(ends, before + RUN_BYTES, side="right")), a + 1), end)
-            run = body.slice(a, b - a).cast(RUN_SCHEMA).combine_chunks().to_batches()[0]
+            run = body.slice(a, b - a).combine_chunks().to_batches()[0]
             messages.append(run.serialize())
             rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a])))
             size += messages[-1].size
@@ -200,8 +201,7 @@ class _Pending:
         self.low = min((int(sl[0]) for _, sl in keep), default=np.iinfo(np.int64).max)
         if not heads:
             return None
-        # large_binary: a piece gathered from many runs may pass 2 GiB
-        merged = pa.Table.from_batches([h.cast(_LARGE_RUN) for h in heads]).combine_chunks()
+        merged = pa.Table.from_batches(heads).combine_chunks()  # large_binary: a piece may pass 2 GiB
         return _sorted(merged, _PIECE_ORDER) if len(heads) > 1 else merged
 
 
@@ -221,9 +221,6 @@ def _sorted(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
             for n, c in zip(table.column_names, table.columns)
         }
     )
-
-
-_LARGE_RUN = pa.schema([f.with_type(pa.large_binary()) if f.name == "record" else f for f in RUN_SCHEMA])
 
 
 def _write_task(
