@@ -108,22 +108,35 @@ def _unblob(blobs) -> pa.Table:
 
 
 FLUSH_ROWS = 1 << 20  # rows (a record's, or a key's sums) a map task holds before it sums them by key
+UNSUMMED = 7  # flushes shipped unsummed after a sum that left nearly every row: then it sums again, to see
 
 
 def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray):
     """A row per record, summed by key once FLUSH_ROWS have gathered, like a combiner:
     where the keys repeat the sums are held and grow with later chunks; where they are
     mostly distinct (more than half of FLUSH_ROWS) they are shipped, one blob per reducer.
-    Each record passes the sum once on the map side, whatever the key count."""
+    Each record passes the sum once on the map side, whatever the key count. Where a sum
+    leaves nine rows in ten (nearly every key new), the next UNSUMMED flushes ship their
+    rows as they are, as Spark's partial aggregation does when it does not reduce: the
+    reducer sums them all the same, and the map saves a pass that gains nothing."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Table] = []
         held = 0
+        unsummed = 0  # flushes to ship without summing
 
         def combined() -> Iterator[pa.RecordBatch]:
-            nonlocal pending, held
-            sums = _by_key(pa.concat_tables(pending), len(slots))
+            nonlocal pending, held, unsummed
+            rows = pa.concat_tables(pending)
+            if unsummed:
+                unsummed -= 1
+                yield _shipped(_by_key(rows, len(slots), sum_keys=False), slots)
+                pending, held = [], 0
+                return
+            sums = _by_key(rows, len(slots))
             yield _map_rows([(2, None, None, None, sums.num_rows, None)])  # distinct keys: at least these
+            if sums.num_rows > 0.9 * rows.num_rows:
+                unsummed = UNSUMMED
             if sums.num_rows > FLUSH_ROWS // 2:
                 yield _shipped(sums, slots)
                 pending, held = [], 0
@@ -191,12 +204,17 @@ def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
     return _map_rows(blobs)
 
 
-def _by_key(sums: pa.Table, reducers: int = 1) -> pa.Table:
+def _by_key(sums: pa.Table, reducers: int = 1, sum_keys: bool = True) -> pa.Table:
     """Sums (_SUMS_ARROW) added up by key, then null keys by partition. The keys come by
-    reducer (hash mod `reducers`), each reducer's in the order they first appear."""
+    reducer (hash mod `reducers`), each reducer's in the order they first appear.
+    `sum_keys=False`: the keyed rows as they are (still by reducer), null keys summed."""
     size, records, hashes = (sums.column(c).to_numpy() for c in ("bytes", "records", "hash"))
     keys = sums.column("key").combine_chunks()
-    first, key_size, key_records = sum_by_key(keys, hashes, size, records)
+    if sum_keys:
+        first, key_size, key_records = sum_by_key(keys, hashes, size, records)
+    else:
+        first = np.flatnonzero(sums.column("null_part").to_numpy() < 0)
+        key_size, key_records = size[first], records[first]
     if reducers > 1:
         order = np.argsort((hashes[first].view(np.int64) % reducers).astype(np.uint16), kind="stable")
         first, key_size, key_records = first[order], key_size[order], key_records[order]
