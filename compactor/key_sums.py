@@ -43,20 +43,20 @@ def _slot_of(table, shift, h):
 
 
 @njit(cache=True, nogil=True)
-def _sum_spans(hashes, offsets, data, skip, size, records, first, entries):
+def _sum_spans(hashes, offsets, data, skip, size, records, bits, first, entries):
     """Rows with the same key bytes added up, in the order their keys first appear; rows
     with `skip` set are left out. Returns how many distinct keys (rows of `first` and
     `entries` filled).
 
-    The table starts small and doubles when half full (sized by the distinct keys, not the
-    rows: 10K keys in a million rows keep a table that stays in cache). A key probes from
+    The table starts at 2**bits slots and doubles when half full (sized by the distinct keys,
+    not the rows: 10K keys in a million rows keep a table that stays in cache). A key probes from
     the slot its hash's high bits name (a reducer's keys share their low bits: hash mod R).
     A slot holds the key's entry (low 32 bits) and its hash's low 32 bits, so a probe passes
     other keys without reading their rows. An entry is one row of `entries` (the key's first
-    byte, its end, its size sum, its records sum), so a repeated key costs a cache miss for
-    its slot, one for its entry and one for its bytes: the sums are bound by memory latency."""
+    byte, its end, its size sum, its records sum, its hash), so a repeated key costs a cache
+    miss for its slot, one for its entry and one for its bytes: the sums are bound by memory
+    latency."""
     n = hashes.shape[0]
-    bits = 10
     table = np.full(1 << bits, _EMPTY, np.uint64)
     mask = np.uint64(table.shape[0] - 1)
     shift = np.uint64(64 - bits)
@@ -77,6 +77,7 @@ def _sum_spans(hashes, offsets, data, skip, size, records, first, entries):
                 entries[m, 1] = a1
                 entries[m, 2] = size[i]
                 entries[m, 3] = records[i]
+                entries[m, 4] = np.int64(h)
                 m += 1
                 break
             if t & ~_LOW == tag:  # the same low 32 bits of hash: compare the bytes
@@ -91,18 +92,19 @@ def _sum_spans(hashes, offsets, data, skip, size, records, first, entries):
             table = np.full(1 << bits, _EMPTY, np.uint64)
             mask = np.uint64(table.shape[0] - 1)
             shift = np.uint64(64 - bits)
-            for e in range(m):
-                he = hashes[first[e]]
+            for e in range(m):  # in entry order: the entries are read in sequence
+                he = np.uint64(entries[e, 4])
                 table[_slot_of(table, shift, he)] = (he << np.uint64(32)) | np.uint64(e)
     return m
 
 
 def sum_by_key(
-    keys: pa.Array, hashes: np.ndarray, size: np.ndarray, records: np.ndarray
+    keys: pa.Array, hashes: np.ndarray, size: np.ndarray, records: np.ndarray, expect: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per distinct non-null key, in the order keys first appear: the index of its first
     row, its size sum, its records sum. `hashes`: `keygroups.key_hash.hash_keys(keys)`; null
-    keys are left out (the caller sums them by partition)."""
+    keys are left out (the caller sums them by partition). `expect`: the distinct keys the
+    caller expects (the table starts that large instead of growing to it)."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if not pa.types.is_large_binary(keys.type):
@@ -115,7 +117,8 @@ def sum_by_key(
     if n >= 1 << 31:
         raise ValueError(f"{n} key sums in one step: more than a slot's 32-bit entry can hold")
     first = np.empty(n, np.int64)
-    entries = np.empty((n, 4), np.int64)
+    entries = np.empty((n, 5), np.int64)
+    bits = max(10, (2 * min(expect, n)).bit_length())
     m = _sum_spans(
         np.ascontiguousarray(hashes, np.uint64),
         offsets,
@@ -123,6 +126,7 @@ def sum_by_key(
         skip,
         np.ascontiguousarray(size, np.int64),
         np.ascontiguousarray(records, np.int64),
+        bits,
         first,
         entries,
     )

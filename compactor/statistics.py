@@ -108,7 +108,7 @@ def _unblob(blobs) -> pa.Table:
 
 
 FLUSH_ROWS = 1 << 20  # rows (a record's, or a key's sums) a map task holds before it sums them by key
-UNSUMMED = 7  # flushes shipped unsummed after a sum that left nearly every row: then it sums again, to see
+UNSUMMED = 7  # flushes shipped unsummed after a sum that left most rows: then it sums again, to see
 
 
 def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray):
@@ -116,7 +116,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
     where the keys repeat the sums are held and grow with later chunks; where they are
     mostly distinct (more than half of FLUSH_ROWS) they are shipped, one blob per reducer.
     Each record passes the sum once on the map side, whatever the key count. Where a sum
-    leaves nine rows in ten (nearly every key new), the next UNSUMMED flushes ship their
+    leaves three rows in four (most keys new), the next UNSUMMED flushes ship their
     rows as they are, as Spark's partial aggregation does when it does not reduce: the
     reducer sums them all the same, and the map saves a pass that gains nothing."""
 
@@ -124,18 +124,20 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
         pending: list[pa.Table] = []
         held = 0
         unsummed = 0  # flushes to ship without summing
+        last = 0  # the distinct keys the last sum found: about as many next time
 
         def combined() -> Iterator[pa.RecordBatch]:
-            nonlocal pending, held, unsummed
+            nonlocal pending, held, unsummed, last
             rows = pa.concat_tables(pending)
             if unsummed:
                 unsummed -= 1
                 yield _shipped(_by_key(rows, len(slots), sum_keys=False), slots)
                 pending, held = [], 0
                 return
-            sums = _by_key(rows, len(slots))
+            sums = _by_key(rows, len(slots), expect=last)
+            last = sums.num_rows
             yield _map_rows([(2, None, None, None, sums.num_rows, None)])  # distinct keys: at least these
-            if sums.num_rows > 0.9 * rows.num_rows:
+            if sums.num_rows > 0.75 * rows.num_rows:
                 unsummed = UNSUMMED
             if sums.num_rows > FLUSH_ROWS // 2:
                 yield _shipped(sums, slots)
@@ -204,14 +206,15 @@ def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
     return _map_rows(blobs)
 
 
-def _by_key(sums: pa.Table, reducers: int = 1, sum_keys: bool = True) -> pa.Table:
+def _by_key(sums: pa.Table, reducers: int = 1, sum_keys: bool = True, expect: int = 0) -> pa.Table:
     """Sums (_SUMS_ARROW) added up by key, then null keys by partition. The keys come by
     reducer (hash mod `reducers`), each reducer's in the order they first appear.
-    `sum_keys=False`: the keyed rows as they are (still by reducer), null keys summed."""
+    `sum_keys=False`: the keyed rows as they are (still by reducer), null keys summed.
+    `expect`: distinct keys to make room for at once (`sum_by_key`)."""
     size, records, hashes = (sums.column(c).to_numpy() for c in ("bytes", "records", "hash"))
     keys = sums.column("key").combine_chunks()
     if sum_keys:
-        first, key_size, key_records = sum_by_key(keys, hashes, size, records)
+        first, key_size, key_records = sum_by_key(keys, hashes, size, records, expect)
     else:
         first = np.flatnonzero(sums.column("null_part").to_numpy() < 0)
         key_size, key_records = size[first], records[first]
@@ -253,7 +256,7 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     """One reducer's keys, summed across chunks, as the driver asked: every key while there
     are at most `how.limit` (else only their count); with buckets, the keys that keep an
     entry one by one and the rest by bucket."""
-    per_key = _by_key(sums)
+    per_key = _by_key(sums, expect=sums.num_rows // 4)  # keys repeat across map tasks, or few do
     n = per_key.num_rows
     count = _reduced(3, 1, keys=[n])
     key, null_part = per_key.column("key"), per_key.column("null_part").to_numpy()
