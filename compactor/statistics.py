@@ -113,12 +113,13 @@ UNSUMMED = 7  # flushes shipped unsummed after a sum that left most rows: then i
 
 def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray):
     """A row per record, summed by key once FLUSH_ROWS have gathered, like a combiner:
-    where the keys repeat the sums are held and grow with later chunks; where they are
-    mostly distinct (more than half of FLUSH_ROWS) they are shipped, one blob per reducer.
-    Each record passes the sum once on the map side, whatever the key count. Where a sum
-    leaves three rows in four (most keys new), the next UNSUMMED flushes ship their
-    rows as they are, as Spark's partial aggregation does when it does not reduce: the
-    reducer sums them all the same, and the map saves a pass that gains nothing."""
+    where the keys repeat the sums are held (and summed again with the next flush's
+    records); where they are mostly distinct (more than half of FLUSH_ROWS) they are
+    shipped, one blob per reducer. Where a sum leaves three rows in four (most keys new),
+    the next UNSUMMED flushes ship their rows as they are, as Spark's partial aggregation
+    does when it does not reduce: the reducer sums them all the same, and the map saves a
+    pass that gains little. (Keys that turn out to repeat in those flushes cost the
+    shuffle a row per record for a while, no more than `reducers_for` plans for.)"""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Table] = []
@@ -191,6 +192,8 @@ def _record_sums(keys: pa.Array, weights: np.ndarray, partition: int) -> pa.Tabl
 
 def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
     """Key sums from `_by_key(..., reducers=len(slots))`, in one blob per reducer."""
+    if not sums.num_rows:
+        return pa.RecordBatch.from_pylist([], _MAP_ARROW)
     null_part = sums.column("null_part").to_numpy()
     keyed = int(np.count_nonzero(null_part < 0))  # the keyed rows come first, in reducer order
     r_of = sums.column("hash").to_numpy()[:keyed].view(np.int64) % len(slots)
@@ -213,10 +216,13 @@ def _by_key(sums: pa.Table, reducers: int = 1, sum_keys: bool = True, expect: in
     `expect`: distinct keys to make room for at once (`sum_by_key`)."""
     size, records, hashes = (sums.column(c).to_numpy() for c in ("bytes", "records", "hash"))
     keys = sums.column("key").combine_chunks()
+    null_part = sums.column("null_part").to_numpy()
+    if keys.null_count != np.count_nonzero(null_part >= 0):  # a null key is its partition's pseudo-key
+        raise ValueError("key sums whose null keys and null-key partitions disagree")
     if sum_keys:
         first, key_size, key_records = sum_by_key(keys, hashes, size, records, expect)
     else:
-        first = np.flatnonzero(sums.column("null_part").to_numpy() < 0)
+        first = np.flatnonzero(null_part < 0)
         key_size, key_records = size[first], records[first]
     if reducers > 1:
         order = np.argsort((hashes[first].view(np.int64) % reducers).astype(np.uint16), kind="stable")
@@ -227,7 +233,6 @@ def _by_key(sums: pa.Table, reducers: int = 1, sum_keys: bool = True, expect: in
             schema=_SUMS_ARROW,
         )
     ]
-    null_part = sums.column("null_part").to_numpy()
     nulls = null_part >= 0
     if nulls.any():
         parts, at = np.unique(null_part[nulls], return_inverse=True)
@@ -380,7 +385,7 @@ def _settle(summaries: pa.Table, reduce: Callable[[KeySplit], pa.Table], split: 
         kind = rows.column("kind").to_numpy()
         keys = int(rows.column("keys").to_numpy(zero_copy_only=False)[kind == 3].sum())
         if how.buckets is None and how.limit is not None and keys > how.limit:
-            how = split(keys, payload)  # more keys than any chunk showed
+            how = split(keys, payload)  # more keys than any map task summed at once
             continue
         totals = rows.filter(pa.array(kind == 0)).select(["key", "null_part", "bytes", "records"])
         buckets = None

@@ -227,3 +227,28 @@ def test_the_map_side_sums_records_whatever_it_holds(tmp_path_factory, chunks, f
     assert {(r["key"], r["null_part"]): [r["bytes"], r["records"]] for r in got.totals.to_pylist()} == dict(want)
     assert got.keys == len(want) and len(got.chunks) == len(source.list_chunks())
     assert 0 < pa.compute.max(bounds[0]).as_py() <= len(want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    keys=st.integers(600, 5000),
+    hash_bits=st.sampled_from([3, 12, 64]),
+    expect=st.sampled_from([0, 100, 10_000]),
+)
+def test_sums_by_key_hold_through_the_table_growing(seed, keys, hash_bits, expect):
+    """Past 512 distinct keys the table doubles, placing every entry again; with hashes cut
+    to a few bits (many keys share one) or left whole (high bits set), and whatever size
+    the caller expected, each key still has its own sums."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, keys, 3 * keys)
+    column = pa.array([b"key-%d" % i for i in ids.tolist()], pa.large_binary())
+    hashes = hash_keys(column)
+    if hash_bits < 64:
+        hashes = (hashes & np.uint64((1 << hash_bits) - 1)) | np.uint64(1 << 63)  # the high bit set as well
+    size = rng.integers(0, 100, len(ids))
+    first, got_size, got_records = sum_by_key(column, hashes, size, np.ones(len(ids), np.int64), expect)
+    order = list(dict.fromkeys(ids.tolist()))
+    assert ids[first].tolist() == order
+    assert got_size.tolist() == [int(size[ids == k].sum()) for k in order]
+    assert got_records.tolist() == [int((ids == k).sum()) for k in order]
