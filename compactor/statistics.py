@@ -25,16 +25,14 @@ import pyarrow.compute as pc
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.group_partitioning import group_slots
 from compactor.history import batch_digests
-from compactor.key_sums import sum_by_key
+from compactor.key_sums import by_key, from_blobs, record_sums, to_blob
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
 from keygroups import envelope
 from keygroups.assignment import BUCKETS_PER_GROUP
-from keygroups.envelope.buffers import take_binary
-from keygroups.key_hash import hash_keys
 
-# What a map task yields: kind 0, a blob of key sums (_SUMS_ARROW) for reducer `part` (the
+# What a map task yields: kind 0, a blob of key sums (SUMS_SCHEMA) for reducer `part` (the
 # shuffle slot that sends it there); kind 1, a chunk's summary (payload, its ChunkStats);
 # kind 2, the distinct keys of the records summed at once (at least as many in all).
 _MAP_ARROW = pa.schema(
@@ -42,11 +40,6 @@ _MAP_ARROW = pa.schema(
      ("records", pa.int64()), ("chunk", pa.string())]
 )  # fmt: skip
 MAP_SCHEMA = spark_ddl(_MAP_ARROW)
-# A key's sums carry its hash (keygroups.key_hash; 0 for null keys) so no later step hashes the key again.
-_SUMS_ARROW = pa.schema(
-    [("key", pa.large_binary()), ("hash", pa.uint64()), ("null_part", pa.int32()), ("bytes", pa.int64()),
-     ("records", pa.int64())]
-)  # fmt: skip
 # What a reducer yields: kind 0, a key's totals; kind 2, a bucket's; kind 3, its distinct
 # keys (in `keys`), so the driver learns the count even where the keys stayed behind.
 _REDUCED_ARROW = pa.schema(
@@ -96,17 +89,6 @@ def reducers_for(parallelism: int, chunks: list[SourceChunk]) -> int:
     return min(MAX_REDUCERS, 1 << max(0, want - 1).bit_length())
 
 
-def _blob(table: pa.Table) -> bytes:
-    """The sums as one IPC record-batch message, without its schema (_SUMS_ARROW on both
-    sides): an IPC stream written into a growing buffer took 0.1 s per million sums."""
-    columns = [c.combine_chunks() for c in table.columns]
-    return pa.RecordBatch.from_arrays(columns, schema=_SUMS_ARROW).serialize().to_pybytes()
-
-
-def _unblob(blobs) -> pa.Table:
-    return pa.Table.from_batches([pa.ipc.read_record_batch(pa.py_buffer(b), _SUMS_ARROW) for b in blobs], _SUMS_ARROW)
-
-
 FLUSH_ROWS = 1 << 20  # rows (a record's, or a key's sums) a map task holds before it sums them by key
 UNSUMMED = 7  # flushes shipped unsummed after a sum that left most rows: then it sums again, to see
 
@@ -132,10 +114,10 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
             rows = pa.concat_tables(pending)
             if unsummed:
                 unsummed -= 1
-                yield _shipped(_by_key(rows, len(slots), sum_keys=False), slots)
+                yield _shipped(by_key(rows, len(slots), sum_keys=False), slots)
                 pending, held = [], 0
                 return
-            sums = _by_key(rows, len(slots), expect=last)
+            sums = by_key(rows, len(slots), expect=last)
             last = sums.num_rows
             yield _map_rows([(2, None, None, None, sums.num_rows, None)])  # distinct keys: at least these
             if sums.num_rows > 0.75 * rows.num_rows:
@@ -155,7 +137,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
                 offsets = batch.column("offset").to_numpy()
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
                 weights = envelope.record_bytes(batch)
-                pending.append(_record_sums(batch.column("key"), weights, chunk.partition))
+                pending.append(record_sums(batch.column("key"), weights, chunk.partition))
                 held += batch.num_rows
                 stats = ChunkStats(
                     key=chunk.key,
@@ -179,19 +161,8 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
     return run
 
 
-def _record_sums(keys: pa.Array, weights: np.ndarray, partition: int) -> pa.Table:
-    """A chunk's records as key sums of one record each (_SUMS_ARROW); null keys as the
-    pseudo-key of the chunk's partition."""
-    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-    null_part = np.where(keys.is_null().to_numpy(zero_copy_only=False), partition, -1).astype(np.int32)
-    return pa.table(
-        [keys.cast(pa.large_binary()), hash_keys(keys), null_part, weights, np.ones(len(keys), np.int64)],
-        schema=_SUMS_ARROW,
-    )
-
-
 def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
-    """Key sums from `_by_key(..., reducers=len(slots))`, in one blob per reducer."""
+    """Key sums from `by_key(..., reducers=len(slots))`, in one blob per reducer."""
     if not sums.num_rows:
         return pa.RecordBatch.from_pylist([], _MAP_ARROW)
     null_part = sums.column("null_part").to_numpy()
@@ -205,50 +176,8 @@ def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
         share = [sums.slice(a, int(ends[r]) - a)]
         if (null_r == r).any():
             share.append(sums.slice(keyed).filter(pa.array(null_r == r)))
-        blobs.append((0, int(slots[r]), _blob(pa.concat_tables(share)), None, None, None))
+        blobs.append((0, int(slots[r]), to_blob(pa.concat_tables(share)), None, None, None))
     return _map_rows(blobs)
-
-
-def _by_key(sums: pa.Table, reducers: int = 1, sum_keys: bool = True, expect: int = 0) -> pa.Table:
-    """Sums (_SUMS_ARROW) added up by key, then null keys by partition. The keys come by
-    reducer (hash mod `reducers`), each reducer's in the order they first appear.
-    `sum_keys=False`: the keyed rows as they are (still by reducer), null keys summed.
-    `expect`: distinct keys to make room for at once (`sum_by_key`)."""
-    size, records, hashes = (sums.column(c).to_numpy() for c in ("bytes", "records", "hash"))
-    keys = sums.column("key").combine_chunks()
-    null_part = sums.column("null_part").to_numpy()
-    if keys.null_count != np.count_nonzero(null_part >= 0):  # a null key is its partition's pseudo-key
-        raise ValueError("key sums whose null keys and null-key partitions disagree")
-    if sum_keys:
-        first, key_size, key_records = sum_by_key(keys, hashes, size, records, expect)
-    else:
-        first = np.flatnonzero(null_part < 0)
-        key_size, key_records = size[first], records[first]
-    if reducers > 1:
-        order = np.argsort((hashes[first].view(np.int64) % reducers).astype(np.uint16), kind="stable")
-        first, key_size, key_records = first[order], key_size[order], key_records[order]
-    out = [
-        pa.table(
-            [take_binary(keys, first), hashes[first], np.full(len(first), -1, np.int32), key_size, key_records],
-            schema=_SUMS_ARROW,
-        )
-    ]
-    nulls = null_part >= 0
-    if nulls.any():
-        parts, at = np.unique(null_part[nulls], return_inverse=True)
-        out.append(
-            pa.table(
-                [
-                    pa.nulls(len(parts), pa.large_binary()),
-                    np.zeros(len(parts), np.uint64),
-                    parts.astype(np.int32),
-                    np.bincount(at, weights=size[nulls], minlength=len(parts)).astype(np.int64),
-                    np.bincount(at, weights=records[nulls], minlength=len(parts)).astype(np.int64),
-                ],
-                schema=_SUMS_ARROW,
-            )
-        )
-    return pa.concat_tables(out) if len(out) > 1 else out[0]
 
 
 def _map_rows(rows: list[tuple]) -> pa.RecordBatch:
@@ -261,7 +190,7 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     """One reducer's keys, summed across chunks, as the driver asked: every key while there
     are at most `how.limit` (else only their count); with buckets, the keys that keep an
     entry one by one and the rest by bucket."""
-    per_key = _by_key(sums, expect=sums.num_rows // 4)  # keys repeat across map tasks, or few do
+    per_key = by_key(sums, expect=sums.num_rows // 4)  # keys repeat across map tasks, or few do
     n = per_key.num_rows
     count = _reduced(3, 1, keys=[n])
     key, null_part = per_key.column("key"), per_key.column("null_part").to_numpy()
@@ -320,7 +249,7 @@ def _reduce_task(how: KeySplit):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         blobs = [b for batch in batches for b in batch.column("blob").to_pylist()]
         if blobs:  # a reducer that received nothing has no keys to report
-            yield from _reduce(_unblob(blobs), how).to_batches()
+            yield from _reduce(from_blobs(blobs), how).to_batches()
 
     return run
 
@@ -346,7 +275,7 @@ def run_statistics(
         )
         kind = mapped.column("kind").to_numpy()
         summaries = mapped.filter(pa.array(kind != 0))
-        sums = _unblob(mapped.filter(pa.array(kind == 0)).column("blob").to_pylist())
+        sums = from_blobs(mapped.filter(pa.array(kind == 0)).column("blob").to_pylist())
         return _settle(summaries, lambda how: _reduce(sums, how), split)
 
     sc = spark.sparkContext

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor import statistics
-from compactor.key_sums import sum_by_key
+from compactor.key_sums import SUMS_SCHEMA, by_key, from_blobs, sum_by_key
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
-from compactor.statistics import _SUMS_ARROW, KeySplit, _by_key, _reduce, _settle
+from compactor.statistics import KeySplit, _reduce, _settle
 from keygroups.key_hash import hash_keys
 from keygroups.storage import open_storage
 from tests.records import envelope_records
@@ -39,7 +39,7 @@ def _chunk_sums(records) -> pa.Table:
         {"key": k, "hash": 0 if k is None else _hash(k) % 2**64, "null_part": p, "bytes": b, "records": r}
         for (k, p), (b, r) in sums.items()
     ]
-    return pa.Table.from_pylist(rows, schema=_SUMS_ARROW)
+    return pa.Table.from_pylist(rows, schema=SUMS_SCHEMA)
 
 
 @settings(max_examples=500, deadline=None)
@@ -151,30 +151,30 @@ def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, r
 
     # the whole step: null keys summed by their partition, every sum kept with its hash
     null_part = np.array([p if k is None else -1 for k, p, _ in rows], np.int32)
-    table = pa.table([keys.cast(pa.large_binary()), hashes, null_part, size, records], schema=_SUMS_ARROW)
-    by_key = _by_key(table, reducers)
-    keyed = by_key.filter(pa.compute.is_valid(by_key.column("key")))
+    table = pa.table([keys.cast(pa.large_binary()), hashes, null_part, size, records], schema=SUMS_SCHEMA)
+    summed = by_key(table, reducers)
+    keyed = summed.filter(pa.compute.is_valid(summed.column("key")))
     r_of = (keyed.column("hash").to_numpy().view(np.int64) % reducers).tolist()
     assert r_of == sorted(r_of)  # by reducer, as the map ships them
     slots = np.arange(100, 100 + reducers)
-    shipped = statistics._shipped(by_key, slots).to_pylist() if by_key.num_rows else []
+    shipped = statistics._shipped(summed, slots).to_pylist()
     for row in shipped:  # each blob holds its reducer's rows only
-        share = statistics._unblob([row["blob"]])
+        share = from_blobs([row["blob"]])
         r = int(row["slot"]) - 100
         part = np.where(share.column("null_part").to_numpy() >= 0, share.column("null_part").to_numpy(), 0)
         keyed_r = share.column("hash").to_numpy().view(np.int64) % reducers
         assert (
             np.where(share.column("key").is_null().to_numpy(zero_copy_only=False), part % reducers, keyed_r) == r
         ).all()
-    assert sorted(map(str, statistics._unblob([row["blob"] for row in shipped]).to_pylist())) == sorted(
-        map(str, by_key.to_pylist())
+    assert sorted(map(str, from_blobs([row["blob"] for row in shipped]).to_pylist())) == sorted(
+        map(str, summed.to_pylist())
     )
     nulls: dict = defaultdict(lambda: [0, 0])
     for (key, part, s), r in zip(rows, records.tolist()):
         if key is None:
             nulls[part][0] += s
             nulls[part][1] += r
-    got = {(r["key"], r["null_part"]): [r["bytes"], r["records"], r["hash"]] for r in by_key.to_pylist()}
+    got = {(r["key"], r["null_part"]): [r["bytes"], r["records"], r["hash"]] for r in summed.to_pylist()}
     expect = {(k, -1): [*v, int(hashes[first[i]])] for i, (k, v) in enumerate(want.items())}
     expect |= {(None, p): [*v, 0] for p, v in nulls.items()}
     assert got == expect
