@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
-from keygroups.envelope.buffers import take_binary
+from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.key_hash import hash_keys
 
 
@@ -110,13 +110,8 @@ def sum_by_key(
     caller expects (the table starts that large instead of growing to it)."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
-    if not pa.types.is_large_binary(keys.type):
-        keys = keys.cast(pa.large_binary())  # one signature for the kernel
+    cols = binary_buffers(keys)  # large_binary's int64 offsets: one signature for the kernel
     n = len(keys)
-    validity, offsets_buf, data_buf = keys.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int64)[keys.offset : keys.offset + n + 1] if n else np.zeros(1, np.int64)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    skip = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else np.zeros(n, np.bool_)
     if n >= 1 << 31:
         raise ValueError(f"{n} key sums in one step: more than a slot's 32-bit entry can hold")
     first = np.empty(n, np.int64)
@@ -124,9 +119,9 @@ def sum_by_key(
     bits = max(10, (2 * min(expect, n)).bit_length())
     m = _sum_spans(
         np.ascontiguousarray(hashes, np.uint64),
-        offsets,
-        data,
-        skip,
+        cols.offsets,
+        cols.data,
+        ~cols.valid,
         np.ascontiguousarray(size, np.int64),
         np.ascontiguousarray(records, np.int64),
         bits,

@@ -168,10 +168,11 @@ def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
     null_part = sums.column("null_part").to_numpy()
     keyed = int(np.count_nonzero(null_part < 0))  # the keyed rows come first, in reducer order
     r_of = sums.column("hash").to_numpy()[:keyed].view(np.int64) % len(slots)
-    ends = np.cumsum(np.bincount(r_of, minlength=len(slots)))
+    keyed_in = np.bincount(r_of, minlength=len(slots))
+    ends = np.cumsum(keyed_in)
     null_r = null_part[keyed:] % len(slots)
     blobs = []
-    for r in np.flatnonzero(np.bincount(r_of, minlength=len(slots)) + np.bincount(null_r, minlength=len(slots))):
+    for r in np.flatnonzero(keyed_in + np.bincount(null_r, minlength=len(slots))):
         a = int(ends[r - 1]) if r else 0
         share = [sums.slice(a, int(ends[r]) - a)]
         if (null_r == r).any():
