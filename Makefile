@@ -30,7 +30,7 @@ example: $(BIN)/keyfill
 test: $(BIN)/keyfill
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 # A wheel that ships its numba kernels compiled (keygroups/_numba_seed.py): a fresh executor
 # loads them instead of compiling for 7-17 s. Build it with the Python and numba of the cluster.
