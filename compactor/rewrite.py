@@ -16,7 +16,7 @@ from compactor.group_partitioning import group_slots
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
-from keygroups import envelope, piece_index
+from keygroups import envelope, piece_index, worker_gc
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.segments import SegmentWriter, Tail
@@ -85,6 +85,7 @@ def _runs_task(
     flush = flush_bytes(len(slots))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        worker_gc.settle()
         assignment = _load_assignment(dest, assignment_key)
         held: list[pa.RecordBatch] = []
         size = 0
@@ -238,6 +239,7 @@ def _write_task(
     pieces written."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        worker_gc.settle()
         writer: SegmentWriter | None = None
         pending = _Pending()
         finished: set[int] = set()  # groups this task has begun

@@ -29,7 +29,7 @@ from compactor.key_sums import by_key, from_blobs, record_sums, to_blob
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
-from keygroups import envelope
+from keygroups import envelope, worker_gc
 from keygroups.assignment import BUCKETS_PER_GROUP
 
 # What a map task yields: kind 0, a blob of key sums (SUMS_SCHEMA) for reducer `part` (the
@@ -104,6 +104,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
     shuffle a row per record for a while, no more than `reducers_for` plans for.)"""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        worker_gc.settle()
         pending: list[pa.Table] = []
         held = 0
         unsummed = 0  # flushes to ship without summing
@@ -248,6 +249,7 @@ def _reduced(kind: int, n: int, **columns) -> pa.Table:
 
 def _reduce_task(how: KeySplit):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        worker_gc.settle()
         blobs = [b for batch in batches for b in batch.column("blob").to_pylist()]
         if blobs:  # a reducer that received nothing has no keys to report
             yield from _reduce(from_blobs(blobs), how).to_batches()

@@ -16,7 +16,7 @@ from compactor.verify import (
     plan_audit,
 )
 from compactor.verify_file import FileChecker
-from keygroups import envelope
+from keygroups import envelope, worker_gc
 from keygroups.storage import Storage
 
 _SRC_SCHEMA = "partition int, offset long, ts long, fp long"
@@ -25,6 +25,7 @@ _DST_SCHEMA = "kind int, partition int, offset long, slice_start long, fp long, 
 
 def _source_task(source: SourceArchive, chunks: list):
     def run(batches):
+        worker_gc.settle()
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 b = source.read(chunks[i])
@@ -43,6 +44,7 @@ def _source_task(source: SourceArchive, chunks: list):
 
 def _archive_task(checker: FileChecker, files: list, ranges: dict):
     def run(batches):
+        worker_gc.settle()
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 key, pieces = files[i]

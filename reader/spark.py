@@ -47,7 +47,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from keygroups import handoff
+from keygroups import handoff, worker_gc
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
@@ -171,6 +171,7 @@ class KeyfillBatchReader(DataSourceReader):
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        worker_gc.settle()
         if isinstance(partition, KafkaRange):
             return self.planner.read_live(partition)
         assert isinstance(partition, GroupsPartition)
@@ -288,6 +289,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return list(self.planner.plan(self.planner.position(start), self.planner.position(end)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        worker_gc.settle()
         if isinstance(partition, KafkaRange):
             return self.planner.read_live(partition)
         assert isinstance(partition, GroupsPartition)
