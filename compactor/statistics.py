@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.group_partitioning import group_slots
 from compactor.history import batch_digests
-from compactor.key_sums import by_key, from_blobs, record_sums, to_blob
+from compactor.key_sums import BLOB_CODEC, by_key, from_blobs, record_sums, to_blob
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
@@ -93,7 +93,9 @@ FLUSH_ROWS = 1 << 20  # rows (a record's, or a key's sums) a map task holds befo
 UNSUMMED = 7  # flushes shipped unsummed after a sum that left most rows: then it sums again, to see
 
 
-def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray):
+def _map_task(
+    source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray, codec: str | None = None
+):
     """A row per record, summed by key once FLUSH_ROWS have gathered, like a combiner:
     where the keys repeat the sums are held (and summed again with the next flush's
     records); where they are mostly distinct (more than half of FLUSH_ROWS) they are
@@ -115,7 +117,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
             rows = pa.concat_tables(pending)
             if unsummed:
                 unsummed -= 1
-                yield _shipped(by_key(rows, len(slots), sum_keys=False), slots)
+                yield _shipped(by_key(rows, len(slots), sum_keys=False), slots, codec)
                 pending, held = [], 0
                 return
             sums = by_key(rows, len(slots), expect=last)
@@ -124,7 +126,7 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
             if sums.num_rows > 0.75 * rows.num_rows:
                 unsummed = UNSUMMED
             if sums.num_rows > FLUSH_ROWS // 2:
-                yield _shipped(sums, slots)
+                yield _shipped(sums, slots, codec)
                 pending, held = [], 0
             else:
                 pending, held = [sums], sums.num_rows
@@ -157,13 +159,13 @@ def _map_task(source: SourceArchive, chunks: list[SourceChunk], duration_ms: int
         if pending:
             yield from combined()
             if pending:
-                yield _shipped(pending[0], slots)
+                yield _shipped(pending[0], slots, codec)
 
     return run
 
 
-def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
-    """Key sums from `by_key(..., reducers=len(slots))`, in one blob per reducer."""
+def _shipped(sums: pa.Table, slots: np.ndarray, codec: str | None = None) -> pa.RecordBatch:
+    """Key sums from `by_key(..., reducers=len(slots))`, in one blob per reducer (`to_blob`)."""
     if not sums.num_rows:
         return pa.RecordBatch.from_pylist([], _MAP_ARROW)
     null_part = sums.column("null_part").to_numpy()
@@ -178,7 +180,7 @@ def _shipped(sums: pa.Table, slots: np.ndarray) -> pa.RecordBatch:
         share = [sums.slice(a, int(ends[r]) - a)]
         if (null_r == r).any():
             share.append(sums.slice(keyed).filter(pa.array(null_r == r)))
-        blobs.append((0, int(slots[r]), to_blob(pa.concat_tables(share)), None, None, None))
+        blobs.append((0, int(slots[r]), to_blob(pa.concat_tables(share), codec), None, None, None))
     return _map_rows(blobs)
 
 
@@ -247,12 +249,12 @@ def _reduced(kind: int, n: int, **columns) -> pa.Table:
     return pa.table([column(f) for f in _REDUCED_ARROW], schema=_REDUCED_ARROW)
 
 
-def _reduce_task(how: KeySplit):
+def _reduce_task(how: KeySplit, codec: str | None = None):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()
         blobs = [b for batch in batches for b in batch.column("blob").to_pylist()]
         if blobs:  # a reducer that received nothing has no keys to report
-            yield from _reduce(from_blobs(blobs), how).to_batches()
+            yield from _reduce(from_blobs(blobs, codec), how).to_batches()
 
     return run
 
@@ -283,7 +285,7 @@ def run_statistics(
 
     sc = spark.sparkContext
     slots = group_slots(spark, reducers_for(sc.defaultParallelism, chunks))
-    task = _map_task(source, chunks, duration_ms, slots)
+    task = _map_task(source, chunks, duration_ms, slots, BLOB_CODEC)
     mapped = (
         chunk_frame(spark, chunks, handoff=handoff)
         .mapInArrow(errors.guard(task) if errors else task, MAP_SCHEMA)
@@ -298,7 +300,7 @@ def run_statistics(
         blobs = mapped.filter("kind = 0").select("slot", "blob").repartition(len(slots), "slot")
 
         def reduce(how: KeySplit) -> pa.Table:
-            return run("key totals", blobs.mapInArrow(_reduce_task(how), REDUCED_SCHEMA).toArrow)
+            return run("key totals", blobs.mapInArrow(_reduce_task(how, BLOB_CODEC), REDUCED_SCHEMA).toArrow)
 
         return _settle(summaries, reduce, split)
     finally:

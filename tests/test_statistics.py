@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor import statistics
-from compactor.key_sums import SUMS_SCHEMA, by_key, from_blobs, sum_by_key
+from compactor.key_sums import BLOB_CODEC, SUMS_SCHEMA, by_key, from_blobs, sum_by_key
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.statistics import KeySplit, _reduce, _settle
@@ -129,8 +129,9 @@ def test_settled_totals_match_the_records(chunks, reducers, mode, limit, buckets
     hash_bits=st.sampled_from([0, 1, 2, 64]),
     large=st.booleans(),
     reducers=st.sampled_from([1, 2, 4]),
+    codec=st.sampled_from([None, BLOB_CODEC]),
 )
-def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, reducers):
+def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, reducers, codec):
     """Summing through the hash merges rows only where the key bytes are equal: with the
     hash cut to a few bits, many distinct keys share one and must still come out apart."""
     keys = pa.array([k for k, _, _ in rows], pa.large_binary() if large else pa.binary())
@@ -157,16 +158,16 @@ def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, r
     r_of = (keyed.column("hash").to_numpy().view(np.int64) % reducers).tolist()
     assert r_of == sorted(r_of)  # by reducer, as the map ships them
     slots = np.arange(100, 100 + reducers)
-    shipped = statistics._shipped(summed, slots).to_pylist()
+    shipped = statistics._shipped(summed, slots, codec).to_pylist()  # compressed or not, as on Spark or here
     for row in shipped:  # each blob holds its reducer's rows only
-        share = from_blobs([row["blob"]])
+        share = from_blobs([row["blob"]], codec)
         r = int(row["slot"]) - 100
         part = np.where(share.column("null_part").to_numpy() >= 0, share.column("null_part").to_numpy(), 0)
         keyed_r = share.column("hash").to_numpy().view(np.int64) % reducers
         assert (
             np.where(share.column("key").is_null().to_numpy(zero_copy_only=False), part % reducers, keyed_r) == r
         ).all()
-    assert sorted(map(str, from_blobs([row["blob"] for row in shipped]).to_pylist())) == sorted(
+    assert sorted(map(str, from_blobs([row["blob"] for row in shipped], codec).to_pylist())) == sorted(
         map(str, summed.to_pylist())
     )
     nulls: dict = defaultdict(lambda: [0, 0])
