@@ -1,35 +1,42 @@
-"""The garbage collector of a Spark Python worker, settled once per process.
+"""The garbage collector of a Spark Python worker, settled at each task.
 
 PySpark's daemon runs a full `gc.collect()` after every task of a reused worker. A keyfill
 task's worker holds ~143K objects the collector tracks (numba's compiled kernels and type
 system, llvmlite, pyarrow), and walking them took 50-70 ms per task: with 64 write tasks, 5
 of the 11 CPU-seconds the rewrite's Python workers spent on 6M records (perf: gc_collect_main
-was the worker's first symbol). Those objects live as long as the worker, so the first task
-moves them into the permanent generation (`gc.freeze`), and each later collection walks only
-what tasks created since.
+was the worker's first symbol). Those objects live as long as the worker, so they go into the
+permanent generation (`gc.freeze`), and each later collection walks only what tasks created.
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import sys
 
+# Objects that survived the daemon's last collection, past which a task freezes them too:
+# numba loads a kernel on its first call, after the first task's freeze (thousands of
+# objects each). Counted per task (a list of that generation: ~1 ms per 100K).
+REFREEZE_OBJECTS = 10_000
 _frozen = False
 
 
 def settle() -> None:
-    """In a Spark task: collect once, then freeze what survives; a no-op after the first
-    call in a process. Called first thing in every Spark task of keyfill's. Outside a task
-    (the driver, a compaction run in this process) it does nothing: there no daemon collects
-    after each task, and a long-lived process should keep collecting what it frees."""
+    """Called first thing in every Spark task of keyfill's. In a reused Spark worker, the
+    first time: collect, then freeze what survives; later, freeze again once more than
+    REFREEZE_OBJECTS have survived the daemon's collections since. Elsewhere it does nothing:
+    the driver and a compaction run in this process keep collecting what they free, and a
+    worker that is not reused is never collected by the daemon."""
     global _frozen
-    if _frozen:
-        return
-    try:
-        from pyspark import TaskContext
-    except ImportError:  # keyfill without Spark: never in a task
-        return
+    if "pyspark" not in sys.modules or not os.environ.get("SPARK_REUSE_WORKER"):
+        return  # a Spark worker has imported pyspark before it runs a task
+    from pyspark import TaskContext
+
     if TaskContext.get() is None:
         return
-    gc.collect()  # garbage is freed now, not frozen with the rest
-    gc.freeze()
-    _frozen = True
+    if not _frozen:
+        gc.collect()  # garbage is freed now, not frozen with the rest
+        gc.freeze()
+        _frozen = True
+    elif len(gc.get_objects(generation=2)) > REFREEZE_OBJECTS:
+        gc.freeze()  # the daemon has just collected: what is left has outlived a task
