@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from compactor.shuffle_codec import pack, unpack
 from keygroups._numba import njit
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.key_hash import hash_keys
@@ -138,30 +139,16 @@ SUMS_SCHEMA = pa.schema(
 )  # fmt: skip
 
 
-# On Spark a blob crosses compressed: 12.57M distinct keys in 20M records ship ~390 MB of
-# sums, which the JVM copies, shuffles and hands back; zstd took the statistics pass from
-# 10.4 to 7.6 s (`bench/bench_scale.py`'s 20M-record archive). In this process nothing moves.
-BLOB_CODEC = "zstd"
-
-
 def to_blob(table: pa.Table, codec: str | None = None) -> bytes:
     """The sums as one IPC record-batch message, without its schema (SUMS_SCHEMA on both
-    sides; an IPC stream written into a growing buffer took 0.1 s per million sums). With a
-    codec: the message's size (8 bytes, little-endian), then the message compressed."""
+    sides; an IPC stream written into a growing buffer took 0.1 s per million sums), packed
+    for the shuffle (`compactor.shuffle_codec`)."""
     columns = [c.combine_chunks() for c in table.columns]
-    message = pa.RecordBatch.from_arrays(columns, schema=SUMS_SCHEMA).serialize()
-    if codec is None:
-        return message.to_pybytes()
-    return message.size.to_bytes(8, "little") + pa.compress(message, codec=codec, asbytes=True)
+    return bytes(pack(pa.RecordBatch.from_arrays(columns, schema=SUMS_SCHEMA).serialize(), codec))
 
 
 def from_blobs(blobs, codec: str | None = None) -> pa.Table:
-    def message(blob: bytes) -> pa.Buffer:
-        if codec is None:
-            return pa.py_buffer(blob)
-        return pa.decompress(memoryview(blob)[8:], int.from_bytes(blob[:8], "little"), codec=codec)
-
-    return pa.Table.from_batches([pa.ipc.read_record_batch(message(b), SUMS_SCHEMA) for b in blobs], SUMS_SCHEMA)
+    return pa.Table.from_batches([pa.ipc.read_record_batch(unpack(b, codec), SUMS_SCHEMA) for b in blobs], SUMS_SCHEMA)
 
 
 def record_sums(keys: pa.Array, weights: np.ndarray, partition: int) -> pa.Table:

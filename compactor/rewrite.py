@@ -13,6 +13,7 @@ import pyarrow as pa
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.config import CompactConfig, CompactionError
 from compactor.group_partitioning import group_slots
+from compactor.shuffle_codec import CODEC, pack, unpack
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
@@ -38,11 +39,7 @@ RUN_SCHEMA = pa.schema(
     ]
 )
 _HELD = pa.schema([("grp", pa.int32()), *RUN_SCHEMA])
-RUNS_DDL = "slot long, grp int, lo int, raw long, run binary"  # lo: its first slice; raw: its message's size
-# On Spark a run's message crosses compressed (zstd, ~5x on encoded records): the JVM copies,
-# sorts and compresses every byte it is handed. 6M records, 64 groups: the JVM's CPU 7.4 -> 3.4
-# s, Python's 8.8 -> 10.3 s, the compaction 9.0 -> 7.7 s. In this process nothing moves.
-SHUFFLE_CODEC = "zstd"
+RUNS_DDL = "slot long, grp int, lo int, run binary"  # lo: the run's first slice; run: packed (shuffle_codec)
 # Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
 # rarely carries less), between 2 and 64 MiB. A small flush sorts in cache: 6M records, 64
 # groups, the compaction with 2 MiB flushes took 0.95x the time with 8 MiB and 0.97x with
@@ -153,10 +150,9 @@ def _runs(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -> I
         while a < end:  # runs of the group's records [a, end): RUN_BYTES at most, one record at least
             before = int(ends[a - 1]) if a else 0
             b = min(max(int(np.searchsorted(ends, before + RUN_BYTES, side="right")), a + 1), end)
-            message = body.slice(a, b - a).combine_chunks().to_batches()[0].serialize()
-            messages.append(message if codec is None else pa.compress(message, codec=codec))
-            rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a]), message.size))
-            size += messages[-1].size
+            messages.append(pack(body.slice(a, b - a).combine_chunks().to_batches()[0].serialize(), codec))
+            rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a])))
+            size += len(messages[-1])
             a = b
             if size >= RUN_BYTES:
                 yield _run_rows(rows, messages)
@@ -165,16 +161,16 @@ def _runs(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -> I
         yield _run_rows(rows, messages)
 
 
-def _run_rows(rows: list[tuple[int, int, int, int]], messages: list[pa.Buffer]) -> pa.RecordBatch:
-    bounds = np.r_[0, np.cumsum([m.size for m in messages], dtype=np.int64)]
+def _run_rows(rows: list[tuple[int, int, int]], messages: list) -> pa.RecordBatch:
+    bounds = np.r_[0, np.cumsum([len(m) for m in messages], dtype=np.int64)]
     if bounds[-1] >= 2**31:  # unreachable while RUN_BYTES is small: a batch ends once it passes RUN_BYTES
         raise RuntimeError(f"{bounds[-1]} bytes of runs in one batch: more than a binary column holds")
     data = np.concatenate([np.frombuffer(m, np.uint8) for m in messages])
     runs = pa.Array.from_buffers(
         pa.binary(), len(rows), [None, pa.py_buffer(bounds.astype(np.int32)), pa.py_buffer(data)]
     )
-    cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32(), pa.int64()))]
-    return pa.RecordBatch.from_arrays([*cols, runs], names=["slot", "grp", "lo", "raw", "run"])
+    cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32()))]
+    return pa.RecordBatch.from_arrays([*cols, runs], names=["slot", "grp", "lo", "run"])
 
 
 class _Pending:
@@ -278,7 +274,6 @@ def _write_task(
 
         for batch in batches:
             groups, lo, runs = batch.column("grp").to_numpy(), batch.column("lo").to_numpy(), batch.column("run")
-            raw = batch.column("raw").to_numpy()
             for i in range(batch.num_rows):
                 g = int(groups[i])
                 if writer is None or g != writer.group:  # a new group: a writer of its own
@@ -298,8 +293,7 @@ def _write_task(
                         tail=tails.get(g),
                     )
                 yield from write_below(int(lo[i]))
-                message = _message(runs[i].as_buffer(), int(raw[i]), shuffle_codec)
-                pending.add(pa.ipc.read_record_batch(message, RUN_SCHEMA))
+                pending.add(pa.ipc.read_record_batch(_message(runs[i].as_buffer(), shuffle_codec), RUN_SCHEMA))
         if writer is not None:
             yield from write_below(None)
             yield from written(close=True)
@@ -307,11 +301,11 @@ def _write_task(
     return run
 
 
-def _message(run: pa.Buffer, raw: int, codec: str | None) -> pa.Buffer:
+def _message(run: pa.Buffer, codec: str | None) -> pa.Buffer:
     """A run's message in memory of its own: its tail may outlive Spark's batch (RUN_BATCH_BYTES)."""
     if codec is None:
         return pa.py_buffer(np.frombuffer(run, np.uint8).copy())
-    return pa.decompress(run, raw, codec=codec)
+    return unpack(run, codec)
 
 
 # The index rows as Spark carries them: Spark has no unsigned integers.
@@ -349,10 +343,8 @@ def run_rewrite(
         return _rewrite_in_process(ship(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
     frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
     slots = group_slots(spark, groups)
-    ship = _runs_task(
-        source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, SHUFFLE_CODEC
-    )
-    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, SHUFFLE_CODEC)
+    ship = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, CODEC)
+    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, CODEC)
     action = (
         frame.mapInArrow(errors.guard(ship) if errors else ship, RUNS_DDL)
         .repartition(groups, "slot")  # task g holds group g alone

@@ -22,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactor import shuffle_codec
 from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
 from compactor.group_partitioning import group_slots
 from compactor.history import batch_digests
-from compactor.key_sums import BLOB_CODEC, by_key, from_blobs, record_sums, to_blob
+from compactor.key_sums import by_key, from_blobs, record_sums, to_blob
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.task_errors import TaskErrors
@@ -285,7 +286,7 @@ def run_statistics(
 
     sc = spark.sparkContext
     slots = group_slots(spark, reducers_for(sc.defaultParallelism, chunks))
-    task = _map_task(source, chunks, duration_ms, slots, BLOB_CODEC)
+    task = _map_task(source, chunks, duration_ms, slots, shuffle_codec.CODEC)
     mapped = (
         chunk_frame(spark, chunks, handoff=handoff)
         .mapInArrow(errors.guard(task) if errors else task, MAP_SCHEMA)
@@ -300,7 +301,7 @@ def run_statistics(
         blobs = mapped.filter("kind = 0").select("slot", "blob").repartition(len(slots), "slot")
 
         def reduce(how: KeySplit) -> pa.Table:
-            return run("key totals", blobs.mapInArrow(_reduce_task(how, BLOB_CODEC), REDUCED_SCHEMA).toArrow)
+            return run("key totals", blobs.mapInArrow(_reduce_task(how, shuffle_codec.CODEC), REDUCED_SCHEMA).toArrow)
 
         return _settle(summaries, reduce, split)
     finally:

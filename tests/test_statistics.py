@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor import statistics
-from compactor.key_sums import BLOB_CODEC, SUMS_SCHEMA, by_key, from_blobs, sum_by_key
+from compactor.key_sums import SUMS_SCHEMA, by_key, from_blobs, sum_by_key
+from compactor.shuffle_codec import CODEC
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.statistics import KeySplit, _reduce, _settle
@@ -129,7 +130,7 @@ def test_settled_totals_match_the_records(chunks, reducers, mode, limit, buckets
     hash_bits=st.sampled_from([0, 1, 2, 64]),
     large=st.booleans(),
     reducers=st.sampled_from([1, 2, 4]),
-    codec=st.sampled_from([None, BLOB_CODEC]),
+    codec=st.sampled_from([None, CODEC]),
 )
 def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, reducers, codec):
     """Summing through the hash merges rows only where the key bytes are equal: with the

@@ -1,0 +1,32 @@
+"""What crosses a Spark shuffle of keyfill's: one Arrow IPC message per value (a run of the
+rewrite, a blob of the statistics' key sums), compressed on Spark.
+
+The JVM copies, sorts and compresses every byte it is handed; the messages compress ~5x
+(encoded records, key sums). 6M records, 64 groups: the rewrite's JVM CPU 7.4 -> 3.4 s, the
+compaction 9.0 -> 7.7 s; 20M records with 12.57M distinct keys: the statistics pass 10.4 ->
+7.6 s (`bench/bench_scale.py`). zstd (level 1) runs at ~650 MB/s compressing and ~1.6 GB/s
+back. In this process nothing moves, so the passes there pack with no codec.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+CODEC = "zstd"
+
+
+def pack(message: pa.Buffer, codec: str | None) -> bytes | pa.Buffer:
+    """The message as it crosses: as it is, or its size (8 bytes, little-endian) and then
+    the message compressed."""
+    if codec is None:
+        return message
+    return message.size.to_bytes(8, "little") + pa.compress(message, codec=codec, asbytes=True)
+
+
+def unpack(value, codec: str | None) -> pa.Buffer:
+    """The message of a packed value (bytes or a buffer). Without a codec it is a view on
+    `value`; with one, memory of its own."""
+    if codec is None:
+        return pa.py_buffer(value)
+    view = memoryview(value)
+    return pa.decompress(view[8:], int.from_bytes(view[:8], "little"), codec=codec)
