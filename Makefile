@@ -27,7 +27,12 @@ example: $(BIN)/keyfill
 		--conf spark.log.level=WARN --conf spark.sql.shuffle.partitions=4 \
 		jobs/fraud_backfill.py $(EXAMPLE)/compacted --out $(EXAMPLE)/fraud --overwrite
 
-test: $(BIN)/keyfill
+# Azurite, Microsoft's Azure Storage emulator, for the tests over az:// (package-lock.json pins it).
+node_modules/.bin/azurite-blob: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: $(BIN)/keyfill node_modules/.bin/azurite-blob
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2
@@ -42,4 +47,4 @@ wheel: $(BIN)/keyfill
 	@ls dist/*.whl
 
 clean:
-	rm -rf $(VENV) $(EXAMPLE) keygroups/_numba_cache build dist
+	rm -rf $(VENV) $(EXAMPLE) keygroups/_numba_cache build dist node_modules

@@ -1,7 +1,8 @@
-"""Shared fixtures: a real S3 server (SeaweedFS) and fresh storage roots on both backends.
+"""Shared fixtures: real object-store servers (SeaweedFS for S3, fake-gcs-server for GCS,
+Azurite for Azure) and fresh storage roots on each backend.
 
-The server starts lazily, on the first test that asks for S3, so `pytest -k local` never
-pays for it; it is never skipped: if it cannot start, the tests that need it error.
+Each server starts lazily, on the first test that asks for it, so `pytest -k local` never
+pays for one; none is ever skipped: if one cannot start, the tests that need it error.
 """
 
 from __future__ import annotations
@@ -27,6 +28,28 @@ def s3_url(s3_server: S3Server) -> str:
     return f"s3://{s3_server.bucket}/t-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def gcs_server(keyfill_gcs):
+    return keyfill_gcs
+
+
+@pytest.fixture(scope="session")
+def azure_server(keyfill_azure):
+    return keyfill_azure
+
+
+@pytest.fixture
+def gcs_url(keyfill_gcs_url: str) -> str:
+    """A fresh, empty ``gs://bucket/<unique prefix>`` root."""
+    return keyfill_gcs_url
+
+
+@pytest.fixture
+def azure_url(keyfill_azure_url: str) -> str:
+    """A fresh, empty ``az://container/<unique prefix>`` root."""
+    return keyfill_azure_url
+
+
 @pytest.fixture
 def local_url(tmp_path) -> str:
     """A fresh, empty local folder."""
@@ -37,14 +60,21 @@ def local_url(tmp_path) -> str:
 
 @pytest.fixture(params=["local", "s3"])
 def storage_url(request: pytest.FixtureRequest) -> str:
-    """A fresh, empty root on each backend: storage-touching tests run on both."""
+    """A fresh, empty root on the local and the S3 backend: the components' storage tests
+    run on both (the other stores keep the same contract: `any_store_url`)."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture(params=["local", "s3", "gcs", "azure"])
+def any_store_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, empty root on every backend: the storage contract runs on each."""
     return request.getfixturevalue(f"{request.param}_url")
 
 
 @pytest.fixture(scope="session")
-def spark(s3_server):
+def spark(s3_server, gcs_server, azure_server):
     """One real local[2] Spark for the session (a cold start costs 10-15 s). It starts after
-    the S3 server so its Python workers inherit the AWS environment."""
+    the object-store servers so its Python workers inherit their environment."""
     from compactor.spark_session import local_spark
 
     session = local_spark("local[2]", app="keyfill-tests", driver_memory="2g", progress=False)

@@ -1,4 +1,5 @@
-"""The storage contract, run against both backends (local folder and SeaweedFS S3)."""
+"""The storage contract, run against every backend: a local folder, S3 (SeaweedFS), GCS
+(fake-gcs-server) and Azure Blob Storage (Azurite)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def prefix_free(ks: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def store(storage_url: str) -> Storage:
-    return open_storage(storage_url)
+def store(any_store_url: str) -> Storage:
+    return open_storage(any_store_url)
 
 
 def fresh(store: Storage) -> Storage:
@@ -220,7 +221,7 @@ def test_sub(store: Storage) -> None:
     assert store.sub("p/").sub("q").read("k/v") == b"data"
     assert store.sub("") is store
     assert s.delete_prefix("") == 1 and store.list() == []
-    if isinstance(store, S3Storage):
+    if not isinstance(store, LocalStorage):
         assert s._client is store._client  # one connection pool for the family
 
 
@@ -249,7 +250,7 @@ def test_invalid_keys(store: Storage, key: str) -> None:
         store.read(key)
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/x", "hdfs://nn:8020/data", "ftp://host/x"])
+@pytest.mark.parametrize("url", ["hdfs://nn:8020/data", "ftp://host/x", "adl://store/x"])
 def test_unknown_scheme(url: str) -> None:
     with pytest.raises(StorageError) as info:
         open_storage(url)
@@ -303,13 +304,23 @@ def test_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert s3.url_for("k") == root + "/k"
 
 
-def test_missing_bucket(s3_server) -> None:
-    bucket_url = "s3://keyfill-no-such-bucket"
+@pytest.mark.parametrize(
+    "server,bucket_url,word",
+    [
+        ("s3_server", "s3://keyfill-no-such-bucket", "bucket"),
+        ("gcs_server", "gs://keyfill-no-such-bucket", "bucket"),
+        ("azure_server", "az://keyfill-no-such-container", "container"),
+    ],
+)
+def test_missing_bucket(request: pytest.FixtureRequest, server: str, bucket_url: str, word: str) -> None:
+    request.getfixturevalue(server)
     s = open_storage(bucket_url + "/some/prefix")
     ops = [
         lambda: s.read("k"),
         lambda: s.read_range("k", 0, 4),
         lambda: s.write("k", b"x"),
+        lambda: s.create("k", b"x"),
+        lambda: s.write_after("k", "base", b"x"),
         lambda: s.list(),
         lambda: s.exists("k"),
         lambda: s.size("k"),
@@ -320,7 +331,7 @@ def test_missing_bucket(s3_server) -> None:
         with pytest.raises(StorageError) as info:
             op()
         assert not isinstance(info.value, ObjectNotFound)
-        assert bucket_url in str(info.value) and "bucket" in str(info.value)
+        assert bucket_url in str(info.value) and word in str(info.value)
     # ...and the failed write did not create it behind our back.
     with pytest.raises(StorageError):
         open_storage(bucket_url).list()
@@ -425,10 +436,10 @@ def test_pickle_round_trip(store: Storage) -> None:
     assert copy.read("k") == b"before"
     copy.write("k", b"after")
     assert store.read("k") == b"after"
-    if isinstance(copy, S3Storage):
+    if not isinstance(copy, LocalStorage):
         assert copy.sub("x")._client is copy._client
-        # Spark tasks in one worker each unpickle a store: they share one boto3 client
-        # (150-200 ms to build), where the stores made here keep their own
+        # Spark tasks in one worker each unpickle a store: they share one SDK client
+        # (100-200 ms to build), where the stores made here keep their own
         again = pickle.loads(pickle.dumps(store))
         assert again.client is copy.client and copy.client is not store.client
         assert again.read("k") == b"after"
@@ -606,3 +617,73 @@ def test_local_delete_never_reaches_through_a_symlinked_folder(tmp_path) -> None
         store.delete_many([o.key for o in store.list()])
     assert (outside / "precious.avro").read_bytes() == b"keep"
     assert store.read("a/x") == b"1"  # nothing deleted when any key is refused
+
+
+# --------------------------------------------------------------------------- GCS and Azure URLs
+
+
+@pytest.mark.parametrize(
+    "url,root,location",
+    [
+        ("gs://b/p/q/", "gs://b/p/q", ("gs", "b", "p", "q")),
+        ("GCS://b", "gs://b", ("gs", "b")),
+        ("az://c/p", "az://c/p", ("azure", "acct", "c", "p")),
+        (
+            "abfss://c@acct.dfs.core.windows.net/p/",
+            "abfss://c@acct.dfs.core.windows.net/p",
+            ("azure", "acct", "c", "p"),
+        ),
+        ("wasbs://c@other.blob.core.chinacloudapi.cn/p", None, ("azure", "other", "c", "p")),
+        ("abfs://c/p", "abfs://c/p", ("azure", "acct", "c", "p")),
+    ],
+)
+def test_cloud_url_forms(monkeypatch: pytest.MonkeyPatch, url: str, root: str | None, location: tuple) -> None:
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "acct")
+    store = open_storage(url)
+    assert store.location() == location
+    assert store.url == (root or url)
+    assert store.sub("k").url == store.url + "/k"
+    # the Hadoop spellings and az:// of one account and container are one place
+    if location[0] == "azure" and location[1] == "acct":
+        from keygroups.storage import overlapping
+
+        assert overlapping(store, open_storage("az://c/p/inner"))
+        assert not overlapping(store, open_storage("az://c/p-other"))
+
+
+@pytest.mark.parametrize(
+    "url,env,message",
+    [
+        ("az://c/p", {}, "AZURE_STORAGE_ACCOUNT"),
+        ("abfss://c@acct.queue.core.windows.net", {}, "dfs.core.windows.net"),
+        ("abfss://c@acct.dfs.core.windows.net/p", {"AZURE_STORAGE_CONNECTION_STRING": "AccountName=other;"}, "other"),
+        ("gs://", {}, "no bucket"),
+        ("gs://b/a//c", {}, "invalid"),
+        ("gs://b/p?sig=secret", {}, "credentials come from the environment"),
+        ("az://c@/p", {}, None),
+    ],
+)
+def test_malformed_cloud_urls(monkeypatch: pytest.MonkeyPatch, url: str, env: dict, message: str | None) -> None:
+    for var in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(StorageError) as info:
+        open_storage(url)
+    assert url in str(info.value)
+    if message:
+        assert message in str(info.value)
+
+
+def test_a_wrong_azure_key_is_access_denied_naming_the_url(azure_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Azurite checks shared-key signatures as Azure does: a wrong key is a one-line denial."""
+    from keyfill.testing.azurite import ACCOUNT_KEY
+
+    wrong = azure_server.connection_string.replace(ACCOUNT_KEY, "A" * 86 + "==")
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", wrong)
+    s = open_storage(f"az://{azure_server.container}/denied")
+    for op in (lambda: s.read("k"), lambda: s.write("k", b"x"), lambda: s.list()):
+        with pytest.raises(StorageError) as info:
+            op()
+        assert "access denied" in str(info.value) and f"az://{azure_server.container}/denied" in str(info.value)

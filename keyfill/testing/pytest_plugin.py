@@ -21,6 +21,28 @@ def keyfill_s3() -> Iterator:
 
 
 @pytest.fixture(scope="session")
+def keyfill_gcs() -> Iterator:
+    """A GCS emulator (fake-gcs-server) on 127.0.0.1 for the session, with
+    STORAGE_EMULATOR_HOST set so google-cloud-storage, keyfill and Spark's Python workers
+    reach it. Yields the server: `.bucket`, `.endpoint`; `keyfill_gcs_url` gives a fresh prefix."""
+    from keyfill.testing.gcsserver import start_fake_gcs
+
+    with start_fake_gcs() as server, server.applied_env():
+        yield server
+
+
+@pytest.fixture(scope="session")
+def keyfill_azure() -> Iterator:
+    """An Azure Blob Storage emulator (Azurite, from npm) on 127.0.0.1 for the session, with
+    AZURE_STORAGE_CONNECTION_STRING set. Yields the server: `.container`, `.endpoint`;
+    `keyfill_azure_url` gives a fresh prefix."""
+    from keyfill.testing.azurite import start_azurite
+
+    with start_azurite() as server, server.applied_env():
+        yield server
+
+
+@pytest.fixture(scope="session")
 def keyfill_kafka() -> Iterator:
     """A Kafka-compatible broker (tansu, in memory) on 127.0.0.1 for the session. Yields the
     broker: `.bootstrap`, `.create_topic(name, partitions)`, `.producer()`."""
@@ -34,6 +56,18 @@ def keyfill_kafka() -> Iterator:
 def keyfill_s3_url(keyfill_s3) -> str:
     """A fresh, empty s3:// prefix on the test server: pass it as `check_job(url=...)`."""
     return f"s3://{keyfill_s3.bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def keyfill_gcs_url(keyfill_gcs) -> str:
+    """A fresh, empty gs:// prefix on the GCS emulator."""
+    return f"gs://{keyfill_gcs.bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def keyfill_azure_url(keyfill_azure) -> str:
+    """A fresh, empty az:// prefix on Azurite (the account comes from its connection string)."""
+    return f"az://{keyfill_azure.container}/t-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,27 +103,6 @@ class S3Server(ScratchServer):
             AWS_SHARED_CREDENTIALS_FILE=nowhere,
         )
         return env
-
-    def apply_env(self, environ: MutableMapping[str, str] = os.environ) -> None:
-        for key, value in self.env().items():
-            if value is None:
-                environ.pop(key, None)
-            else:
-                environ[key] = value
-
-    @contextmanager
-    def applied_env(self, environ: MutableMapping[str, str] = os.environ) -> Iterator[S3Server]:
-        """`apply_env` while the block runs, and the earlier values back after it."""
-        saved = {k: environ.get(k) for k in self.env()}
-        self.apply_env(environ)
-        try:
-            yield self
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    environ.pop(key, None)
-                else:
-                    environ[key] = value
 
 
 def _client(endpoint: str):

@@ -1,12 +1,16 @@
-"""What the test servers (SeaweedFS for S3, tansu for Kafka) share: a process started in a
-scratch folder that holds its log, killed and thrown away with the folder when done."""
+"""What the test servers (SeaweedFS for S3, fake-gcs-server for GCS, Azurite for Azure,
+tansu for Kafka) share: a process started in a scratch folder that holds its log, killed
+and thrown away with the folder when done, and the environment variables that point the
+SDKs (and Spark's Python workers, which inherit them) at it."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -16,6 +20,31 @@ class ScratchServer:
     """Mixin for a dataclass with `workdir` and `process` fields; `LOG` names the log file."""
 
     LOG = "server.log"
+
+    def env(self) -> dict[str, str | None]:
+        """Variables that point clients here; None means "unset this one"."""
+        return {}
+
+    def apply_env(self, environ: MutableMapping[str, str] = os.environ) -> None:
+        for key, value in self.env().items():
+            if value is None:
+                environ.pop(key, None)
+            else:
+                environ[key] = value
+
+    @contextmanager
+    def applied_env(self, environ: MutableMapping[str, str] = os.environ) -> Iterator:
+        """`apply_env` while the block runs, and the earlier values back after it."""
+        saved = {k: environ.get(k) for k in self.env()}
+        self.apply_env(environ)
+        try:
+            yield self
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    environ.pop(key, None)
+                else:
+                    environ[key] = value
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -56,6 +85,14 @@ class ScratchServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    """A loopback port free now (another process may take it before the server binds it:
+    `started` tries again)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def started(start: Callable[[], T], tries: int) -> T:

@@ -1,68 +1,22 @@
 """One boto3 client per store, built in the process that uses it, with every wait bounded:
 connect and read timeouts, retries in the standard mode, and a deadline over all attempts
-of one request (`S3Limits`, from the environment)."""
+of one request (`StoreLimits`, from the environment)."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from keygroups.errors import StorageError
+from keygroups.storage.clients import LazyClient
+from keygroups.storage.limits import StoreLimits
 
-
-@dataclass(frozen=True)
-class S3Limits:
-    """How long one S3 request may wait, so a frozen endpoint fails a job in about a
-    minute instead of hanging it (botocore's defaults, 60 s reads and up to 10 attempts,
-    add up to ten minutes and more).
-
-    botocore has no standard variable for its timeouts, so these come from
-    ``KEYFILL_S3_CONNECT_TIMEOUT``, ``KEYFILL_S3_READ_TIMEOUT`` and ``KEYFILL_S3_DEADLINE``
-    (seconds); attempts and retry mode come from the standard ``AWS_MAX_ATTEMPTS`` /
-    ``AWS_RETRY_MODE`` or the AWS config file. The read timeout bounds each wait for bytes,
-    not a whole transfer, so large GETs are not cut short.
-    """
-
-    connect_s: float = 5.0
-    read_s: float = 20.0
-    deadline_s: float = 60.0  # no retry starts that could not finish within this (+1 s per MiB sent)
-
-    ENV = {
-        "connect_s": "KEYFILL_S3_CONNECT_TIMEOUT",
-        "read_s": "KEYFILL_S3_READ_TIMEOUT",
-        "deadline_s": "KEYFILL_S3_DEADLINE",
-    }
-
-    @classmethod
-    def from_env(cls) -> S3Limits:
-        values: dict[str, float] = {}
-        for name, var in cls.ENV.items():
-            raw = os.environ.get(var)
-            if raw is None or not raw.strip():
-                continue
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                raise StorageError(f"{var}={raw!r}: expected a number of seconds") from None
-            if not 0 < values[name] < 86_400:
-                raise StorageError(f"{var}={raw!r}: must be more than 0 seconds and less than a day")
-        limits = cls(**values)
-        if limits.deadline_s <= limits.read_s:
-            raise StorageError(
-                f"{cls.ENV['deadline_s']}={limits.deadline_s:g} must exceed {cls.ENV['read_s']}={limits.read_s:g}: "
-                "otherwise no request could ever be retried"
-            )
-        return limits
-
+S3Limits = StoreLimits  # the name this had when only S3 was bounded
 
 DEFAULT_MAX_ATTEMPTS = 5
 
 
-def _deadline_hooks(events: Any, limits: S3Limits) -> None:
+def _deadline_hooks(events: Any, limits: StoreLimits) -> None:
     """Give every S3 request a total deadline across botocore's retries.
 
     botocore bounds each attempt (timeouts) and the number of attempts, but not their sum;
@@ -79,10 +33,8 @@ def _deadline_hooks(events: Any, limits: S3Limits) -> None:
         now = time.monotonic()
         started = ctx.setdefault("keyfill_started", now)
         attempt = ctx.get("retries", {}).get("attempt", 1)
-        # A request with a body (a PUT, a multipart part) may spend its time sending: allow
-        # one more second per MiB, so a slow upload keeps its retries.
         sent = int(request.headers.get("Content-Length") or 0)
-        if attempt > 1 and now - started + limits.read_s > limits.deadline_s + sent / (1 << 20):
+        if attempt > 1 and not limits.allows_retry(started, now, sent):
             endpoint = urlparse(request.url)
             raise DeadlineExceeded(
                 elapsed=now - started,
@@ -104,44 +56,11 @@ def _deadline_hooks(events: Any, limits: S3Limits) -> None:
     events.register_first("needs-retry.s3", needs_retry)
 
 
-_CLIENTS: dict[tuple, Any] = {}  # per process: (threads, limits, AWS_* environment) -> client
-_CLIENTS_LOCK = threading.Lock()
+class S3Client(LazyClient):
+    """One boto3 client, created on first use and shared by a store and its sub() stores
+    (and, in a Spark worker, by every copy with the same settings: `LazyClient`)."""
 
-
-class S3Client:
-    """One boto3 client, created on first use and shared by a store and its sub() stores.
-
-    boto3 clients are thread-safe but hold sockets and locks, so pickling keeps only the
-    settings, and a copy (in a Spark worker) gets its client when first used: the one
-    this process already made for copies with the same settings and AWS environment, if
-    any. A client takes 150-200 ms to build; Spark reuses a Python worker for many tasks,
-    and each task unpickles its own store.
-    """
-
-    def __init__(self, threads: int, *, copied: bool = False) -> None:
-        self.threads = threads
-        self.copied = copied
-        self._client: Any = None
-        self._lock = threading.Lock()
-        self.limits = S3Limits.from_env()
-
-    def get(self) -> Any:
-        client = self._client
-        if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._shared() if self.copied else self._make()
-                client = self._client
-        return client
-
-    def _shared(self) -> Any:
-        """This process's client for these settings and the AWS_* environment they were read in."""
-        key = (self.threads, self.limits, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
-        with _CLIENTS_LOCK:
-            client = _CLIENTS.get(key)
-            if client is None:
-                client = _CLIENTS[key] = self._make()
-        return client
+    ENV_PREFIXES = ("AWS_",)
 
     def _make(self) -> Any:
         import boto3
@@ -161,15 +80,8 @@ class S3Client:
             },
             connect_timeout=self.limits.connect_s,
             read_timeout=self.limits.read_s,
-            # Read-ahead keeps more GETs in flight than there are threads.
-            max_pool_connections=max(10, 2 * self.threads),
+            max_pool_connections=self.pool_size(),
         )
         client = boto3.session.Session(botocore_session=core).client("s3", config=config)
         _deadline_hooks(client.meta.events, self.limits)
         return client
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"threads": self.threads}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["threads"], copied=True)

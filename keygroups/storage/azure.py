@@ -1,0 +1,384 @@
+"""Azure Blob Storage (and ADLS Gen2 accounts, through their Blob endpoint) with
+azure-storage-blob, every wait bounded.
+
+Why the vendor's SDK: keyfill needs create-only uploads (`If-None-Match: *`), block lists
+(stage blocks, copy a range of another blob into a block on the server, commit them at once:
+how an append continues a segment atomically) and the credential types Azure users have
+(connection string, account key, SAS, Entra ID through azure-identity). See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
+from keygroups.storage.base import ObjectInfo, Storage, check_key, check_prefix
+from keygroups.storage.clients import LazyClient
+from keygroups.storage.limits import StoreLimits
+
+log = logging.getLogger(__name__)
+
+_NEEDS = "Azure URLs need azure-storage-blob: pip install 'keyfill[azure]'"
+# Put Block From URL copies at most 4000 MiB per block; a blob holds at most 50,000 blocks.
+MAX_COPY_BLOCK_BYTES = 1 << 30
+# Uploads above this go up as staged blocks of this size, committed at once (the SDK's
+# default single PUT reaches 64 MiB, a long wait with nothing to retry but all of it).
+BLOCK_BYTES = 16 << 20
+RETRY_TOTAL = 4  # five attempts, as on S3 (the SDK's default is ten)
+
+
+class DeadlineExceeded(Exception):
+    """Raised before an attempt that could not finish before the request's deadline."""
+
+
+def _deadline_hook(limits: StoreLimits) -> Any:
+    """A per-attempt hook (azure-storage-blob's `raw_request_hook` runs inside its retry
+    loop) that refuses a retry that could not finish in time: the SDK bounds attempts, not
+    their sum."""
+
+    def hook(request: Any) -> None:
+        ctx = request.context
+        now = time.monotonic()
+        started = ctx.setdefault("keyfill_started", now)
+        attempt = ctx.get("keyfill_attempt", 0) + 1
+        ctx["keyfill_attempt"] = attempt
+        sent = int(request.http_request.headers.get("Content-Length") or 0)
+        if attempt > 1 and not limits.allows_retry(started, now, sent):
+            raise DeadlineExceeded(
+                f"gave up after {now - started:.0f} s and {attempt - 1} attempt(s) on {request.http_request.url}"
+            )
+
+    return hook
+
+
+def error_code(exc: BaseException | None) -> str:
+    """The service's error code (BlobNotFound, ...) of an SDK error, as a plain string."""
+    code = getattr(exc, "error_code", None) or ""
+    return str(getattr(code, "value", code))
+
+
+def _connection_string() -> dict[str, str]:
+    raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    pairs = (part.split("=", 1) for part in raw.split(";") if "=" in part)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+class AzureClient(LazyClient):
+    """A BlobServiceClient for one account. Credentials, in order: the connection string
+    in AZURE_STORAGE_CONNECTION_STRING (the emulator's, an account key's or a SAS's);
+    AZURE_STORAGE_KEY (account key); AZURE_STORAGE_SAS_TOKEN; otherwise azure-identity's
+    DefaultAzureCredential (environment, workload identity, managed identity, Azure CLI)."""
+
+    ENV_PREFIXES = ("AZURE_", "IDENTITY_", "MSI_")
+
+    def __init__(self, threads: int, account: str, suffix: str = "core.windows.net", *, copied: bool = False) -> None:
+        super().__init__(threads, copied=copied)
+        self.account = account
+        self.suffix = suffix
+        self.copy_from_url = True  # Put Block From URL, until the endpoint says it has none
+
+    def settings(self) -> tuple:
+        return (self.account, self.suffix)
+
+    def _make(self) -> Any:
+        try:
+            import requests
+            import requests.adapters
+            from azure.core.pipeline.transport import RequestsTransport
+            from azure.storage.blob import BlobServiceClient
+        except ImportError as e:
+            raise StorageError(f"{_NEEDS} ({e})") from None
+        session = requests.Session()
+        # The SDK's session keeps 10 connections and retries nothing itself (its policy does).
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_size(), max_retries=0)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+        options: dict[str, Any] = {
+            "transport": RequestsTransport(
+                session=session,
+                session_owner=False,
+                connection_timeout=self.limits.connect_s,
+                read_timeout=self.limits.read_s,
+            ),
+            "retry_total": RETRY_TOTAL,
+            "raw_request_hook": _deadline_hook(self.limits),
+            "max_single_put_size": BLOCK_BYTES,
+            "max_block_size": BLOCK_BYTES,
+        }
+        conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+        if conn:
+            return BlobServiceClient.from_connection_string(conn, **options)
+        url = f"https://{self.account}.blob.{self.suffix}"
+        return BlobServiceClient(url, credential=self._credential(), **options)
+
+    def _credential(self) -> Any:
+        key = os.environ.get("AZURE_STORAGE_KEY")
+        if key:
+            return {"account_name": self.account, "account_key": key}
+        sas = os.environ.get("AZURE_STORAGE_SAS_TOKEN")
+        if sas:
+            from azure.core.credentials import AzureSasCredential
+
+            return AzureSasCredential(sas.lstrip("?"))
+        try:
+            from azure.identity import DefaultAzureCredential
+        except ImportError:
+            raise StorageError(
+                f"no Azure credentials for account {self.account!r}: set AZURE_STORAGE_CONNECTION_STRING, "
+                "AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or pip install azure-identity for Entra ID"
+            ) from None
+        return DefaultAzureCredential()
+
+
+class AzureStorage(Storage):
+    """Blobs under one container and prefix of an account. Block blob uploads are atomic
+    (a blob appears whole at Put Blob or Put Block List), so writes need no temp blobs.
+
+    ``root`` is the URL as the user spelled its scheme and account (az://, abfss://,
+    wasbs://), so messages name what they pasted."""
+
+    def __init__(self, root: str, container: str, prefix: str, client: AzureClient) -> None:
+        self.root = root.rstrip("/")
+        self.container = container
+        self.prefix = prefix.strip("/")
+        self.url = f"{self.root}/{self.prefix}" if self.prefix else self.root
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        return self._client.get()
+
+    def location(self) -> tuple[str, ...]:
+        return ("azure", self._client.account, self.container, *[p for p in self.prefix.split("/") if p])
+
+    def _name(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _blob(self, name: str) -> Any:
+        return self.client.get_blob_client(self.container, name)
+
+    def _container(self) -> Any:
+        return self.client.get_container_client(self.container)
+
+    @contextmanager
+    def _errors(self, key: str) -> Iterator[None]:
+        try:
+            yield
+        except StorageError:
+            raise
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def _translate(self, exc: Exception, key: str) -> StorageError:
+        from azure.core import exceptions as aex
+
+        url = self.url_for(key)
+        code = error_code(exc)
+        if code == "ContainerNotFound":
+            return StorageError(f"Azure container does not exist: {self.root} (accessing {url})")
+        if isinstance(exc, aex.ResourceNotFoundError) or code == "BlobNotFound":
+            return ObjectNotFound(f"no such object: {url}")
+        if (
+            isinstance(exc, aex.ClientAuthenticationError)
+            or code.startswith("Authorization")
+            or getattr(exc, "status_code", None) == 403
+        ):
+            return StorageError(f"access denied to {url}: check the Azure credentials and role ({code or exc})")
+        if isinstance(exc, DeadlineExceeded):
+            return StorageError(f"Azure request for {url} failed: {exc}")
+        if isinstance(exc, aex.HttpResponseError):
+            status = getattr(exc, "status_code", "")
+            return StorageError(f"Azure error on {url}: {status} {code or exc.reason}".rstrip())
+        if isinstance(exc, aex.AzureError):
+            return StorageError(f"Azure request for {url} failed: {exc.message}")
+        if type(exc).__name__ == "CredentialUnavailableError":
+            return StorageError(f"no Azure credentials found for {url}: {exc}")
+        return StorageError(f"Azure request for {url} failed: {type(exc).__name__}: {exc}")
+
+    def read(self, key: str) -> bytes:
+        name = self._name(key)
+        with self._errors(key):
+            return self._blob(name).download_blob(max_concurrency=1).readall()
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        self._check_range(start, length)
+        if length == 0:
+            self.size(key)  # still report a missing object
+            return b""
+        name = self._name(key)
+        try:
+            with self._errors(key):
+                return self._blob(name).download_blob(offset=start, length=length, max_concurrency=1).readall()
+        except StorageError as e:
+            if error_code(e.__cause__) == "InvalidRange":
+                return b""  # start at or past the end
+            raise
+
+    def write(self, key: str, data: bytes) -> None:
+        name = self._name(key)
+        with self._errors(key):
+            self._blob(name).upload_blob(bytes(data), overwrite=True, max_concurrency=2)
+
+    def write_after(self, key: str, base: str, data: bytes) -> None:
+        """Stage `base` into blocks of `key` on the server (Put Block From URL, in ranges of at
+        most 1 GiB), stage `data` after them, commit the list: `key` appears whole at once.
+        Where the endpoint has no Put Block From URL (Azurite answers APINotImplemented),
+        `base` passes through this process instead, logged once per store client."""
+        size = self.size(base)  # ObjectNotFound names base
+        if size and self._client.copy_from_url:
+            try:
+                self._stage_and_commit(key, base, size, data)
+                return
+            except StorageError as e:
+                if error_code(e.__cause__) not in ("APINotImplemented", "NotImplemented"):
+                    raise
+                self._client.copy_from_url = False
+                log.info("%s has no Put Block From URL: appends copy segment files through this process", self.root)
+        self.write(key, self.read(base) + bytes(data))
+
+    def _stage_and_commit(self, key: str, base: str, size: int, data: bytes) -> None:
+        from azure.storage.blob import BlobBlock
+
+        target, source = self._blob(self._name(key)), self._blob(self._name(base))
+        source_url, auth = self._readable(source)
+        run = uuid.uuid4().hex[:16]
+        blocks: list[Any] = []
+
+        def block_id() -> str:
+            return base64.b64encode(f"{run}-{len(blocks):08d}".encode()).decode()
+
+        with self._errors(key):
+            for at in range(0, size, MAX_COPY_BLOCK_BYTES):
+                bid = block_id()
+                length = min(MAX_COPY_BLOCK_BYTES, size - at)
+                target.stage_block_from_url(bid, source_url, source_offset=at, source_length=length, **auth)
+                blocks.append(BlobBlock(bid))
+            view = memoryview(data)
+            for at in range(0, len(data), BLOCK_BYTES):
+                bid = block_id()
+                target.stage_block(bid, bytes(view[at : at + BLOCK_BYTES]))
+                blocks.append(BlobBlock(bid))
+            # uncommitted blocks of a blob never committed are dropped by the service within a week
+            target.commit_block_list(blocks)
+
+    def _readable(self, source: Any) -> tuple[str, dict[str, Any]]:
+        """The source blob's URL as the service may read it for Put Block From URL: with a SAS
+        of its own under an account key, the caller's SAS, or the caller's bearer token."""
+        credential = self.client.credential
+        key = getattr(credential, "account_key", None)
+        if key:
+            from datetime import datetime, timedelta, timezone
+
+            from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+
+            sas = generate_blob_sas(
+                credential.account_name,
+                source.container_name,
+                source.blob_name,
+                account_key=key,
+                permission=BlobSasPermissions(read=True),
+                expiry=datetime.now(timezone.utc) + timedelta(hours=1),
+            )
+            return f"{source.url}?{sas}", {}
+        if hasattr(credential, "get_token"):
+            token = credential.get_token("https://storage.azure.com/.default").token
+            return source.url, {"source_authorization": f"Bearer {token}"}
+        signature = getattr(credential, "signature", None)  # AzureSasCredential
+        if signature:
+            return f"{source.url}?{signature}", {}
+        return source.url, {}  # a SAS in the connection string is part of source.url already
+
+    def create(self, key: str, data: bytes) -> None:
+        name = self._name(key)
+        try:
+            with self._errors(key):
+                # overwrite=False sends If-None-Match: *; 409 BlobAlreadyExists otherwise
+                self._blob(name).upload_blob(bytes(data), overwrite=False)
+        except StorageError as e:
+            from azure.core.exceptions import ResourceExistsError
+
+            if isinstance(e.__cause__, ResourceExistsError) or error_code(e.__cause__) == "BlobAlreadyExists":
+                raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
+            raise
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        check_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        out: list[ObjectInfo] = []
+        with self._errors(prefix):
+            for blob in self._container().list_blobs(name_starts_with=root + prefix):
+                key = blob.name[len(root) :]
+                # ADLS Gen2 lists its folders as empty blobs marked hdi_isfolder
+                if key.endswith("/") or (blob.metadata or {}).get("hdi_isfolder") == "true":
+                    continue
+                modified = int(blob.last_modified.timestamp() * 1000) if blob.last_modified else 0
+                out.append(ObjectInfo(key, int(blob.size or 0), modified))
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def _properties(self, key: str) -> Any:
+        try:
+            with self._errors(key):
+                return self._blob(self._name(key)).get_blob_properties()
+        except ObjectNotFound:
+            return None
+
+    def _missing(self, key: str) -> StorageError:
+        """HEAD of a blob answers a bare 404 when the container is missing too."""
+        with self._errors(key):
+            found = self._container().exists()
+        if not found:
+            return StorageError(f"Azure container does not exist: {self.root} (accessing {self.url_for(key)})")
+        return ObjectNotFound(f"no such object: {self.url_for(key)}")
+
+    def exists(self, key: str) -> bool:
+        if self._properties(key) is not None:
+            return True
+        missing = self._missing(key)
+        if not isinstance(missing, ObjectNotFound):
+            raise missing
+        return False
+
+    def size(self, key: str) -> int:
+        props = self._properties(key)
+        if props is None:
+            raise self._missing(key)
+        return int(props.size)
+
+    def delete(self, key: str) -> None:
+        name = self._name(key)
+        try:
+            with self._errors(key):
+                self._blob(name).delete_blob()
+        except ObjectNotFound:
+            pass  # a missing blob; a missing container raised StorageError above
+
+    def delete_many(self, keys: list[str]) -> int:
+        names = [self._name(k) for k in keys]
+        for i in range(0, len(names), 256):  # a blob batch holds at most 256 requests
+            batch = names[i : i + 256]
+            with self._errors(keys[i]):
+                results = self._container().delete_blobs(*batch, raise_on_any_failure=False)
+            for name, result in zip(batch, results):
+                if result.status_code >= 300 and result.status_code != 404:
+                    key = name[len(self.prefix) + 1 :] if self.prefix else name
+                    failed = sum(1 for r in results if r.status_code >= 300 and r.status_code != 404)
+                    raise StorageError(
+                        f"cannot delete {self.url_for(key)}: HTTP {result.status_code} ({failed} failed)"
+                    )
+        return len(keys)
+
+    def sub(self, prefix: str) -> AzureStorage:
+        prefix = prefix.strip("/")
+        if not prefix:
+            return self
+        name = self._name(prefix)
+        return AzureStorage(self.root, self.container, name, self._client)

@@ -1,0 +1,274 @@
+"""Google Cloud Storage through google-cloud-storage, with every wait bounded.
+
+Why the vendor's SDK and not one library over every cloud (obstore, gcsfs): keyfill needs
+`compose` (server-side concatenation, how an append continues a segment) and generation
+preconditions (`ifGenerationMatch=0`, how commits are create-only), and the SDK gives both
+directly along with Application Default Credentials. See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
+from keygroups.storage.base import TMP_PREFIX, ObjectInfo, Storage, check_key, check_prefix
+from keygroups.storage.clients import LazyClient
+
+_NEEDS = "gs:// URLs need google-cloud-storage: pip install 'keyfill[gcs]'"
+
+
+class GcsClient(LazyClient):
+    """A google-cloud-storage client: credentials by Application Default Credentials
+    (GOOGLE_APPLICATION_CREDENTIALS, gcloud's ADC file, the metadata server of GCE, GKE
+    workload identity, Dataproc), project from GOOGLE_CLOUD_PROJECT where one is needed,
+    and STORAGE_EMULATOR_HOST for an emulator."""
+
+    ENV_PREFIXES = ("GOOGLE_", "GCLOUD_", "CLOUDSDK_", "STORAGE_EMULATOR_HOST", "GCE_METADATA")
+
+    def _make(self) -> Any:
+        try:
+            import requests.adapters
+            from google.cloud import storage
+        except ImportError as e:
+            raise StorageError(f"{_NEEDS} ({e})") from None
+        # Object calls need no project; passing None keeps the SDK from insisting on one.
+        client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or None)
+        # The SDK's requests session keeps 10 connections; read-ahead keeps more in flight.
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_size(), max_retries=0)
+        client._http.mount("https://", adapter)
+        client._http.mount("http://", adapter)
+        return client
+
+    _options: dict[str, Any] | None = None
+
+    def call_options(self) -> dict[str, Any]:
+        """Per-request bounds: (connect, read) timeouts, and retries (429, 5xx, dropped
+        connections, with backoff) that start no later than the deadline allows."""
+        if self._options is not None:
+            return self._options
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        budget = self.limits.deadline_s - self.limits.read_s
+        # with_timeout since google-api-core 2.17; with_deadline before it
+        retry = getattr(DEFAULT_RETRY, "with_timeout", None) or DEFAULT_RETRY.with_deadline
+        retry = retry(budget)
+        self._options = {"timeout": (self.limits.connect_s, self.limits.read_s), "retry": retry}
+        return self._options
+
+
+class GcsStorage(Storage):
+    """Objects under ``gs://bucket/prefix``. Uploads are atomic on GCS (an object appears
+    whole when its upload finishes), so writes need no temp objects; an append's
+    continuation does (see `write_after`)."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, threads: int = 16, client: GcsClient | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
+        self._client = client or GcsClient(threads)
+
+    @property
+    def client(self) -> Any:
+        return self._client.get()
+
+    def location(self) -> tuple[str, ...]:
+        return ("gs", self.bucket, *[p for p in self.prefix.split("/") if p])
+
+    def _name(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _blob(self, name: str) -> Any:
+        return self.client.bucket(self.bucket).blob(name)
+
+    @contextmanager
+    def _errors(self, key: str) -> Iterator[Any]:
+        """Yields the per-call options; turns the SDK's errors into ours, naming the URL."""
+        try:
+            yield self._client.call_options()
+        except StorageError:
+            raise
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def _translate(self, exc: Exception, key: str) -> StorageError:
+        from google.api_core import exceptions as gex
+        from google.auth.exceptions import DefaultCredentialsError, RefreshError
+
+        url = self.url_for(key)
+        if isinstance(exc, DefaultCredentialsError):
+            return StorageError(
+                f"no Google credentials found for {url}: run `gcloud auth application-default login`, "
+                "set GOOGLE_APPLICATION_CREDENTIALS, or run with a service account (workload identity)"
+            )
+        if isinstance(exc, RefreshError):
+            return StorageError(f"Google credentials for {url} could not be refreshed: {exc}")
+        if isinstance(exc, gex.NotFound):
+            return ObjectNotFound(f"no such object: {url}")
+        if isinstance(exc, (gex.Forbidden, gex.Unauthorized)):
+            return StorageError(f"access denied to {url}: check the credentials and the IAM role ({exc.code})")
+        if isinstance(exc, gex.RetryError):
+            cause = exc.cause or exc
+            return StorageError(f"GCS request for {url} failed: gave up after retrying until the deadline: {cause}")
+        if isinstance(exc, gex.GoogleAPICallError):
+            return StorageError(f"GCS error on {url}: {exc.code} {exc.message}".rstrip())
+        return StorageError(f"GCS request for {url} failed: {type(exc).__name__}: {exc}")
+
+    def _missing(self, key: str) -> StorageError:
+        """A 404 is the same for a missing object and a missing bucket: ask the bucket. A
+        read-only role may not see bucket metadata (403): then the object is what's missing."""
+        from google.api_core import exceptions as gex
+
+        try:
+            with self._errors("") as opts:
+                found = self.client.bucket(self.bucket).exists(**opts)
+        except StorageError as e:
+            if isinstance(e.__cause__, gex.Forbidden):
+                found = True
+            else:
+                raise
+        if not found:
+            return StorageError(f"GCS bucket does not exist: gs://{self.bucket} (accessing {self.url_for(key)})")
+        return ObjectNotFound(f"no such object: {self.url_for(key)}")
+
+    @contextmanager
+    def _object(self, key: str) -> Iterator[Any]:
+        """`_errors`, where a 404 asks whether the bucket or the object is missing."""
+        try:
+            with self._errors(key) as opts:
+                yield opts
+        except ObjectNotFound:
+            raise self._missing(key) from None
+
+    def read(self, key: str) -> bytes:
+        name = self._name(key)
+        with self._object(key) as opts:
+            return self._blob(name).download_as_bytes(raw_download=True, **opts)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        from google.api_core import exceptions as gex
+
+        self._check_range(start, length)
+        if length == 0:
+            self.size(key)  # still report a missing object
+            return b""
+        name = self._name(key)
+        try:
+            with self._object(key) as opts:
+                return self._blob(name).download_as_bytes(
+                    start=start, end=start + length - 1, raw_download=True, checksum=None, **opts
+                )
+        except StorageError as e:
+            if isinstance(e.__cause__, gex.RequestRangeNotSatisfiable):  # start at or past the end
+                return b""
+            raise
+
+    def write(self, key: str, data: bytes) -> None:
+        name = self._name(key)
+        with self._object(key) as opts:
+            self._blob(name).upload_from_string(bytes(data), content_type="application/octet-stream", **opts)
+
+    def write_after(self, key: str, base: str, data: bytes) -> None:
+        """Upload `data` as a hidden temp object beside `key`, then compose base + temp into
+        `key` on the server (one atomic call; base never passes through this process), then
+        delete the temp object."""
+        name, base_name = self._name(key), self._name(base)
+        self.size(base)  # ObjectNotFound names base
+        folder = name.rpartition("/")[0]
+        tmp = f"{folder}/{TMP_PREFIX}{uuid.uuid4().hex}" if folder else f"{TMP_PREFIX}{uuid.uuid4().hex}"
+        bucket = self.client.bucket(self.bucket)
+        try:
+            with self._object(key) as opts:
+                sources = [bucket.blob(base_name)]
+                if data:
+                    bucket.blob(tmp).upload_from_string(bytes(data), **opts)
+                    sources.append(bucket.blob(tmp))
+                target = bucket.blob(name)
+                target.content_type = "application/octet-stream"
+                target.compose(sources, **opts)
+        finally:
+            if data:
+                try:
+                    bucket.blob(tmp).delete(timeout=(self._client.limits.connect_s, self._client.limits.read_s))
+                except Exception:
+                    pass  # listings hide temp objects, as they hide a killed local writer's temp files
+
+    def create(self, key: str, data: bytes) -> None:
+        from google.api_core import exceptions as gex
+
+        name = self._name(key)
+        try:
+            with self._object(key) as opts:
+                # ifGenerationMatch=0: only if no live object has the name (412 otherwise).
+                self._blob(name).upload_from_string(
+                    bytes(data), content_type="application/octet-stream", if_generation_match=0, **opts
+                )
+        except StorageError as e:
+            if isinstance(e.__cause__, gex.PreconditionFailed):
+                raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
+            raise
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        check_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        out: list[ObjectInfo] = []
+        with self._object(prefix) as opts:
+            for blob in self.client.list_blobs(self.bucket, prefix=root + prefix, **opts):
+                key = blob.name[len(root) :]
+                # folder markers made by consoles, and temp objects of writes in flight
+                if key.endswith("/") or f"/{TMP_PREFIX}" in f"/{key}":
+                    continue
+                modified = int(blob.updated.timestamp() * 1000) if blob.updated else 0
+                out.append(ObjectInfo(key, int(blob.size or 0), modified))
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def _get(self, key: str) -> Any:
+        with self._errors(key) as opts:
+            return self.client.bucket(self.bucket).get_blob(self._name(key), **opts)
+
+    def exists(self, key: str) -> bool:
+        if self._get(key) is not None:
+            return True
+        missing = self._missing(key)
+        if not isinstance(missing, ObjectNotFound):
+            raise missing
+        return False
+
+    def size(self, key: str) -> int:
+        blob = self._get(key)
+        if blob is None:
+            raise self._missing(key)
+        return int(blob.size)
+
+    def delete(self, key: str) -> None:
+        name = self._name(key)
+        try:
+            with self._errors(key) as opts:
+                self._blob(name).delete(**opts)
+        except ObjectNotFound:
+            missing = self._missing(key)
+            if not isinstance(missing, ObjectNotFound):
+                raise missing from None
+
+    def delete_many(self, keys: list[str]) -> int:
+        for key in keys:
+            check_key(key)
+        if not keys:
+            return 0
+        # GCS deletes one object per request; the JSON batch endpoint is not on every
+        # emulator, so the requests go out side by side instead.
+        with ThreadPoolExecutor(max(1, min(16, self._client.threads, len(keys)))) as pool:
+            list(pool.map(self.delete, keys))
+        return len(keys)
+
+    def sub(self, prefix: str) -> GcsStorage:
+        prefix = prefix.strip("/")
+        if not prefix:
+            return self
+        return GcsStorage(self.bucket, self._name(prefix), client=self._client)

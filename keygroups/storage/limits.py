@@ -1,0 +1,72 @@
+"""How long one request to an object store may wait, the same bound on every store.
+
+A frozen endpoint must fail a job in about a minute, naming the object, instead of hanging
+it: the SDKs' defaults (botocore: 60 s reads and up to 10 attempts; azure-storage-blob: 10
+retries; google-cloud-storage: 120 s of retries after 60 s reads) add up to many minutes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from keygroups.errors import StorageError
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Timeouts for S3, GCS and Azure alike, from ``KEYFILL_STORAGE_CONNECT_TIMEOUT``,
+    ``KEYFILL_STORAGE_READ_TIMEOUT`` and ``KEYFILL_STORAGE_DEADLINE`` (seconds). The older
+    ``KEYFILL_S3_*`` names are read too when the new ones are unset.
+
+    The read timeout bounds each wait for bytes, not a whole transfer, so large GETs are
+    not cut short; the deadline bounds one request across its retries.
+    """
+
+    connect_s: float = 5.0
+    read_s: float = 20.0
+    deadline_s: float = 60.0  # no retry starts that could not finish within this (+1 s per MiB sent)
+
+    ENV = {
+        "connect_s": ("KEYFILL_STORAGE_CONNECT_TIMEOUT", "KEYFILL_S3_CONNECT_TIMEOUT"),
+        "read_s": ("KEYFILL_STORAGE_READ_TIMEOUT", "KEYFILL_S3_READ_TIMEOUT"),
+        "deadline_s": ("KEYFILL_STORAGE_DEADLINE", "KEYFILL_S3_DEADLINE"),
+    }
+
+    @classmethod
+    def from_env(cls) -> StoreLimits:
+        values: dict[str, float] = {}
+        named: dict[str, str] = {}
+        for name, variables in cls.ENV.items():
+            var = next((v for v in variables if os.environ.get(v, "").strip()), None)
+            if var is None:
+                continue
+            raw = os.environ[var]
+            named[name] = var
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise StorageError(f"{var}={raw!r}: expected a number of seconds") from None
+            if not 0 < values[name] < 86_400:
+                raise StorageError(f"{var}={raw!r}: must be more than 0 seconds and less than a day")
+        limits = cls(**values)
+        if limits.deadline_s <= limits.read_s:
+            deadline = named.get("deadline_s", cls.ENV["deadline_s"][0])
+            read = named.get("read_s", cls.ENV["read_s"][0])
+            raise StorageError(
+                f"{deadline}={limits.deadline_s:g} must exceed {read}={limits.read_s:g}: "
+                "otherwise no request could ever be retried"
+            )
+        return limits
+
+    def allows_retry(self, started_s: float, now_s: float, sent_bytes: int = 0) -> bool:
+        """Whether another attempt begun now could still finish before the deadline: a
+        request with a body may spend its time sending, so it gets one more second per MiB."""
+        return now_s - started_s + self.read_s <= self.deadline_s + sent_bytes / (1 << 20)
+
+
+# Each store's client is rebuilt in every process that unpickles a store (a Spark worker):
+# the settings below key a per-process cache, so a worker reuses one client for all tasks.
+def environment(prefixes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The variables under these prefixes, as a hashable snapshot for a client cache key."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefixes)))
