@@ -504,3 +504,40 @@ def test_a_foreign_file_named_like_an_archive_file_is_not_cleared(spark, source,
     with pytest.raises(StorageError, match="assignment.parquet"):
         compact(CompactConfig(source=source, dest=str(dest), groups=2), spark)
     assert (dest / "assignment.parquet").read_bytes() == b"the team's own table"
+
+
+# --- frozen GCS and Azure endpoints ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["gcs", "azure"])
+def test_a_frozen_gcs_or_azure_endpoint_fails_the_replay_command_in_bounded_time(archive, store):
+    """The same bound on every store: an emulator of its own, frozen once the archive is on
+    it, and `keyfill replay` ends in one line naming the archive's URL (KEYFILL_STORAGE_*)."""
+    from keyfill.testing.azurite import start_azurite
+    from keyfill.testing.gcsserver import start_fake_gcs
+
+    server = start_fake_gcs() if store == "gcs" else start_azurite()
+    with server, server.applied_env():
+        url = f"gs://{server.bucket}/archive" if store == "gcs" else f"az://{server.container}/archive"
+        remote, local = open_storage(url), open_storage(archive)
+        for o in local.list():
+            remote.write(o.key, local.read(o.key))
+        env = {**os.environ, "KEYFILL_STORAGE_CONNECT_TIMEOUT": "1", "KEYFILL_STORAGE_READ_TIMEOUT": "2"}
+        env["KEYFILL_STORAGE_DEADLINE"] = "5"
+        with frozen(server):
+            started = time.monotonic()
+            out = subprocess.run(
+                [sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            took = time.monotonic() - started
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert url in lines[0], lines[0]
+    # a 5 s deadline with 2 s reads: one attempt, a retry, and the start-up of Python
+    assert took < 30, f"{took:.1f} s"
+    print(f"frozen {store} endpoint, replay command: error after {took:.1f} s: {lines[0]}")

@@ -121,7 +121,7 @@ def compact_with_vacuum_looping(cfg: CompactConfig, spark, url: str) -> int:
     return kept
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize("backend", ["local", "s3", "gcs", "azure"])
 def test_vacuum_looping_beside_a_compaction_and_an_append_loses_nothing(spark, full_source, tmp_path, request, backend):
     src = early_source(full_source, tmp_path / "src")
     url = request.getfixturevalue(f"{backend}_url")

@@ -197,12 +197,14 @@ def test_restart_from_checkpoint_after_k_batches_is_exactly_once(spark, archive,
     assert identity(spark.read.parquet(out).toArrow()) == identity(src)
 
 
-def test_streaming_from_s3(spark, archive, s3_url, tmp_path):
+@pytest.mark.parametrize("backend", ["s3", "gcs", "azure"])
+def test_streaming_from_an_object_store(spark, archive, request, backend, tmp_path):
     url, src = archive
-    local, remote = open_storage(url), open_storage(s3_url)
+    remote_url = request.getfixturevalue(f"{backend}_url")
+    local, remote = open_storage(url), open_storage(remote_url)
     for info in local.list(""):
         remote.write(info.key, local.read(info.key))
-    batches = run_collecting(stream(spark, s3_url, maxSlicesPerTrigger="5"), str(tmp_path / "ck"))
+    batches = run_collecting(stream(spark, remote_url, maxSlicesPerTrigger="5"), str(tmp_path / "ck"))
     assert identity(pa.concat_tables([t for _, t in batches])) == identity(src)
 
 

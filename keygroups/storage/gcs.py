@@ -66,6 +66,8 @@ class GcsStorage(Storage):
     whole when its upload finishes), so writes need no temp objects; an append's
     continuation does (see `write_after`)."""
 
+    list_page: int | None = None  # objects per listing page; None: the service's (1,000)
+
     def __init__(self, bucket: str, prefix: str = "", *, threads: int = 16, client: GcsClient | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -218,7 +220,7 @@ class GcsStorage(Storage):
         root = f"{self.prefix}/" if self.prefix else ""
         out: list[ObjectInfo] = []
         with self._object(prefix) as opts:
-            for blob in self.client.list_blobs(self.bucket, prefix=root + prefix, **opts):
+            for blob in self.client.list_blobs(self.bucket, prefix=root + prefix, page_size=self.list_page, **opts):
                 key = blob.name[len(root) :]
                 # folder markers made by consoles, and temp objects of writes in flight
                 if key.endswith("/") or f"/{TMP_PREFIX}" in f"/{key}":
