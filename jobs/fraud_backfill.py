@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="jobs/fraud_backfill.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("archive", help="compacted payments archive (local path or s3://)")
+    p.add_argument("archive", help="compacted payments archive (local path, s3://, gs:// or az://)")
     p.add_argument(
         "--out",
         required=True,

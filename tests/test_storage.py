@@ -691,3 +691,20 @@ def test_a_wrong_azure_key_is_access_denied_naming_the_url(azure_server, monkeyp
         with pytest.raises(StorageError) as info:
             op()
         assert "access denied" in str(info.value) and f"az://{azure_server.container}/denied" in str(info.value)
+
+
+def test_missing_cloud_credentials_are_named_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in (
+        "STORAGE_EMULATOR_HOST",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "keyfillnoaccount")
+    for url, words in [("gs://b/p", "no Google credentials"), ("az://c/p", "no Azure credentials")]:
+        with pytest.raises(StorageError) as info:
+            open_storage(url).read("k")
+        message = str(info.value)
+        assert url in message and words in message and "\n" not in message

@@ -53,7 +53,7 @@ def source_from_args(args: argparse.Namespace, url: str, **kw):
 
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `keyfill compact` and `spark-submit jobs/compact.py`."""
-    p.add_argument("source", help="source archive: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("source", help="source archive: /path, file:///path, s3://, gs:// or az:// (abfss://, wasbs://) URL")
     p.add_argument("dest", help="where the compacted archive goes")
     p.add_argument(
         "--groups",

@@ -20,7 +20,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "optional headers. Deterministic for a given --seed.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--out", required=True, help="archive root: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("--out", required=True, help="archive root: a path, or an s3://, gs:// or az:// URL")
     p.add_argument("--topic", default=G.topic, help="topic name")
     p.add_argument("--partitions", type=positive_int, default=G.partitions, help="Kafka partitions")
     p.add_argument("--keys", type=positive_int, default=G.keys, help="distinct user keys")

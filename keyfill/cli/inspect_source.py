@@ -18,7 +18,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "compacted archive's slices, groups, files and replay cost (from its manifest).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("url", help="archive root: /path, file:///path or s3://bucket/prefix")
+    p.add_argument("url", help="archive root: a path, or an s3://, gs:// or az:// URL")
     add_source_options(p)
     p.add_argument("--top", type=int, default=10, help="heaviest keys to list")
     p.add_argument("--no-scan", action="store_true", help="headers only: skip the key scan")

@@ -227,8 +227,8 @@ def check_job(
     """Run `job` over the topic in live order and over keyfill's backfill of it, and check
     both (see the module's docstring). `job(stream)` yields (key, output) pairs; `stream`
     holds `Record`s in delivery order (and `Watermark`s with `watermarks=True`, the last
-    one `MAX_WATERMARK`). `url`: where the archives go (a folder or s3:// prefix; a
-    temporary folder by default). `replay`: the events to check instead of keyfill's
+    one `MAX_WATERMARK`). `url`: where the archives go (a folder, or an s3://, gs:// or az://
+    prefix; a temporary folder by default). `replay`: the events to check instead of keyfill's
     replay (to test the kit itself)."""
     with scratch(url) as where:
         done = compact_example(archive, settings, where)

@@ -76,8 +76,8 @@ def check_spark_query(
 ) -> SparkCheckResult:
     """Run `build` over keyfill's backfill of `archive` and over the topic's on-time records
     in one batch, and check that no row is dropped as late and that each `key`'s rows are
-    the same (see the module's docstring). `url`: where the archives go (a folder or s3://
-    prefix; a temporary folder by default). `shuffle_partitions`: the session's
+    the same (see the module's docstring). `url`: where the archives go (a folder, or an
+    s3://, gs:// or az:// prefix; a temporary folder by default). `shuffle_partitions`: the session's
     spark.sql.shuffle.partitions while the check runs (each is a state store per micro-batch:
     a handful keeps a tiny example fast). Needs `format("keyfill")` registered
     (`reader.spark.register(spark)`; the `keyfill_spark` fixture does it)."""

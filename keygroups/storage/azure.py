@@ -32,6 +32,7 @@ MAX_COPY_BLOCK_BYTES = 1 << 30
 # default single PUT reaches 64 MiB, a long wait with nothing to retry but all of it).
 BLOCK_BYTES = 16 << 20
 RETRY_TOTAL = 4  # five attempts, as on S3 (the SDK's default is ten)
+STORAGE_SCOPE = "https://storage.azure.com/.default"
 
 
 class DeadlineExceeded(Exception):
@@ -139,7 +140,25 @@ class AzureClient(LazyClient):
                 f"no Azure credentials for account {self.account!r}: set AZURE_STORAGE_CONNECTION_STRING, "
                 "AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or pip install azure-identity for Entra ID"
             ) from None
-        return DefaultAzureCredential()
+        credential = DefaultAzureCredential()
+        # Ask for a token now, once: inside a request the SDK's retry policy would try the
+        # whole credential chain again on every attempt (half a minute where there is none),
+        # and azure-identity would log each failure at length; we report it in one line.
+        quiet = logging.getLogger("azure.identity")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            credential.get_token(STORAGE_SCOPE)
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise StorageError(
+                f"no Azure credentials found for account {self.account!r} ({first}): set "
+                "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or sign in "
+                "(az login, a managed or workload identity, AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET)"
+            ) from None
+        finally:
+            quiet.setLevel(level)
+        return credential
 
 
 class AzureStorage(Storage):
@@ -179,7 +198,9 @@ class AzureStorage(Storage):
     def _errors(self, key: str) -> Iterator[None]:
         try:
             yield
-        except StorageError:
+        except StorageError as e:
+            if self.root not in str(e):  # raised while the client was built: name the object
+                raise type(e)(f"{self.url_for(key)}: {e}") from e.__cause__
             raise
         except Exception as e:
             raise self._translate(e, key) from e
@@ -198,7 +219,8 @@ class AzureStorage(Storage):
             or code.startswith("Authorization")
             or getattr(exc, "status_code", None) == 403
         ):
-            return StorageError(f"access denied to {url}: check the Azure credentials and role ({code or exc})")
+            detail = code or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return StorageError(f"access denied to {url}: check the Azure credentials and role ({detail})")
         if isinstance(exc, DeadlineExceeded):
             return StorageError(f"Azure request for {url} failed: {exc}")
         if isinstance(exc, aex.HttpResponseError):
@@ -245,10 +267,17 @@ class AzureStorage(Storage):
                 self._stage_and_commit(key, base, size, data)
                 return
             except StorageError as e:
-                if error_code(e.__cause__) not in ("APINotImplemented", "NotImplemented"):
+                code = error_code(e.__cause__)
+                # Azurite has no Put Block From URL; an account behind a firewall may refuse
+                # the service reading its own blob (CannotVerifyCopySource)
+                if code not in ("APINotImplemented", "NotImplemented", "CannotVerifyCopySource"):
                     raise
                 self._client.copy_from_url = False
-                log.info("%s has no Put Block From URL: appends copy segment files through this process", self.root)
+                log.info(
+                    "%s: Put Block From URL refused (%s): appends copy segment files through this process",
+                    self.root,
+                    code,
+                )
         self.write(key, self.read(base) + bytes(data))
 
     def _stage_and_commit(self, key: str, base: str, size: int, data: bytes) -> None:
@@ -296,7 +325,7 @@ class AzureStorage(Storage):
             )
             return f"{source.url}?{sas}", {}
         if hasattr(credential, "get_token"):
-            token = credential.get_token("https://storage.azure.com/.default").token
+            token = credential.get_token(STORAGE_SCOPE).token
             return source.url, {"source_authorization": f"Bearer {token}"}
         signature = getattr(credential, "signature", None)  # AzureSasCredential
         if signature:
