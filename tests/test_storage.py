@@ -510,6 +510,18 @@ def test_of_writers_racing_to_create_a_key_exactly_one_wins(store: Storage, tria
     assert s.read("v/2.json") == b"next"
 
 
+def test_a_create_repeated_with_its_own_bytes_succeeds_and_other_bytes_are_refused(store: Storage) -> None:
+    """An SDK retries a create whose answer was lost; the retry finds the object its first
+    attempt made. That is this writer's win, not another's: a commit must not call itself
+    failed when its version is visible."""
+    s = fresh(store)
+    s.create("v/1.json", b"run a")
+    s.create("v/1.json", b"run a")
+    with pytest.raises(ObjectExists):
+        s.create("v/1.json", b"run b")
+    assert s.read("v/1.json") == b"run a" and [o.key for o in s.list()] == ["v/1.json"]
+
+
 def test_listings_carry_each_object_s_last_modified_time(store: Storage) -> None:
     s = fresh(store)
     before = time.time() * 1000

@@ -342,6 +342,8 @@ class AzureStorage(Storage):
             from azure.core.exceptions import ResourceExistsError
 
             if isinstance(e.__cause__, ResourceExistsError) or error_code(e.__cause__) == "BlobAlreadyExists":
+                if self._created_by_us(key, data):
+                    return
                 raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
             raise
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from keygroups.errors import InvalidKey
+from keygroups.errors import InvalidKey, ObjectNotFound
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,18 @@ class Storage(ABC):
         """Write the object only if no object has the key, atomically: of writers racing
         for one key exactly one succeeds, the others get ObjectExists. What versioned
         commits are built on (S3 conditional writes, `If-None-Match: *`; a hard link
-        locally)."""
+        locally). A create of the very bytes the object already holds succeeds: that is
+        a retried create whose first attempt landed (`_created_by_us`)."""
+
+    def _created_by_us(self, key: str, data: bytes) -> bool:
+        """After a create-only write was refused: whether the object holds exactly our bytes.
+        An SDK retries a write whose answer was lost; the retry then finds the object its
+        first attempt made and is refused. Reporting that as another writer's win would
+        tell a committed version it failed. Callers create unique bytes (a run id inside)."""
+        try:
+            return self.read(key) == bytes(data)
+        except ObjectNotFound:
+            return False
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[ObjectInfo]:

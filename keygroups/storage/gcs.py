@@ -212,6 +212,8 @@ class GcsStorage(Storage):
                 )
         except StorageError as e:
             if isinstance(e.__cause__, gex.PreconditionFailed):
+                if self._created_by_us(key, data):
+                    return
                 raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
             raise
 

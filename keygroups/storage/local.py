@@ -70,6 +70,9 @@ class LocalStorage(Storage):
             try:
                 os.link(tmp, path)  # fails if the path exists: the filesystem picks one winner
             except FileExistsError:
+                if self._created_by_us(key, data):
+                    os.unlink(tmp)
+                    return
                 raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
             os.unlink(tmp)
 

@@ -206,6 +206,8 @@ class S3Storage(Storage):
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
             except ClientError as e:
                 code = str(e.response.get("Error", {}).get("Code", ""))
+                if code in ("PreconditionFailed", "412") and self._created_by_us(key, data):
+                    return
                 if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                     raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
                 raise
