@@ -1,0 +1,141 @@
+"""The azure-storage-blob client an Azure store builds in the process that uses it: the
+account's credentials, a connection pool sized for the threads, and every wait bounded
+(connect and read timeouts, five attempts, a deadline across them: `StoreLimits`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from keygroups.errors import StorageError
+from keygroups.storage.clients import LazyClient
+from keygroups.storage.limits import StoreLimits
+
+# Uploads above this go up as staged blocks of this size, committed at once (the SDK's
+# default single PUT reaches 64 MiB, a long wait with nothing to retry but all of it).
+BLOCK_BYTES = 16 << 20
+RETRY_TOTAL = 4  # five attempts, as on S3 (the SDK's default is ten)
+STORAGE_SCOPE = "https://storage.azure.com/.default"
+_NEEDS = "Azure URLs need azure-storage-blob: pip install 'keyfill[azure]'"
+
+
+class DeadlineExceeded(Exception):
+    """Raised before an attempt that could not finish before the request's deadline."""
+
+
+def _deadline_hook(limits: StoreLimits) -> Any:
+    """A per-attempt hook (azure-storage-blob's `raw_request_hook` runs inside its retry
+    loop) that refuses a retry that could not finish in time: the SDK bounds attempts, not
+    their sum."""
+
+    def hook(request: Any) -> None:
+        ctx = request.context
+        now = time.monotonic()
+        started = ctx.setdefault("keyfill_started", now)
+        attempt = ctx.get("keyfill_attempt", 0) + 1
+        ctx["keyfill_attempt"] = attempt
+        sent = int(request.http_request.headers.get("Content-Length") or 0)
+        if attempt > 1 and not limits.allows_retry(started, now, sent):
+            raise DeadlineExceeded(
+                f"gave up after {now - started:.0f} s and {attempt - 1} attempt(s) on {request.http_request.url}"
+            )
+
+    return hook
+
+
+def connection_string_fields() -> dict[str, str]:
+    raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    pairs = (part.split("=", 1) for part in raw.split(";") if "=" in part)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+class AzureClient(LazyClient):
+    """A BlobServiceClient for one account. Credentials, in order: the connection string
+    in AZURE_STORAGE_CONNECTION_STRING (the emulator's, an account key's or a SAS's);
+    AZURE_STORAGE_KEY (account key); AZURE_STORAGE_SAS_TOKEN; otherwise azure-identity's
+    DefaultAzureCredential (environment, workload identity, managed identity, Azure CLI)."""
+
+    ENV_PREFIXES = ("AZURE_", "IDENTITY_", "MSI_")
+
+    def __init__(self, threads: int, account: str, suffix: str = "core.windows.net", *, copied: bool = False) -> None:
+        super().__init__(threads, copied=copied)
+        self.account = account
+        self.suffix = suffix
+        self.copy_from_url = True  # Put Block From URL, until the endpoint says it has none
+
+    def settings(self) -> tuple:
+        return (self.account, self.suffix)
+
+    def _make(self) -> Any:
+        try:
+            import requests
+            import requests.adapters
+            from azure.core.pipeline.transport import RequestsTransport
+            from azure.storage.blob import BlobServiceClient, ExponentialRetry
+        except ImportError as e:
+            raise StorageError(f"{_NEEDS} ({e})") from None
+        session = requests.Session()
+        # The SDK's session keeps 10 connections and retries nothing itself (its policy does).
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_size(), max_retries=0)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+        options: dict[str, Any] = {
+            "transport": RequestsTransport(
+                session=session,
+                session_owner=False,
+                connection_timeout=self.limits.connect_s,
+                read_timeout=self.limits.read_s,
+            ),
+            # The SDK's default waits 15 s before its first retry, longer than a whole request
+            # may take here; this waits about 0.5, 2.5, 4.5 and 8.5 s (with jitter), as
+            # botocore's standard mode does.
+            "retry_policy": ExponentialRetry(
+                initial_backoff=0.5, increment_base=2, retry_total=RETRY_TOTAL, random_jitter_range=0.5
+            ),
+            "raw_request_hook": _deadline_hook(self.limits),
+            "max_single_put_size": BLOCK_BYTES,
+            "max_block_size": BLOCK_BYTES,
+        }
+        conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+        if conn:
+            return BlobServiceClient.from_connection_string(conn, **options)
+        url = f"https://{self.account}.blob.{self.suffix}"
+        return BlobServiceClient(url, credential=self._credential(), **options)
+
+    def _credential(self) -> Any:
+        key = os.environ.get("AZURE_STORAGE_KEY")
+        if key:
+            return {"account_name": self.account, "account_key": key}
+        sas = os.environ.get("AZURE_STORAGE_SAS_TOKEN")
+        if sas:
+            from azure.core.credentials import AzureSasCredential
+
+            return AzureSasCredential(sas.lstrip("?"))
+        try:
+            from azure.identity import DefaultAzureCredential
+        except ImportError:
+            raise StorageError(
+                f"no Azure credentials for account {self.account!r}: set AZURE_STORAGE_CONNECTION_STRING, "
+                "AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or pip install azure-identity for Entra ID"
+            ) from None
+        credential = DefaultAzureCredential()
+        # Ask for a token now, once: inside a request the SDK's retry policy would try the
+        # whole credential chain again on every attempt (half a minute where there is none),
+        # and azure-identity would log each failure at length; we report it in one line.
+        quiet = logging.getLogger("azure.identity")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            credential.get_token(STORAGE_SCOPE)
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise StorageError(
+                f"no Azure credentials found for account {self.account!r} ({first}): set "
+                "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or sign in "
+                "(az login, a managed or workload identity, AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET)"
+            ) from None
+        finally:
+            quiet.setLevel(level)
+        return credential
