@@ -653,9 +653,27 @@ def test_local_delete_never_reaches_through_a_symlinked_folder(tmp_path) -> None
         ("abfs://c/p", "abfs://c/p", ("azure", "acct", "c", "p")),
     ],
 )
-def test_cloud_url_forms(monkeypatch: pytest.MonkeyPatch, url: str, root: str | None, location: tuple) -> None:
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"AZURE_STORAGE_ACCOUNT": "acct"},
+        {"AZURE_STORAGE_CONNECTION_STRING": "AccountName=acct;AccountKey=a2V5"},
+        {
+            "AZURE_STORAGE_CONNECTION_STRING": "BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=1"
+        },
+    ],
+)
+def test_cloud_url_forms(
+    monkeypatch: pytest.MonkeyPatch, url: str, root: str | None, location: tuple, env: dict[str, str]
+) -> None:
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
-    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "acct")
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if location[0] == "azure" and location[1] != "acct" and "AZURE_STORAGE_CONNECTION_STRING" in env:
+        with pytest.raises(StorageError, match="AZURE_STORAGE_CONNECTION_STRING is for 'acct'"):
+            open_storage(url)  # the URL names another account than the credentials
+        return
     store = open_storage(url)
     assert store.location() == location
     assert store.url == (root or url)

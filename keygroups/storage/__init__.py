@@ -17,7 +17,7 @@ from urllib.parse import ParseResult, unquote, urlparse
 
 from keygroups.errors import InvalidKey, ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.azure import AzureStorage
-from keygroups.storage.azure_client import AzureClient, connection_string_fields
+from keygroups.storage.azure_client import AzureClient, connection_string_account
 from keygroups.storage.base import ObjectInfo, Storage, check_key
 from keygroups.storage.gcs import GcsStorage
 from keygroups.storage.limits import StoreLimits
@@ -83,7 +83,7 @@ _AZURE_HOST = re.compile(r"^([a-z0-9]{3,24})\.(?:dfs|blob)\.(.+)$")
 def _open_azure(url: str, parsed: ParseResult, threads: int) -> Storage:
     netloc, prefix = _bucket_and_prefix(url, parsed, "Azure", "container")
     container, at, host = netloc.partition("@")
-    conn_account = connection_string_fields().get("AccountName")
+    conn_account = connection_string_account()
     if at:
         match = _AZURE_HOST.match(host.lower())
         if not match:

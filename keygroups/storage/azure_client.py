@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 from keygroups.errors import StorageError
 from keygroups.storage.clients import LazyClient
@@ -45,10 +46,16 @@ def _deadline_hook(limits: StoreLimits) -> Any:
     return hook
 
 
-def connection_string_fields() -> dict[str, str]:
+def connection_string_account() -> str:
+    """The account of AZURE_STORAGE_CONNECTION_STRING: its AccountName, or for a SAS string
+    without one the first label of its BlobEndpoint's host ("" when none is set)."""
     raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
     pairs = (part.split("=", 1) for part in raw.split(";") if "=" in part)
-    return {k.strip(): v.strip() for k, v in pairs}
+    fields = {k.strip(): v.strip() for k, v in pairs}
+    if fields.get("AccountName"):
+        return fields["AccountName"]
+    host = urlparse(fields.get("BlobEndpoint", "")).hostname or ""
+    return host.split(".")[0] if host.count(".") >= 2 else ""
 
 
 class AzureClient(LazyClient):
