@@ -412,9 +412,9 @@ def test_large_objects_go_up_as_multipart_parts(s3_url: str) -> None:
     big = os.urandom(12 << 20)
     s.write("big", big)
     s.write("small", big[: 1 << 20])
-    head = s.client.head_object(Bucket=s.bucket, Key=s._key("big"))
+    head = s.client.head_object(Bucket=s.bucket, Key=s._name("big"))
     assert head["ETag"].strip('"').endswith("-3")  # three parts: 5 + 5 + 2 MiB
-    assert "-" not in s.client.head_object(Bucket=s.bucket, Key=s._key("small"))["ETag"]
+    assert "-" not in s.client.head_object(Bucket=s.bucket, Key=s._name("small"))["ETag"]
     assert s.read("big") == big and s.size("big") == len(big)
     assert s.read_range("big", (5 << 20) - 3, 6) == big[(5 << 20) - 3 : (5 << 20) + 3]
     s.write("big", big[::-1])  # replaced whole

@@ -18,7 +18,7 @@ from typing import Any
 
 from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.azure_client import BLOCK_BYTES, STORAGE_SCOPE, AzureClient, DeadlineExceeded
-from keygroups.storage.base import ObjectInfo, Storage, check_key, check_prefix
+from keygroups.storage.base import ObjectInfo, ObjectStore, check_prefix
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def error_code(exc: BaseException | None) -> str:
     return str(getattr(code, "value", code))
 
 
-class AzureStorage(Storage):
+class AzureStorage(ObjectStore):
     """Blobs under one container and prefix of an account. Block blob uploads are atomic
     (a blob appears whole at Put Blob or Put Block List), so writes need no temp blobs.
 
@@ -48,16 +48,8 @@ class AzureStorage(Storage):
         self.url = f"{self.root}/{self.prefix}" if self.prefix else self.root
         self._client = client
 
-    @property
-    def client(self) -> Any:
-        return self._client.get()
-
     def location(self) -> tuple[str, ...]:
         return ("azure", self._client.account, self.container, *[p for p in self.prefix.split("/") if p])
-
-    def _name(self, key: str) -> str:
-        check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
 
     def _blob(self, name: str) -> Any:
         return self.client.get_blob_client(self.container, name)
@@ -233,10 +225,10 @@ class AzureStorage(Storage):
         out.sort(key=lambda o: o.key)
         return out
 
-    def _properties(self, key: str) -> Any:
+    def _stat(self, key: str) -> int | None:
         try:
             with self._errors(key):
-                return self._blob(self._name(key)).get_blob_properties()
+                return int(self._blob(self._name(key)).get_blob_properties().size)
         except ObjectNotFound:
             return None
 
@@ -247,20 +239,6 @@ class AzureStorage(Storage):
         if not found:
             return StorageError(f"Azure container does not exist: {self.root} (accessing {self.url_for(key)})")
         return ObjectNotFound(f"no such object: {self.url_for(key)}")
-
-    def exists(self, key: str) -> bool:
-        if self._properties(key) is not None:
-            return True
-        missing = self._missing(key)
-        if not isinstance(missing, ObjectNotFound):
-            raise missing
-        return False
-
-    def size(self, key: str) -> int:
-        props = self._properties(key)
-        if props is None:
-            raise self._missing(key)
-        return int(props.size)
 
     def delete(self, key: str) -> None:
         name = self._name(key)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
-from keygroups.errors import InvalidKey, ObjectNotFound
+from keygroups.errors import InvalidKey, ObjectNotFound, StorageError
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,45 @@ class Storage(ABC):
     def _check_range(start: int, length: int) -> None:
         if start < 0 or length < 0:
             raise InvalidKey(f"invalid byte range start={start} length={length}")
+
+
+class ObjectStore(Storage):
+    """What the object stores (S3, GCS, Azure) share: keys under a prefix of a bucket or
+    container, an SDK client built where it is used (`_client`: a `LazyClient`), and a
+    metadata lookup that answers None for a missing object, beside `_missing`, which tells a
+    missing object from a missing bucket (a bare 404 is the same for both)."""
+
+    prefix: str
+    _client: Any
+
+    @property
+    def client(self) -> Any:
+        return self._client.get()
+
+    def _name(self, key: str) -> str:
+        """The key's full object name in the bucket."""
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    @abstractmethod
+    def _stat(self, key: str) -> int | None:
+        """The object's size, or None when there is no such object."""
+
+    @abstractmethod
+    def _missing(self, key: str) -> StorageError:
+        """The error for a key found missing: ObjectNotFound, or a StorageError naming the
+        bucket when that is what's missing."""
+
+    def exists(self, key: str) -> bool:
+        if self._stat(key) is not None:
+            return True
+        missing = self._missing(key)
+        if not isinstance(missing, ObjectNotFound):
+            raise missing
+        return False
+
+    def size(self, key: str) -> int:
+        size = self._stat(key)
+        if size is None:
+            raise self._missing(key)
+        return size

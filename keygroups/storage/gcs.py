@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
-from keygroups.storage.base import TMP_PREFIX, ObjectInfo, Storage, check_key, check_prefix
+from keygroups.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, check_key, check_prefix
 from keygroups.storage.clients import LazyClient
 
 _NEEDS = "gs:// URLs need google-cloud-storage: pip install 'keyfill[gcs]'"
@@ -61,7 +61,7 @@ class GcsClient(LazyClient):
         return self._options
 
 
-class GcsStorage(Storage):
+class GcsStorage(ObjectStore):
     """Objects under ``gs://bucket/prefix``. Uploads are atomic on GCS (an object appears
     whole when its upload finishes), so writes need no temp objects; an append's
     continuation does (see `write_after`)."""
@@ -74,16 +74,8 @@ class GcsStorage(Storage):
         self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
         self._client = client or GcsClient(threads)
 
-    @property
-    def client(self) -> Any:
-        return self._client.get()
-
     def location(self) -> tuple[str, ...]:
         return ("gs", self.bucket, *[p for p in self.prefix.split("/") if p])
-
-    def _name(self, key: str) -> str:
-        check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
 
     def _blob(self, name: str) -> Any:
         return self.client.bucket(self.bucket).blob(name)
@@ -232,23 +224,10 @@ class GcsStorage(Storage):
         out.sort(key=lambda o: o.key)
         return out
 
-    def _get(self, key: str) -> Any:
+    def _stat(self, key: str) -> int | None:
         with self._errors(key) as opts:
-            return self.client.bucket(self.bucket).get_blob(self._name(key), **opts)
-
-    def exists(self, key: str) -> bool:
-        if self._get(key) is not None:
-            return True
-        missing = self._missing(key)
-        if not isinstance(missing, ObjectNotFound):
-            raise missing
-        return False
-
-    def size(self, key: str) -> int:
-        blob = self._get(key)
-        if blob is None:
-            raise self._missing(key)
-        return int(blob.size)
+            blob = self.client.bucket(self.bucket).get_blob(self._name(key), **opts)
+        return None if blob is None else int(blob.size)
 
     def delete(self, key: str) -> None:
         name = self._name(key)

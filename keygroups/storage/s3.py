@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
-from keygroups.storage.base import ObjectInfo, Storage, check_key, check_prefix
+from keygroups.storage.base import ObjectInfo, ObjectStore, check_key, check_prefix
 from keygroups.storage.s3_client import S3Client
 
 # Objects from this size up are uploaded as concurrent multipart parts of this size (boto3's
@@ -19,7 +19,7 @@ MIN_PART_BYTES = 5 << 20
 MAX_COPY_PART_BYTES = 1 << 30
 
 
-class S3Storage(Storage):
+class S3Storage(ObjectStore):
     """Objects under ``s3://bucket/prefix``. PUT is atomic on S3, so no temp objects."""
 
     multipart_bytes = MULTIPART_BYTES
@@ -30,16 +30,8 @@ class S3Storage(Storage):
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client = client or S3Client(threads)
 
-    @property
-    def client(self) -> Any:
-        return self._client.get()
-
     def location(self) -> tuple[str, ...]:
         return ("s3", self.bucket, *[p for p in self.prefix.split("/") if p])
-
-    def _key(self, key: str) -> str:
-        check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
 
     def _translate(self, exc: Exception, key: str) -> StorageError:
         from botocore.exceptions import ClientError, NoCredentialsError
@@ -76,7 +68,7 @@ class S3Storage(Storage):
                 raise self._translate(cause, key) from e
             raise StorageError(f"upload of {self.url_for(key)} failed: {e}") from e
 
-    def _missing(self, key: str) -> ObjectNotFound:
+    def _missing(self, key: str) -> StorageError:
         """HEAD answers a bare 404 for a missing bucket too; ask the bucket to tell them apart."""
         with self._errors(""):
             try:
@@ -84,16 +76,14 @@ class S3Storage(Storage):
             except Exception as e:
                 code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
                 if code in ("404", "NoSuchBucket", "NotFound"):
-                    raise StorageError(
-                        f"S3 bucket does not exist: s3://{self.bucket} (accessing {self.url_for(key)})"
-                    ) from e
+                    return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {self.url_for(key)})")
                 raise
         return ObjectNotFound(f"no such object: {self.url_for(key)}")
 
     def _get(self, key: str, **kw: Any) -> bytes:
         from botocore.exceptions import IncompleteReadError, ResponseStreamingError
 
-        full = self._key(key)
+        full = self._name(key)
         attempts = 3
         with self._errors(key):
             while True:
@@ -125,7 +115,7 @@ class S3Storage(Storage):
             raise
 
     def write(self, key: str, data: bytes) -> None:
-        full = self._key(key)
+        full = self._name(key)
         with self._errors(key):
             if len(data) < self.multipart_bytes:
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=data)
@@ -151,7 +141,7 @@ class S3Storage(Storage):
         if size < MIN_PART_BYTES:  # too small to be a part of its own: through this process
             self.write(key, self.read(base) + data)
             return
-        full = self._key(key)
+        full = self._name(key)
         with self._errors(key):
             upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
             try:
@@ -166,7 +156,7 @@ class S3Storage(Storage):
                         Key=full,
                         UploadId=upload,
                         PartNumber=len(parts) + 1,
-                        CopySource={"Bucket": self.bucket, "Key": self._key(base)},
+                        CopySource={"Bucket": self.bucket, "Key": self._name(base)},
                         CopySourceRange=f"bytes={a}-{b - 1}",
                     )
                     parts.append(r["CopyPartResult"]["ETag"])
@@ -197,7 +187,7 @@ class S3Storage(Storage):
     def create(self, key: str, data: bytes) -> None:
         from botocore.exceptions import ClientError
 
-        full = self._key(key)
+        full = self._name(key)
         with self._errors(key):
             try:
                 # A conditional write (AWS S3 since 2024, SeaweedFS, MinIO): 412 if the key
@@ -227,32 +217,20 @@ class S3Storage(Storage):
         out.sort(key=lambda o: o.key)
         return out
 
-    def _head(self, key: str) -> dict[str, Any] | None:
+    def _stat(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
 
-        full = self._key(key)
+        full = self._name(key)
         with self._errors(key):
             try:
-                return self.client.head_object(Bucket=self.bucket, Key=full)
+                return int(self.client.head_object(Bucket=self.bucket, Key=full)["ContentLength"])
             except ClientError as e:
                 if str(e.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
                     return None
                 raise
 
-    def exists(self, key: str) -> bool:
-        if self._head(key) is not None:
-            return True
-        self._missing(key)  # raises if the bucket is what's missing
-        return False
-
-    def size(self, key: str) -> int:
-        head = self._head(key)
-        if head is None:
-            raise self._missing(key)
-        return int(head["ContentLength"])
-
     def delete(self, key: str) -> None:
-        full = self._key(key)
+        full = self._name(key)
         with self._errors(key):
             self.client.delete_object(Bucket=self.bucket, Key=full)
 
@@ -279,4 +257,4 @@ class S3Storage(Storage):
         prefix = prefix.strip("/")
         if not prefix:
             return self
-        return S3Storage(self.bucket, self._key(prefix), client=self._client)
+        return S3Storage(self.bucket, self._name(prefix), client=self._client)
