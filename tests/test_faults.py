@@ -36,6 +36,7 @@ from compactor.verify import CHECKS, verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
 from keyfill.testing.s3server import S3Server, start_seaweedfs
+from keyfill.testing.servers import ScratchServer
 from keygroups import compacted
 from keygroups.errors import KeyfillError
 from keygroups.storage import StorageError, open_storage
@@ -306,7 +307,7 @@ def frozen_s3(archive, source):
 
 
 @contextmanager
-def frozen(server: S3Server):
+def frozen(server: ScratchServer):
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
         yield
@@ -329,13 +330,13 @@ def short_limits(frozen_s3, monkeypatch):
     return server, url
 
 
-def test_frozen_endpoint_fails_the_replay_command_in_bounded_time(frozen_s3):
-    server, url, env = frozen_s3
+def replay_command_frozen(server: ScratchServer, url: str, env: dict[str, str]) -> tuple[str, float]:
+    """`keyfill replay url` against the frozen server: its one error line, and how long it took."""
     with frozen(server):
         started = time.monotonic()
         out = subprocess.run(
             [sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
-            env=fault_env(env),
+            env=env,
             capture_output=True,
             text=True,
             timeout=120,
@@ -343,8 +344,14 @@ def test_frozen_endpoint_fails_the_replay_command_in_bounded_time(frozen_s3):
         took = time.monotonic() - started
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr
-    assert server.endpoint in lines[0] and f"{url}/{compacted.VERSIONS}" in lines[0]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    return lines[0], took
+
+
+def test_frozen_endpoint_fails_the_replay_command_in_bounded_time(frozen_s3):
+    server, url, env = frozen_s3
+    line, took = replay_command_frozen(server, url, fault_env(env))
+    assert server.endpoint in line and f"{url}/{compacted.VERSIONS}" in line
     print(f"frozen endpoint, replay command: error after {took:.1f} s")
 
 
@@ -523,21 +530,8 @@ def test_a_frozen_gcs_or_azure_endpoint_fails_the_replay_command_in_bounded_time
         for o in local.list():
             remote.write(o.key, local.read(o.key))
         env = {**os.environ, "KEYFILL_STORAGE_CONNECT_TIMEOUT": "1", "KEYFILL_STORAGE_READ_TIMEOUT": "2"}
-        env["KEYFILL_STORAGE_DEADLINE"] = "5"
-        with frozen(server):
-            started = time.monotonic()
-            out = subprocess.run(
-                [sys.executable, "-m", "keyfill", "replay", url, "--no-progress"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            took = time.monotonic() - started
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert url in lines[0], lines[0]
+        line, took = replay_command_frozen(server, url, {**env, "KEYFILL_STORAGE_DEADLINE": "5"})
+    assert url in line, line
     # a 5 s deadline with 2 s reads: one attempt, a retry, and the start-up of Python
     assert took < 30, f"{took:.1f} s"
-    print(f"frozen {store} endpoint, replay command: error after {took:.1f} s: {lines[0]}")
+    print(f"frozen {store} endpoint, replay command: error after {took:.1f} s: {line}")
