@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
+from keygroups.errors import ObjectNotFound, StorageError
 from keygroups.storage.azure_client import BLOCK_BYTES, STORAGE_SCOPE, AzureClient, DeadlineExceeded
 from keygroups.storage.base import ObjectInfo, ObjectStore, check_prefix
 
@@ -204,11 +204,9 @@ class AzureStorage(ObjectStore):
         except StorageError as e:
             from azure.core.exceptions import ResourceExistsError
 
-            if isinstance(e.__cause__, ResourceExistsError) or error_code(e.__cause__) == "BlobAlreadyExists":
-                if self._created_by_us(key, data):
-                    return
-                raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
-            raise
+            if not (isinstance(e.__cause__, ResourceExistsError) or error_code(e.__cause__) == "BlobAlreadyExists"):
+                raise
+            self._create_refused(key, data)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         check_prefix(prefix)

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from keygroups.errors import InvalidKey, ObjectNotFound, StorageError
+from keygroups.errors import InvalidKey, ObjectExists, ObjectNotFound, StorageError
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,12 @@ class ObjectStore(Storage):
         """The key's full object name in the bucket."""
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _create_refused(self, key: str, data: bytes) -> None:
+        """A create-only write was refused because the object exists: return when it holds
+        our bytes (a retried create whose first attempt landed), else raise ObjectExists."""
+        if not self._created_by_us(key, data):
+            raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
 
     @abstractmethod
     def _stat(self, key: str) -> int | None:

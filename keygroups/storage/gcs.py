@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
+from keygroups.errors import ObjectNotFound, StorageError
 from keygroups.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, check_key, check_prefix
 from keygroups.storage.clients import LazyClient
 
@@ -203,11 +203,9 @@ class GcsStorage(ObjectStore):
                     bytes(data), content_type="application/octet-stream", if_generation_match=0, **opts
                 )
         except StorageError as e:
-            if isinstance(e.__cause__, gex.PreconditionFailed):
-                if self._created_by_us(key, data):
-                    return
-                raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
-            raise
+            if not isinstance(e.__cause__, gex.PreconditionFailed):
+                raise
+            self._create_refused(key, data)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         check_prefix(prefix)

@@ -196,9 +196,10 @@ class S3Storage(ObjectStore):
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
             except ClientError as e:
                 code = str(e.response.get("Error", {}).get("Code", ""))
-                if code in ("PreconditionFailed", "412") and self._created_by_us(key, data):
+                if code in ("PreconditionFailed", "412"):
+                    self._create_refused(key, data)
                     return
-                if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                if code in ("ConditionalRequestConflict", "409"):  # another create of it in flight
                     raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
                 raise
 
