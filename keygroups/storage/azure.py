@@ -100,19 +100,13 @@ class AzureStorage(ObjectStore):
         with self._errors(key):
             return self._blob(name).download_blob(max_concurrency=1).readall()
 
-    def read_range(self, key: str, start: int, length: int) -> bytes:
-        self._check_range(start, length)
-        if length == 0:
-            self.size(key)  # still report a missing object
-            return b""
+    def _get_range(self, key: str, start: int, length: int) -> bytes:
         name = self._name(key)
-        try:
-            with self._errors(key):
-                return self._blob(name).download_blob(offset=start, length=length, max_concurrency=1).readall()
-        except StorageError as e:
-            if error_code(e.__cause__) == "InvalidRange":
-                return b""  # start at or past the end
-            raise
+        with self._errors(key):
+            return self._blob(name).download_blob(offset=start, length=length, max_concurrency=1).readall()
+
+    def _past_end(self, cause: BaseException | None) -> bool:
+        return error_code(cause) == "InvalidRange"
 
     def write(self, key: str, data: bytes) -> None:
         name = self._name(key)

@@ -164,6 +164,26 @@ class ObjectStore(Storage):
         if not self._created_by_us(key, data):
             raise ObjectExists(f"{self.url_for(key)} exists already (another writer created it)") from None
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        self._check_range(start, length)
+        if length == 0:
+            self.size(key)  # still report a missing object
+            return b""
+        try:
+            return self._get_range(key, start, length)
+        except StorageError as e:
+            if self._past_end(e.__cause__):  # a start at or past the end: no bytes, as locally
+                return b""
+            raise
+
+    @abstractmethod
+    def _get_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes [start, start+length) in one ranged GET (length > 0), errors translated."""
+
+    @abstractmethod
+    def _past_end(self, cause: BaseException | None) -> bool:
+        """Whether the SDK error behind a failed ranged GET means the range starts past the end."""
+
     @abstractmethod
     def _stat(self, key: str) -> int | None:
         """The object's size, or None when there is no such object."""

@@ -144,23 +144,17 @@ class GcsStorage(ObjectStore):
         with self._object(key) as opts:
             return self._blob(name).download_as_bytes(raw_download=True, **opts)
 
-    def read_range(self, key: str, start: int, length: int) -> bytes:
+    def _get_range(self, key: str, start: int, length: int) -> bytes:
+        name = self._name(key)
+        with self._object(key) as opts:
+            return self._blob(name).download_as_bytes(
+                start=start, end=start + length - 1, raw_download=True, checksum=None, **opts
+            )
+
+    def _past_end(self, cause: BaseException | None) -> bool:
         from google.api_core import exceptions as gex
 
-        self._check_range(start, length)
-        if length == 0:
-            self.size(key)  # still report a missing object
-            return b""
-        name = self._name(key)
-        try:
-            with self._object(key) as opts:
-                return self._blob(name).download_as_bytes(
-                    start=start, end=start + length - 1, raw_download=True, checksum=None, **opts
-                )
-        except StorageError as e:
-            if isinstance(e.__cause__, gex.RequestRangeNotSatisfiable):  # start at or past the end
-                return b""
-            raise
+        return isinstance(cause, gex.RequestRangeNotSatisfiable)
 
     def write(self, key: str, data: bytes) -> None:
         name = self._name(key)
