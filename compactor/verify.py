@@ -17,12 +17,19 @@ Checks, each reported by name:
   whose running-maximum slice is not published (sealing, `compactor.slicing`), or its
   last offset + 1.
 
+A failed check says the archive is wrong (a file it names is missing, damaged or holds the
+wrong records). A read that fails for any other reason (a store that refuses or does not
+answer) says nothing of the archive: it ends the audit with that error, naming the request,
+so `keyfill verify` exits 2 instead of reporting checks it could not make as failed.
+
 The same audit runs on Spark for archives too large for one process: `compactor.verify_spark`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,6 +161,17 @@ def plan_audit(source: SourceArchive, dest: Storage) -> tuple[VerifyReport, Audi
     return report, AuditPlan(manifest, chunks, metas, files, {m.slice: m.partitions for m in metas})
 
 
+@contextmanager
+def _pool(threads: int) -> Iterator[ThreadPoolExecutor]:
+    """Threads for the audit's reads; a read that fails (a frozen store: after its bound)
+    ends the audit without starting the reads still queued, each of which would wait as long."""
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
     from tqdm import tqdm
 
@@ -163,7 +181,7 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     manifest, chunks, metas, files = plan.manifest, plan.chunks, plan.metas, plan.files
 
     # Source side: the reference multiset, partition by partition.
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    with _pool(threads) as pool:
         src_batches = list(
             tqdm(
                 pool.map(source.read, chunks),
@@ -180,7 +198,7 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     checker = FileChecker(dest, manifest)
 
     out_batches, out_slices = [], []
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    with _pool(threads) as pool:
         checked = tqdm(
             pool.map(lambda item: checker(*item, plan.ranges), files),
             total=len(files),

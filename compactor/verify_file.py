@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from keygroups import compacted, envelope
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.compacted import Piece
-from keygroups.errors import KeyfillError
+from keygroups.errors import ObjectNotFound
 from keygroups.storage import Storage
 
 
@@ -55,7 +55,8 @@ class FileChecker:
         name = dest.url_for(key)
         try:
             data = dest.read(key)
-        except KeyfillError as exc:
+        except ObjectNotFound as exc:  # the archive lacks a file it names; any other StorageError
+            # (a timeout, a refused request) says nothing of the archive: it ends the audit
             problems.append(("checksums", f"{name}: {exc}"))
             return envelope.empty_batch(), np.zeros(0, np.int64), problems
         size = pieces[0].file_bytes

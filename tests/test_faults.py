@@ -471,6 +471,34 @@ def test_frozen_endpoint_fails_compact_in_bounded_time(spark, frozen_s3, short_l
     assert server.endpoint in str(err.value) and f"s3://{server.bucket}/new" in str(err.value)
 
 
+def test_verify_frozen_mid_audit_is_an_unreadable_archive_not_a_failed_check(short_limits, source, capsys, monkeypatch):
+    """The store freezes once the audit has read the manifest, the index and the assignment:
+    the segment reads that hang end it as "could not be read" (exit 2, one line naming the
+    request), not as a failed check ("NOT verified", exit 1): nothing is wrong with the archive."""
+    import compactor.verify
+
+    server, url = short_limits
+
+    class FreezingChecker(compactor.verify.FileChecker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            os.kill(server.process.pid, signal.SIGSTOP)
+
+    monkeypatch.setattr(compactor.verify, "FileChecker", FreezingChecker)
+    try:
+        started = time.monotonic()
+        code = main(["verify", source, url, "--no-progress"])
+        took = time.monotonic() - started
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    out, err = capsys.readouterr()
+    print(f"frozen mid-audit, verify: exit {code} after {took:.1f} s")
+    assert code == 2 and "NOT verified" not in out and "FAIL" not in out, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and server.endpoint in lines[0] and f"{url}/{compacted.GROUPS}/" in lines[0], err
+    assert took < FROZEN_BOUND_S, f"{took:.1f} s"
+
+
 # --- smaller bad inputs ------------------------------------------------------------------
 
 

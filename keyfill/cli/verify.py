@@ -15,7 +15,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="audit a compacted archive against its source",
         description="Prove nothing was lost, duplicated or reordered: every source record exactly once (counts and "
         "a per-partition fingerprint), offsets covered without gaps or overlaps, each key in offset order and in "
-        "its group, slice bounds, file checksums, hand-off offsets. Exits 1 with a report on any violation.",
+        "its group, slice bounds, file checksums, hand-off offsets. Exits 1 with a report on any violation (the "
+        "archive is wrong); exits 2 with one line naming the request when the source or the archive could not be read "
+        "(a store that fails or does not answer: a check that could not read is not a failed check).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("source", help="the source archive")
