@@ -26,6 +26,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from keygroups import compacted
@@ -37,6 +38,31 @@ log = logging.getLogger("keyfill.compact")
 LEASE_MS = 10 * 60_000  # a lease not renewed for this long has ended
 RENEW_EVERY = 0.25  # of LEASE_MS: three renewals may fail before the lease ends
 GRACE_MS = LEASE_MS  # vacuum waits this much longer: clock skew between the run and vacuum
+# How long a run waits to record its end (the lease marked failed or deleted, a task's error
+# object): a store that does not answer would otherwise hold the run for its whole bound
+# (KEYFILL_STORAGE_DEADLINE) again after the error that ended it.
+RECORD_S = 5.0
+
+
+def best_effort(action: Callable[[], object], seconds: float | None = None) -> str | None:
+    """`action()`, a write of the run's own records, on a daemon thread waited for at most
+    `seconds` (`RECORD_S`): None once it is done, else why not (its error, or no answer in
+    time: it may still land later). Never raises: recording an error must not replace it."""
+    seconds = RECORD_S if seconds is None else seconds
+    failed: list[str] = []
+
+    def work() -> None:
+        try:
+            action()
+        except Exception as exc:
+            failed.append(str(exc) if isinstance(exc, KeyfillError) else f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=work, name="keyfill-record", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        return f"no answer within {seconds:g} s"
+    return failed[0] if failed else None
 
 
 class LeaseLost(KeyfillError, RuntimeError):
@@ -153,17 +179,24 @@ class Lease:
 
     def release(self, *, failed: bool) -> None:
         """Stop renewing; after a commit the lease goes, after a failure it stays marked
-        failed (vacuum may then take the run's files without waiting for it to expire)."""
+        failed (vacuum may then take the run's files without waiting for it to expire).
+        Best effort within `RECORD_S`: a lease left as it was ends by its age."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        with self._lock:
-            self._lost = True
-            try:
+        self._lost = True  # no renewal from here on
+
+        def end() -> None:
+            if self._thread is not None:
+                self._thread.join()  # a renewal under way (it may wait on the store)
+            with self._lock:
                 if failed:
                     self.record.state = "failed"
                     self.store.write(self.key, self._body())
                 else:
                     self.store.delete(self.key)
-            except StorageError as exc:  # vacuum will judge it by its age
-                log.warning("could not release the run's lease %s: %s", self.store.url_for(self.key), exc)
+
+        why = best_effort(end)
+        if why is not None:  # vacuum will judge it by its age
+            # after a failure, the error that ended the run is what the user needs to read
+            (log.info if failed else log.warning)(
+                "could not release the run's lease %s: %s", self.store.url_for(self.key), why
+            )

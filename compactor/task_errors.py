@@ -1,27 +1,39 @@
-"""Bad input found inside a Spark task: reported once, not retried, and the job stopped.
+"""Errors a Spark task meets in its input or in the archive: reported once, not retried,
+and the job stopped.
 
-A truncated chunk, a damaged Kafka segment or a malformed JSON line fails the same way on
-every attempt, yet Spark retries a failed task (`spark.task.maxFailures`, 4 on a cluster),
-logs each attempt's executor traceback, and only then fails the job, with the error buried
-under them. So a task that meets a deterministic input error (a `KeyfillError` that is not
-a storage error: those may pass) does not raise: it records the error in the run's error
-object (`_runs/<run>.error.json`, created once: the first error wins), and ends cleanly. The
-driver runs each Spark action in a job group of its own and looks for that object while it
-waits; when it appears, it cancels the group and raises the error as it was raised in the
-task: one line naming the object, and no traceback. Spark has no per-exception
+A truncated chunk, a damaged Kafka segment, a malformed JSON line, an archive file cut short
+or missing: each fails the same way on every attempt, yet Spark retries a failed task
+(`spark.task.maxFailures`, 4 on a cluster), logs each attempt's executor traceback, and only
+then fails the job, with the error buried under them. So a task that meets a deterministic
+error (a `KeyfillError` that is not a transient storage error: those get Spark's retries)
+does not raise: it records the error and its traceback in the run's error object
+(`_runs/<run>.error.json`, created once: the first error wins), and ends cleanly. The driver
+runs each Spark action in a job group of its own and looks for that object while it waits;
+when it appears, it cancels the group and raises the error as it was raised in the task: one
+line naming the object, and where the task's traceback is kept. Spark has no per-exception
 retry policy and no channel from a Python task to the driver other than the storage both
 already share, which is why this is written here.
+
+The error that stopped the action is the one raised. A store that does not answer fails the
+tasks' reads within its bound (`KEYFILL_STORAGE_*`), and their error is the run's: looking
+for the error object never replaces it (the look-out runs beside the action, and what it
+cannot read it leaves), and a task that cannot record its error within `RECORD_S` raises it
+to Spark instead. An action that fails in a task is raised as the task's own `KeyfillError`
+(`raised_in_task`), not as Spark's wrapper.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from compactor.lease import best_effort
 from keygroups import compacted
-from keygroups.errors import KeyfillError, ObjectExists, StorageError
+from keygroups.errors import InvalidKey, KeyfillError, ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage import Storage
 
 T = TypeVar("T")
@@ -33,7 +45,31 @@ class TaskInputError(KeyfillError, ValueError):
 
 
 def deterministic(exc: BaseException) -> bool:
-    return isinstance(exc, KeyfillError) and not isinstance(exc, StorageError)
+    """An error another attempt would meet again: any KeyfillError but a storage error that
+    may pass (a timeout, a refused or failed request). A missing object stays missing."""
+    if not isinstance(exc, KeyfillError):
+        return False
+    return not isinstance(exc, StorageError) or isinstance(exc, (ObjectNotFound, InvalidKey))
+
+
+# The last "module.Type: message" line of keyfill's own packages in a Spark exception, which
+# carries the driver's and the executor's tracebacks around it.
+_TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*\.([A-Z]\w*): (.+)$", re.M)
+
+
+def raised_in_task(exc: BaseException) -> KeyfillError | None:
+    """The keyfill error a Spark task raised, from the exception Spark wraps it in, as the
+    type it was raised as (TaskInputError if that type cannot be built from its message)."""
+    found = _TASK_ERROR.findall(str(exc))
+    return _as_raised(*found[-1]) if found else None
+
+
+def _as_raised(kind: str, message: str) -> KeyfillError:
+    message = message.strip()
+    try:
+        return _error_types().get(kind, TaskInputError)(message)
+    except TypeError:
+        return TaskInputError(message)
 
 
 class TaskErrors:
@@ -43,47 +79,54 @@ class TaskErrors:
     def __init__(self, dest: Storage, run: str) -> None:
         self.dest, self.run_id, self.key = dest, run, compacted.run_error_key(run)
 
-    def report(self, exc: BaseException) -> None:
-        body = compacted.dumps({"type": type(exc).__name__, "message": str(exc)})
-        try:
-            self.dest.create(self.key, body)
-        except ObjectExists:
-            pass  # another task's error was first: one is enough
+    def report(self, exc: BaseException, trace: str = "") -> str | None:
+        """Record `exc` (None), or why it could not be within `RECORD_S`."""
+        body = compacted.dumps({"type": type(exc).__name__, "message": str(exc), "traceback": trace})
+
+        def create() -> None:
+            try:
+                self.dest.create(self.key, body)
+            except ObjectExists:
+                pass  # another task's error was first: one is enough
+
+        return best_effort(create)
 
     def guard(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-        """`task` (a mapInArrow or mapPartitions function) that reports a deterministic input
-        error and stops, instead of raising it."""
+        """`task` (a mapInArrow or mapPartitions function) that reports a deterministic error
+        and stops, instead of raising it (raising it still when it cannot be recorded)."""
 
         def run(batches: Iterator[Any]) -> Iterator[Any]:
             try:
                 yield from task(batches)
             except Exception as exc:
-                if not deterministic(exc):
+                if not deterministic(exc) or self.report(exc, traceback.format_exc()) is not None:
                     raise
-                self.report(exc)
 
         return run
 
     def reported(self) -> KeyfillError | None:
-        """The error a task reported, as the type it was raised as (TaskInputError if that
-        type cannot be built from its message)."""
+        """The error a task reported, as the type it was raised as, its message naming where
+        the task's traceback is kept. A store that cannot say raises: the action's result
+        may lack what that task would have made."""
         try:
             found = json.loads(self.dest.read(self.key))
-        except (StorageError, ValueError):
+        except ObjectNotFound:
             return None
+        except ValueError:
+            found = {}
         message = str(found.get("message", "a Spark task found bad input"))
-        kind = _error_types().get(found.get("type"), TaskInputError)
-        try:
-            return kind(message)
-        except TypeError:
-            return TaskInputError(message)
+        if found.get("traceback"):
+            message += f"; the task's traceback is in {self.dest.url_for(self.key)}"
+        return _as_raised(str(found.get("type")), message)
 
     def run(self, sc, description: str, action: Callable[[], T]) -> T:
         """`action()` (a Spark action) in a job group of its own, cancelled as soon as a task
-        reports an error, which is then raised here."""
+        reports an error, which is then raised here; an action that fails raises its task's
+        error (`raised_in_task`)."""
         group = f"keyfill-{self.run_id}-{threading.get_ident()}-{description}"
         result: list = []
         failure: list[BaseException] = []
+        seen = threading.Event()  # the error object appeared: the group is cancelled
 
         def work() -> None:
             sc.setJobGroup(group, f"keyfill compact: {description}", interruptOnCancel=True)
@@ -93,24 +136,46 @@ class TaskErrors:
             except BaseException as exc:  # handed to the caller's thread
                 failure.append(exc)
 
+        def watch() -> None:
+            while not stopped.wait(POLL_S):
+                try:
+                    found = self.dest.exists(self.key)
+                except StorageError:
+                    continue  # the tasks meet the same store: their error is the run's
+                if found and not stopped.is_set():
+                    seen.set()
+                    sc.cancelJobGroup(group)
+                    return
+
         thread = threading.Thread(target=work, name=f"keyfill-{description}", daemon=True)
+        stopped = threading.Event()
         thread.start()
+        threading.Thread(target=watch, name=f"keyfill-{description}-errors", daemon=True).start()
         try:
             while thread.is_alive():
                 thread.join(POLL_S)
-                if thread.is_alive() and self.dest.exists(self.key):
-                    sc.cancelJobGroup(group)
-                    thread.join()
-                    break
         except BaseException:  # Ctrl-C: stop the tasks too
             sc.cancelJobGroup(group)
             raise
+        finally:
+            stopped.set()
+        if failure and not seen.is_set():
+            _raise_failed(failure[0])
         error = self.reported()
         if error is not None:
             raise error
         if failure:
-            raise failure[0]
+            _raise_failed(failure[0])
         return result[0]
+
+
+def _raise_failed(exc: BaseException) -> None:
+    """A failed action's error: its task's KeyfillError where it raised one (Spark's own
+    exception, with both tracebacks, as its cause)."""
+    error = raised_in_task(exc)
+    if error is None:
+        raise exc
+    raise error from exc
 
 
 def _error_types() -> dict[str, type[KeyfillError]]:

@@ -10,7 +10,9 @@ in a clear error naming the object at fault, with nothing lost and nothing wrong
   and the Spark source fail fast naming file, byte range, slice and group, emit nothing of
   the piece, and a replay resumed from its checkpoint after repair is exactly once;
 - a frozen S3 endpoint (SIGSTOP on a SeaweedFS of its own): replay, verify and compact fail
-  in bounded time naming endpoint and object; Ctrl-C ends a stalled replay at once;
+  in bounded time naming endpoint and object; Ctrl-C ends a stalled replay at once; frozen
+  mid-run, verify exits 2 (not a failed check) and compact names the read that hung, not the
+  run's own records, whose writing waits a short bound and never replaces the error;
 - verify of an unreadable manifest, a corrupt checkpoint file, a negative watermark bound.
 """
 
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -497,6 +500,77 @@ def test_verify_frozen_mid_audit_is_an_unreadable_archive_not_a_failed_check(sho
     lines = err.strip().splitlines()
     assert len(lines) == 1 and server.endpoint in lines[0] and f"{url}/{compacted.GROUPS}/" in lines[0], err
     assert took < FROZEN_BOUND_S, f"{took:.1f} s"
+
+
+@pytest.fixture(scope="module")
+def s3_source(frozen_s3, source):
+    """The fault source, copied to the frozen-endpoint server."""
+    server, _, _ = frozen_s3
+    url = f"s3://{server.bucket}/src"
+    remote, local = open_storage(url), open_storage(source)
+    for o in local.list():
+        remote.write(o.key, local.read(o.key))
+    return url
+
+
+def test_compact_frozen_mid_run_names_the_read_that_hung(spark, frozen_s3, short_limits, s3_source, monkeypatch):
+    """The store freezes as the statistics pass starts: the run fails once, within one
+    request's bound, naming the source read that hung; not the run's error object, which the
+    driver looks for while tasks run and which cannot be read either."""
+    import compactor.job
+
+    server, _ = short_limits
+    _, _, env = frozen_s3
+    # Spark's Python workers take their environment from the session, not from os.environ
+    for k, v in {**{k: v for k, v in env.items() if v is not None}, **SHORT_LIMITS}.items():
+        monkeypatch.setitem(spark.sparkContext.environment, k, v)
+    statistics = compactor.job.run_statistics
+
+    def freezing(*args, **kwargs):
+        os.kill(server.process.pid, signal.SIGSTOP)
+        return statistics(*args, **kwargs)
+
+    monkeypatch.setattr(compactor.job, "run_statistics", freezing)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageError) as err:
+            compact(CompactConfig(source=s3_source, dest=f"s3://{server.bucket}/mid", groups=2), spark)
+        took = time.monotonic() - started
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    message = str(err.value)
+    print(f"frozen mid-run, compact: error after {took:.1f} s: {message}")
+    assert "\n" not in message and server.endpoint in message and f"{s3_source}/" in message, message
+    assert f"/{compacted.RUNS}/" not in message, message
+    assert took < FROZEN_BOUND_S, f"{took:.1f} s"
+
+
+def test_recording_an_error_waits_a_short_bound_and_never_replaces_it(tmp_path, monkeypatch):
+    """A store that stops answering holds neither a task's report of its error nor the run's
+    release of its lease for more than `RECORD_S`; the task's error is then raised as it was."""
+    import compactor.lease
+    from compactor.task_errors import TaskErrors
+
+    monkeypatch.setattr(compactor.lease, "RECORD_S", 0.5)
+    store = open_storage(str(tmp_path))
+    lease = compactor.lease.Lease(store, compacted.new_run(), "compact").acquire()
+    answer = threading.Event()
+    monkeypatch.setattr(store, "write", lambda *args, **kwargs: answer.wait(60))
+    monkeypatch.setattr(store, "create", lambda *args, **kwargs: answer.wait(60))
+
+    def task(batches):
+        raise compacted.FormatError("groups/00000/x.avro: 1 bytes, the index says 2")
+        yield
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(compacted.FormatError, match="the index says 2"):
+            list(TaskErrors(store, lease.record.run).guard(task)(iter([])))
+        lease.release(failed=True)
+        took = time.monotonic() - started
+    finally:
+        answer.set()
+    assert took < 3, f"{took:.1f} s"
 
 
 # --- smaller bad inputs ------------------------------------------------------------------

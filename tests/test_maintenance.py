@@ -347,7 +347,10 @@ def test_a_corrupt_chunk_ends_the_cli_with_one_line_naming_it(full_source, tmp_p
     assert compacted.versions(store) == []
     (lease,) = [read_lease(store, o.key) for o in store.list(compacted.RUNS + "/") if compacted.run_of_lease(o.key)]
     assert lease.state == "failed"
-    assert json.loads(store.read(compacted.run_error_key(lease.run)))["message"] == lines[-1].split("error: ", 1)[1]
+    kept = json.loads(store.read(compacted.run_error_key(lease.run)))
+    where = store.url_for(compacted.run_error_key(lease.run))
+    assert f"{kept['message']}; the task's traceback is in {where}" == lines[-1].split("error: ", 1)[1]
+    assert "Traceback" in kept["traceback"] and os.path.basename(victim) in kept["traceback"]
 
 
 def test_vacuum_refuses_to_judge_what_it_cannot_read(tmp_path):

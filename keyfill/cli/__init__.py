@@ -7,7 +7,6 @@ Spark.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from keyfill.cli import (
@@ -44,14 +43,14 @@ __all__ = [
     "source_from_args",
 ]
 
-_TASK_ERROR = re.compile(r"^(?:keygroups|compactor|keyfill|reader)\.[\w.]*\.[A-Z]\w*: (.+)$", re.M)
-
 
 def _spark_task_error(exc: Exception) -> str | None:
     """The keyfill error raised inside a Spark task: Spark wraps it in its own exception
     with both tracebacks; the user needs the one line that names the object."""
-    found = _TASK_ERROR.findall(str(exc))
-    return found[-1].strip() if found else None
+    from compactor.task_errors import raised_in_task
+
+    found = raised_in_task(exc)
+    return None if found is None else str(found)
 
 
 def build_parser() -> argparse.ArgumentParser:
