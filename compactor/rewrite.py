@@ -345,11 +345,12 @@ def run_rewrite(
     slots = group_slots(spark, groups)
     ship = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, CODEC)
     write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, CODEC)
+    guard = errors.guard if errors else lambda task: task
     action = (
-        frame.mapInArrow(errors.guard(ship) if errors else ship, RUNS_DDL)
+        frame.mapInArrow(guard(ship), RUNS_DDL)
         .repartition(groups, "slot")  # task g holds group g alone
         .sortWithinPartitions("grp", "lo")
-        .mapInArrow(write, _SPARK_DDL)
+        .mapInArrow(guard(write), _SPARK_DDL)  # an append's tail cut short or missing: the archive's error
         .toArrow
     )
     with _arrow_batches_of(spark, RUN_BATCH_BYTES):

@@ -6,6 +6,9 @@ appended archive's slices are the one-shot compaction's."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -270,17 +273,29 @@ def test_appends_continue_each_groups_small_last_file(spark, tmp_path):
         assert sum(e.batch.num_rows for e in ev if isinstance(e, reader.Records)) == m.totals["records"]
 
 
-def test_an_append_refuses_a_tail_that_is_not_what_the_index_says(spark, full_source, tmp_path):
+def test_an_append_refuses_a_tail_that_is_not_what_the_index_says(full_source, tmp_path):
+    """The write task that meets the cut tail stops the run at once: one line naming the file,
+    exit 2, no executor traceback on the terminal, and no attempt retried (local[2,4] tries a
+    failed task 4 times, each failure logged as "Exception in task"); the task's traceback is
+    kept in the run's error object, which the line names."""
+    from test_cli import run as keyfill
+
     src, dest = str(tmp_path / "src"), str(tmp_path / "c")
     copy_share(full_source, src, 0.5)
-    compact(CompactConfig(source=src, dest=dest, groups=2, slice_duration="10s"), spark)
+    compact(CompactConfig(source=src, dest=dest, groups=2, slice_duration="10s"))  # in this process: one Spark run
     store = open_storage(dest)
     before = compacted.load_manifest(store)
     victim = sorted(o.key for o in store.list("groups/"))[0]
     store.write(victim, store.read(victim)[:-3])
     copy_share(full_source, src, 1.0)
-    with pytest.raises(Exception, match=f"{victim}: .* bytes, the index says"):
-        compact(CompactConfig(source=src, dest=dest, append=True), spark)
+    out = keyfill("compact", src, dest, "--append", "--master", "local[2,4]")
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and last.startswith("keyfill compact: error: "), out.stderr
+    assert re.search(f"{dest}/{victim}: \\d+ bytes, the index says \\d+", last), last
+    assert sum(victim in line for line in out.stderr.splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr and "Exception in task" not in out.stderr, out.stderr
+    (kept,) = [o.key for o in store.list(compacted.RUNS + "/") if o.key.endswith(".error.json")]
+    assert last.endswith(f"{dest}/{kept}") and "Traceback" in json.loads(store.read(kept))["traceback"]
     assert compacted.versions(store) == [1] and compacted.load_manifest(store) == before
 
 
