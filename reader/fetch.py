@@ -1,7 +1,8 @@
 """The group reader, shared by the replay and the Spark source: each group's upcoming pieces
 as few large ranged GETs (consecutive pieces of a segment file fetched together as a span,
-`reader.coalesce`), within a read-ahead budget (`reader.memory`), on a pool of daemon
-threads (`reader.fetch_pool`), every piece checked before its records are decoded."""
+`reader.coalesce`), within a read-ahead budget that bounds what is held (`reader.read_budget`),
+on a pool of daemon threads (`reader.fetch_pool`), every piece checked before its records are
+decoded (`reader.fetched_span`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 
-from keygroups import compacted
 from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError, KeyfillError
 from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage
-from reader.coalesce import checked, parts, span
+from reader.coalesce import parts, span
 from reader.fetch_pool import GET_THREADS, FetchPool
+from reader.fetched_span import FetchedSpan
+from reader.read_budget import ReadBudget
 
 LOOKAHEAD_SLICES = 256  # how far a span may reach past the slice being read
 
@@ -32,92 +34,13 @@ def span_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
     return max(1, min(get_bytes or share, share)) if read_ahead_bytes else 1
 
 
-# A fetched span is decoded a step of about this many bytes at a time: the decoded records a
-# group holds stay small whatever the span's length (a span is up to range_bytes, and decoded
-# records are several times their compressed bytes). Measured at 10 s slices: 256 KiB, 512 KiB,
-# 2 MiB and 4 MiB steps all replayed slower (a step costs ~0.1 ms of its own; large ones
-# leave the cache).
-DECODE_BYTES = 1 << 20
-
-
-class _Fetched:
-    """A span in flight: the futures of its parts (from byte `start`), joined once into bytes
-    and decoded in steps of about DECODE_BYTES."""
-
-    def __init__(self, start: int, pieces: PieceColumns, futures: list[Future]) -> None:
-        self.start, self.pieces, self.futures = start, pieces, futures
-        self.last_slice = int(pieces.slice[-1])
-        self._ends = np.cumsum(pieces.length)  # bytes of the span's pieces up to each one's end
-        self._data: bytes | None = None
-        self._records: dict[int, pa.RecordBatch] = {}  # decoded and not yet read, by slice
-        self._decoded = 0  # pieces decoded so far
-
-    def data(self, url: str) -> bytes:
-        if self._data is None:
-            self._data = checked(b"".join(f.result() for f in self.futures), self.start, self.pieces, url)
-            self.futures = []
-        return self._data
-
-    @property
-    def next_piece(self) -> Piece:
-        """The first piece not yet decoded (the span is dropped once all are)."""
-        return self.pieces[self._decoded]
-
-    @property
-    def next_slice(self) -> int:
-        return int(self.pieces.slice[self._decoded])
-
-    def index_of(self, s: int) -> int | None:
-        """Where the span's piece of slice s is, if it has one."""
-        i = int(np.searchsorted(self.pieces.slice, s))
-        return i if i < len(self.pieces) and self.pieces.slice[i] == s else None
-
-    @property
-    def done(self) -> bool:
-        return self._decoded == len(self.pieces)
-
-    def step(
-        self,
-        url_for: Callable[[str], str],
-        header: Callable[[Piece, str], bytes],
-        finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
-    ) -> tuple[PieceColumns, pa.RecordBatch]:
-        """The span's next pieces, about DECODE_BYTES of them (at least one), checked and
-        decoded in one pass and `finish`ed once: their records back to back, piece after piece."""
-        pieces, i = self.pieces, self._decoded
-        url = url_for(pieces.file_of(i))
-        data = self.data(url)
-        done = int(self._ends[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(self._ends, done + DECODE_BYTES, side="right")))
-        step = pieces.rows(i, j)
-        head = data[: int(pieces.file_header[0])] if self.start == 0 else header(pieces[i], url)
-        batch = finish(compacted.read_span(head, data, self.start, step, url), int(pieces.group[0]))
-        self._decoded = j
-        if j == len(pieces):
-            self._data = None
-        return step, batch
-
-    def take(
-        self,
-        p: Piece,
-        url_for: Callable[[str], str],
-        header: Callable[[Piece, str], bytes],
-        finish: Callable[[pa.RecordBatch, int], pa.RecordBatch],
-    ) -> pa.RecordBatch:
-        """The records of the span's piece p (each piece is taken once), decoding the next
-        step if p is not decoded yet."""
-        batch = self._records.pop(p.slice, None)
-        if batch is not None:
-            return batch
-        step, whole = self.step(url_for, header, finish)
-        self._records.update(zip(step.slice.tolist(), compacted.split_span(whole, step)))
-        return self._records.pop(p.slice)
-
-
 class PieceFetcher:
     """One replay thread's view of its groups' pieces: keeps, per group, the span being read
-    and the next one in flight (two spans of at most `span_bytes`), GETs each span as parts of
-    at most `part_bytes`, and the Avro header of a file once."""
+    and the next one in flight (two spans of at most `span_bytes`, the second only while the
+    budget has room for it), GETs each span as parts of at most `part_bytes`, and the Avro
+    header of a file once. Every span and decoded step is charged to `budget`, which threads
+    and the consumer share (`reader.read_budget`); `caller_consumes`: the caller takes each
+    step as it is decoded (a Spark task), so a needed read never waits for the budget."""
 
     def __init__(
         self,
@@ -129,26 +52,33 @@ class PieceFetcher:
         *,
         span_bytes: int,
         part_bytes: int,
+        budget: ReadBudget,
         ahead: bool = True,
+        caller_consumes: bool = False,
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch] = lambda batch, group: batch,
     ) -> None:
         self.store, self.pool, self.group_pieces, self.slices = store, pool, group_pieces, slices
         self.span_bytes, self.part_bytes, self.ahead = span_bytes, part_bytes or (1 << 62), ahead
+        self.budget = budget
         self.finish = finish  # applied to a span's records once, e.g. to tag them with their group
-        self._spans: dict[int, deque[_Fetched]] = {g: deque() for g in groups}
+        self.caller_consumes = caller_consumes
+        self._consumer_slice: Callable[[int], int | None] = (lambda s: None) if caller_consumes else (lambda s: s)
+        self._spans: dict[int, deque[FetchedSpan]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for spans
         self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
         self._wake = 0  # prefetch has nothing to start before this slice (the look-ahead limit holds all back)
         self.gets = 0
+        # called with the slice the thread is at before it waits for the budget (`ReadBudget.take`)
+        self.on_wait: Callable[[int], object] | None = None
 
     def _submit(self, key: str, start: int, length: int) -> Future:
         self.gets += 1
         return self.pool.submit(self.store.read_range, key, start, length)
 
-    def _schedule(self, g: int, limit: int) -> None:
-        """Start the GETs of group g's next span, looking at its pieces up to slice `limit`
-        (a block's pieces by group come from the plan, as columns: no walk over every slice
-        or piece)."""
+    def _plan(self, g: int, limit: int) -> tuple[PieceColumns | None, int]:
+        """Group g's next span, looking at its pieces up to slice `limit` (a block's pieces by
+        group come from the plan, as columns: no walk over every slice or piece), and the
+        first slice past what was looked at."""
         s = self._frontier[g]
         found: list[PieceColumns] = []
         file, start, end = "", 0, 0  # the span so far: its file and bytes [start, end)
@@ -168,13 +98,53 @@ class PieceFetcher:
                 if a + n < z:  # the span ends before this piece
                     stop = limit = int(mine.slice[a + n])
             s = stop
-        self._frontier[g] = s
-        if not found:
-            return
-        pieces = PieceColumns.concat(found)
+        return (PieceColumns.concat(found) if found else None), s
+
+    def _read_ahead(self, g: int, limit: int) -> bool:
+        """Start group g's next span (up to slice `limit`) if the budget has room for it.
+        False: it had none, and nothing was started."""
+        pieces, frontier = self._plan(g, limit)
+        if pieces is not None:
+            start, end = span(pieces)
+            if not self.budget.try_take(end - start):
+                return False
+            self._start(g, pieces, start, end)
+        self._frontier[g] = frontier
+        return True
+
+    def _need(self, g: int, limit: int, s: int) -> int | None:
+        """Start group g's next span (up to slice `limit`), which the thread, at slice s,
+        needs: waits for the budget if the span starts at s (and is cut to its first piece if
+        the budget lets it through only because the consumer starves for s). A span that
+        starts later is started only if the budget has room now; if not, its first slice is
+        returned, so the thread can go on with its other groups and come back to it."""
+        pieces, frontier = self._plan(g, limit)
+        if pieces is None:
+            self._frontier[g] = frontier
+            return None
         start, end = span(pieces)
+        first = int(pieces.slice[0])
+        if first > s and not self.caller_consumes and not self.budget.try_take(end - start):
+            return first
+        if first == s or self.caller_consumes:
+            one = pieces.rows(0, 1)
+            a, z = span(one)
+            taken = self.budget.take(end - start, z - a, self._consumer_slice(first), self._waiting(s))
+            if taken != end - start:
+                pieces, frontier, start, end = one, first + 1, a, z
+        self._frontier[g] = frontier
+        self._start(g, pieces, start, end)
+        return None
+
+    def _start(self, g: int, pieces: PieceColumns, start: int, end: int) -> None:
+        """The GETs of a span whose bytes the budget has given."""
+        file = pieces.file_of(0)
         futures = [self._submit(file, a, n) for a, n in parts(start, end, self.part_bytes)]
-        self._spans[g].append(_Fetched(start, pieces, futures))
+        self._spans[g].append(FetchedSpan(start, pieces, futures, self.budget, end - start))
+
+    def _waiting(self, s: int) -> Callable[[], object] | None:
+        hook = self.on_wait
+        return None if hook is None else lambda: hook(s)
 
     def _joining(self, mine: PieceColumns, a: int, z: int, file: str, start: int, end: int) -> int:
         """How many of pieces a..z-1 carry on the span of `file` bytes [start, end): each must
@@ -191,36 +161,41 @@ class PieceFetcher:
         first_bad = int(bad.argmax()) if len(bad) else 0
         return first_bad + 1 if len(bad) and bad[first_bad] else z - a
 
-    def _fill(self, g: int, s: int) -> None:
-        """Group g's spans in flight: the one being read and, with read-ahead, the next."""
+    def _fill(self, g: int, s: int) -> bool:
+        """Group g's spans in flight: the one being read and, with read-ahead, the next, as
+        far as the budget has room. False: it had none (`prefetch` tries again)."""
         limit = min(self.slices, s + LOOKAHEAD_SLICES)
         spans, want = self._spans[g], 2 if self.ahead else 1
         while len(spans) < want and self._frontier[g] < limit:
-            self._schedule(g, limit)
+            if not self._read_ahead(g, limit):
+                self._wake = 0
+                return False
         if len(spans) < want and self._frontier[g] < self.slices:  # held back by the look-ahead limit only
             self._wake = min(self._wake, self._frontier[g] - LOOKAHEAD_SLICES + 1)
+        return True
 
     def prefetch(self, s: int) -> None:
         """Make sure every group of this thread has its spans from slice s on in flight.
-        Called per slice: returns at once until the look-ahead limit lets a span start (a
-        span's end starts the next one from `read`)."""
+        Called per slice: returns at once until the look-ahead limit or the budget lets a
+        span start (a span's end starts the next one from `read`)."""
         if s < self._wake:
             return
         self._wake = self.slices
         for g in self._spans:
             self._frontier.setdefault(g, s)
-            self._fill(g, s)
+            if not self._fill(g, s):  # the budget is spent: the other groups wait too
+                return
 
     def next_slice(self, g: int, s: int) -> int | None:
         """The slice of group g's next piece not yet decoded, from slice s on; its span is put
-        in flight if it is not. None: group g has none before `frontier(g)`, where the
-        look-ahead limit stopped the search."""
+        in flight if it is not (a span past s only if the budget has room for it now). None:
+        group g has none before `frontier(g)`, where the look-ahead limit stopped the search."""
         spans = self._spans[g]
         if not spans:
             self._frontier[g] = start = max(s, self._frontier.get(g, s))
-            self._schedule(g, min(self.slices, start + LOOKAHEAD_SLICES))
+            later = self._need(g, min(self.slices, start + LOOKAHEAD_SLICES), s)
             if not spans:
-                return None
+                return later
         return spans[0].next_slice
 
     def frontier(self, g: int) -> int:
@@ -231,17 +206,21 @@ class PieceFetcher:
         """Group g's next piece, once `next_slice` said there is one: what an error names."""
         return self._spans[g][0].next_piece
 
-    def step(self, g: int) -> tuple[PieceColumns, pa.RecordBatch]:
+    def step(self, g: int) -> tuple[PieceColumns, pa.RecordBatch, int]:
         """Group g's next pieces (once `next_slice` said there is one), decoded together:
-        their records back to back. The next span is put in flight when this one ends."""
+        their records back to back, and the bytes charged to the budget for them (the
+        consumer gives them back). The next span is put in flight when this one ends."""
         spans = self._spans[g]
         fetched = spans[0]
-        step, batch = fetched.step(self.store.url_for, self._header, self.finish)
+        at = fetched.next_slice
+        step, batch, held = fetched.step(
+            self.store.url_for, self._header, self.finish, self._consumer_slice(at), self._waiting(at)
+        )
         if fetched.done:
             spans.popleft()
             if self.ahead:
                 self._fill(g, fetched.last_slice + 1)
-        return step, batch
+        return step, batch, held
 
     def _header(self, p: Piece, url: str) -> bytes:
         head = self._headers.get(p.file)
@@ -253,27 +232,39 @@ class PieceFetcher:
             raise IntegrityError(f"{p.where(url)}: the object is shorter than its {p.file_header}-byte header")
         return head
 
-    def read(self, p: Piece) -> pa.RecordBatch:
-        """Piece p's records, checked against the index; the spans before it are dropped.
-        Called per piece: the common path is a few dict reads."""
+    def read(self, p: Piece) -> tuple[pa.RecordBatch, int]:
+        """Piece p's records, checked against the index, and the bytes charged for them; the
+        spans before it are dropped. Decoded a piece at a time: the caller (a thread under a
+        drift bound) holds its pieces of a slice until it has merged them by event time."""
         spans = self._spans[p.group]
         while spans and spans[0].last_slice < p.slice:
-            spans.popleft()
+            spans.popleft().release()
         if not spans or spans[0].pieces.slice[0] > p.slice:  # not in flight (no read-ahead budget)
+            for dropped in spans:
+                dropped.release()
             spans.clear()
             self._frontier[p.group] = p.slice
-            self._schedule(p.group, p.slice + 1)
+            self._need(p.group, p.slice + 1, p.slice)
         fetched = spans[0]
         at = fetched.index_of(p.slice)
-        if at is None or fetched.pieces[at] != p:
+        if at is None or fetched.pieces[at] != p or at != fetched._decoded:
             url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the span was planned")
-        batch = fetched.take(p, self.store.url_for, self._header, self.finish)
-        if p.slice == fetched.last_slice:
+        _, batch, held = fetched.step(
+            self.store.url_for, self._header, self.finish, self._consumer_slice(p.slice), self._waiting(p.slice), most=1
+        )
+        if fetched.done:
             spans.popleft()
             if self.ahead:
                 self._fill(p.group, p.slice + 1)
-        return batch
+        return batch, held
+
+    def close(self) -> None:
+        """Give back what the spans still in flight hold."""
+        for spans in self._spans.values():
+            for fetched in spans:
+                fetched.release()
+            spans.clear()
 
 
 def read_groups(
@@ -283,13 +274,15 @@ def read_groups(
     read_ahead_bytes: int,
     part_bytes: int,
     workers: int | None = None,
+    budget: ReadBudget | None = None,
 ) -> Iterator[tuple[PieceColumns, pa.RecordBatch]]:
     """Pieces of some groups (each group's in slice order, groups in the order they come),
-    read group after group by a `PieceFetcher` as the replay reads them: every group's first
-    spans put in flight at once within `read_ahead_bytes`, consecutive pieces of a file
-    coalesced into ranged GETs of at most `part_bytes`, every piece checked before its
-    records are decoded. Yields the decode steps: their pieces, and their records back to
-    back. A failure is raised naming the piece (a FormatError names its own)."""
+    read group after group by a `PieceFetcher` as the replay reads them: the spans of the
+    groups to come put in flight as far as `read_ahead_bytes` allows (what is fetched and not
+    yet yielded stays within it, or one piece past it: `reader.read_budget`), consecutive
+    pieces of a file coalesced into ranged GETs of at most `part_bytes`, every piece checked
+    before its records are decoded. Yields the decode steps: their pieces, and their records
+    back to back. A failure is raised naming the piece (a FormatError names its own)."""
     if not pieces:
         return
     cols = PieceColumns.of(list(pieces))
@@ -305,6 +298,7 @@ def read_groups(
     first, end = int(cols.slice.min()), int(cols.slice.max()) + 1
     # GETs in flight: two spans per group, within 4..GET_THREADS threads (a span's parts share them)
     pool = FetchPool(workers or min(GET_THREADS, max(4, 2 * len(order))), "keyfill-group-read")
+    budget = budget or ReadBudget(read_ahead_bytes)
     fetcher = PieceFetcher(
         store,
         pool,
@@ -313,24 +307,28 @@ def read_groups(
         set(order),
         span_bytes=span_bytes(read_ahead_bytes, len(order), part_bytes),
         part_bytes=part_bytes,
+        budget=budget,
         ahead=read_ahead_bytes > 0,
+        caller_consumes=True,
     )
     try:
-        fetcher.prefetch(first)
         for g in order:
             s = first
             while s < end:
+                fetcher.prefetch(first)  # the groups to come, as the budget makes room
                 if fetcher.next_slice(g, s) is None:  # nothing of g before where the look-ahead stopped
                     s = fetcher.frontier(g)
                     continue
                 at = fetcher.next_piece(g)
                 try:
-                    step, batch = fetcher.step(g)
+                    step, batch, held = fetcher.step(g)
                 except FormatError:
                     raise
                 except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
                     raise IntegrityError(f"{at.where(store.url_for(at.file))}: {exc}") from None
                 yield step, batch
+                budget.give(held)  # the consumer has it now
                 s = int(step.slice[-1]) + 1
     finally:
+        fetcher.close()
         pool.shutdown()

@@ -35,6 +35,7 @@ from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.plan import ReplayPlan
+from reader.read_budget import ReadBudget, ReadStopped
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
@@ -88,11 +89,13 @@ class Replay:
         self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self._stop)
-        self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop)
+        # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead):
+        # what every thread has fetched or decoded and the consumer has not taken
+        self.budget = ReadBudget(bounded_read_ahead(opts.read_ahead_bytes), self._stop)
+        self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop, self.budget)
         self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(GET_THREADS, opts.threads))
-        # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead)
-        self._span_bytes = span_bytes(bounded_read_ahead(opts.read_ahead_bytes), self.manifest.groups, opts.range_bytes)
+        self._span_bytes = span_bytes(self.budget.limit, self.manifest.groups, opts.range_bytes)
         self._fetchers: list[PieceFetcher] = []
         self._workers: list[threading.Thread] = []
         self._started = False
@@ -146,6 +149,9 @@ class Replay:
     def _worker(self, t: int, first: int) -> None:
         plan = self.plan
         fetcher = self._fetchers[t]
+        # a thread about to wait for the read budget first says how far it has got: the
+        # consumer may need only that to go on, and free the budget
+        fetcher.on_wait = lambda s: self._merge.put(t, [], s)
         try:
             if self.pacer.max_drift_ms is None:
                 self._stepped(t, fetcher, first)
@@ -165,7 +171,7 @@ class Replay:
                 self.pacer.end_slice(t)
                 if not self._merge.put(t, [], s + 1):  # at once: the others wait at the next barrier
                     return
-        except threading.BrokenBarrierError:
+        except (threading.BrokenBarrierError, ReadStopped):
             return
         except BaseException as exc:  # surfaces in the consumer
             self._merge.fail(exc)
@@ -198,24 +204,24 @@ class Replay:
             if nxt > s:
                 heapq.heapreplace(heap, (nxt, g))
                 continue
-            step, batch, counts = self._step(fetcher, g)
+            step, batch, counts, held = self._step(fetcher, g)
             numbers = step.slice.tolist()
             heapq.heapreplace(heap, (numbers[-1] + 1, g))
-            if not merge.put(t, [Bundle(batch, g, numbers, counts)], heap[0][0] if heap else slices):
+            if not merge.put(t, [Bundle(batch, g, numbers, counts, held)], heap[0][0] if heap else slices):
                 return
         merge.put(t, [], slices)  # says this thread is past every slice
 
-    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int]]:
-        """Group g's next decoded step and its pieces' record counts; in the slice this replay
-        resumed in, without the records emitted before its checkpoint."""
+    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int], int]:
+        """Group g's next decoded step, its pieces' record counts and the bytes it holds; in
+        the slice this replay resumed in, without the records emitted before its checkpoint."""
         p = fetcher.next_piece(g)  # what an error names
-        step, batch = self._named(p, fetcher.step, g)
+        step, batch, held = self._named(p, fetcher.step, g)
         counts = step.records.tolist()
         if p.slice == self._skip_slice:  # only a step's first piece can be: steps start at `first`
             skip = self._skipped(p, counts[0])
             if skip:
                 batch, counts[0] = batch.slice(skip), counts[0] - skip
-        return step, batch, counts
+        return step, batch, counts, held
 
     def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its
@@ -223,27 +229,34 @@ class Replay:
         while the thread is too far ahead of the slowest."""
         ordered = []  # per group: its batches (row ranges) with a non-decreasing event-time key
         batches: dict[int, pa.RecordBatch] = {}
+        held: dict[int, tuple[int, int]] = {}  # group -> (its last batch, the bytes its piece holds)
         for p in own:
             if self._stop.is_set():
                 return
-            batch = self._read(fetcher, p, s == self._skip_slice)
-            ordered.append(
-                [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(self.pacer.cut(batch, self.options.batch_size))]
-            )
+            batch, charge = self._read(fetcher, p, s == self._skip_slice)
+            runs = self.pacer.cut(batch, self.options.batch_size)
+            cuts = [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(runs)]
+            if cuts:
+                ordered.append(cuts)
+                held[p.group] = (len(cuts) - 1, charge)
+            else:  # nothing left to emit (all before the checkpoint resumed from)
+                self.budget.give(charge)
             batches[p.group] = batch
-        for ts, g, _, a, b in heapq.merge(*ordered):
+        for ts, g, i, a, b in heapq.merge(*ordered):
             self.pacer.pace(t, ts)
-            if not self._merge.put(t, [Bundle(batches[g].slice(a, b - a), g, [s], [b - a])], s):
+            last, charge = held[g]
+            bundle = Bundle(batches[g].slice(a, b - a), g, [s], [b - a], charge if i == last else 0)
+            if not self._merge.put(t, [bundle], s):
                 return
             self.pacer.advance(t, ts)
 
-    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> pa.RecordBatch:
+    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> tuple[pa.RecordBatch, int]:
         """The piece's records, tagged with their group and checked against the index before
-        any of them is emitted; `resumed`: in the slice this replay resumed in, only those not
-        emitted before its checkpoint."""
-        batch = self._named(p, fetcher.read, p)
+        any of them is emitted, and the bytes they hold; `resumed`: in the slice this replay
+        resumed in, only those not emitted before its checkpoint."""
+        batch, held = self._named(p, fetcher.read, p)
         skip = self._skipped(p, batch.num_rows) if resumed else 0
-        return batch.slice(skip) if skip else batch
+        return (batch.slice(skip) if skip else batch), held
 
     def _named(self, p: compacted.Piece, read: Callable[..., Any], *args: Any) -> Any:
         """`read(*args)`, its failure raised as a ReplayError naming piece p (a FormatError
@@ -252,6 +265,8 @@ class Replay:
             return read(*args)
         except compacted.FormatError as exc:
             raise ReplayError(str(exc)) from exc
+        except ReadStopped:
+            raise
         except BaseException as exc:
             raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
 
@@ -283,6 +298,7 @@ class Replay:
                     self.plan.groups_of(t),
                     span_bytes=self._span_bytes,
                     part_bytes=self.options.range_bytes,
+                    budget=self.budget,
                     ahead=self.options.read_ahead_bytes > 0,
                     finish=_tag,
                 )
@@ -292,6 +308,7 @@ class Replay:
             w.start()
             self._workers.append(w)
         size = self.options.batch_size
+        give = self.budget.give
         new = tuple.__new__  # Records(...) without its Python-level __new__: once per piece
         while self._slice < slices:
             s = self._slice
@@ -301,6 +318,8 @@ class Replay:
                     for bundle in ready:
                         k, rows, g = bundle.next, bundle.rows, bundle.group
                         bundle.next = k + 1
+                        if k + 2 == len(rows):  # its last piece: the consumer holds the bundle now
+                            give(bundle.held)
                         a, b, batch = rows[k], rows[k + 1], bundle.batch
                         n = b - a
                         if 0 < n <= size:  # the common case: the piece is one batch

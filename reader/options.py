@@ -28,8 +28,8 @@ class ReplayOptions:
     threads: int = default_threads()
     batch_size: int = 65_536  # records per emitted batch, at most
     watermark_bound_ms: int = 0  # B: the watermark after slice s is its end - B
-    # Bytes of pieces fetched and not yet emitted, all threads together: each group holds its
-    # current run and the next, so runs are read_ahead_bytes / (2 x groups), at most range_bytes.
+    # Bytes fetched and not yet decoded plus decoded records not yet emitted, all threads
+    # together (`reader.read_budget`); spans are read_ahead_bytes / (2 x groups), at most range_bytes.
     read_ahead_bytes: int = 2 << 30
     range_bytes: int = layout.GET_BYTES  # the largest GET; 0: a run in one GET, however long
     # decoded steps (one group's pieces, ~1 MiB read, a few MiB decoded) waiting for the consumer, shared among

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from reader.read_budget import ReadBudget
+
 
 class ThreadFailed(Exception):
     """Raised to the consumer: a replay thread failed with `error`."""
@@ -44,21 +46,25 @@ class Bundle:
     """One group's records of consecutive pieces (one per slice, slices increasing), back to
     back in `batch`: piece k is rows rows[k]..rows[k + 1], of slice slices[k]."""
 
-    __slots__ = ("batch", "group", "slices", "rows", "next")
+    __slots__ = ("batch", "group", "slices", "rows", "next", "held")
 
-    def __init__(self, batch: pa.RecordBatch, group: int, slices: list[int], counts: list[int]) -> None:
+    def __init__(self, batch: pa.RecordBatch, group: int, slices: list[int], counts: list[int], held: int = 0) -> None:
         self.batch, self.group, self.slices = batch, group, slices
+        self.held = held  # bytes charged to the read budget for it, given back when its last piece is taken
         self.rows = [0, *itertools.accumulate(counts)]
         self.next = 0  # the first piece the consumer has not taken
 
 
 class SliceMerge:
-    def __init__(self, threads: int, capacity: int, stop: threading.Event) -> None:
+    def __init__(self, threads: int, capacity: int, stop: threading.Event, budget: ReadBudget | None = None) -> None:
         self.threads = threads
         self.capacity = max(1, capacity)  # items per thread's FIFO
         self._stop = stop
         self._fifos: list[deque[tuple[list[Bundle], int]]] = [deque() for _ in range(threads)]
-        self._cond = threading.Condition()
+        # one lock for the FIFOs and the read budget: a thread waiting for budget must see
+        # the consumer start waiting for its slice (`ReadBudget.urgent`) at once
+        self._budget = budget or ReadBudget(1 << 62, stop)
+        self._cond = self._budget.cond
         self._failed: BaseException | None = None
         # consumer side: per thread, the bundles taken from its FIFO by the slices they have
         # pieces of (a dict of lists, not a heap of bundles: a heap operation per piece cost more
@@ -83,6 +89,7 @@ class SliceMerge:
             if self._stop.is_set():
                 return False
             fifo.append((bundles, through))
+            self._budget.handed_over(bool(bundles))
             self._cond.notify_all()
         return True
 
@@ -145,7 +152,9 @@ class SliceMerge:
             while self._failed is None and not any(self._fifos[t] for t in threads):
                 if self._stop.is_set():
                     return False
+                self._budget.consumer(self._slice, starving=True)
                 self._cond.wait(0.1)
+            self._budget.consumer(self._slice, starving=False)
         if self._failed is not None:
             raise ThreadFailed(self._failed)
         return True

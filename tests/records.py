@@ -34,6 +34,16 @@ def envelope_records(partition, offsets, ts, keys):
     )
 
 
+def copy_archive(src_root: str, dest_url: str):
+    """Every object of the archive at `src_root` copied to `dest_url`; the copy's storage."""
+    from keygroups.storage import open_storage
+
+    src, dest = open_storage(src_root), open_storage(dest_url)
+    for info in src.list():
+        dest.write(info.key, src.read(info.key))
+    return dest
+
+
 def archive_metas(store):
     """Every slice of a compacted archive, with its pieces (from the index)."""
     from keygroups import compacted

@@ -183,6 +183,7 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
     out = run("replay", dest, "--threads", "3", "--checkpoint-file", str(checkpoint), "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["records"] == result["records"]
+    assert json.loads(out.stdout)["read_ahead_peak_bytes"] > 0
     assert json.loads(checkpoint.read_text())["slice"] == result["slices"]
     out = run("replay", dest, "--checkpoint-file", str(checkpoint), "--json")  # resumes at the end
     assert json.loads(out.stdout) | {"seconds": 0, "records_per_second": 0} == {
@@ -193,6 +194,7 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
         "threads": ReplayOptions().threads,  # the default: 2 a core, between 4 and 32
         "resumed": True,
         "max_spread_ms": 0,
+        "read_ahead_peak_bytes": 0,  # nothing left to read: nothing held
     }
     # a damaged segment file: verify exits 1 and names it
     victim = sorted((tmp_path / "c" / "groups").rglob("*.avro"))[0]

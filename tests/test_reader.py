@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reader
-import reader.fetch
+import reader.fetched_span
 import reader.plan
 from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
@@ -23,7 +23,7 @@ from compactor.sources.envelope import build_index, read_chunk, write_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
 from keygroups.storage import open_storage
-from tests.records import archive_metas, below_handoff, rewrite_index
+from tests.records import archive_metas, below_handoff, copy_archive, rewrite_index
 
 
 def hypothesis_settings(examples: int) -> settings:
@@ -175,12 +175,12 @@ def test_the_short_archive_is_what_the_properties_need(archives):
     batch_size=st.sampled_from([1, 7, 100, 65_536]),
     bound=st.sampled_from([0, 1_000, 30_000]),
     drift=st.sampled_from([None, 0, 2_000]),
-    decode_bytes=st.sampled_from([1, 3_000, reader.fetch.DECODE_BYTES]),
+    decode_bytes=st.sampled_from([1, 3_000, reader.fetched_span.DECODE_BYTES]),
 )
 def test_invariants_hold_for_any_thread_count(archives, name, threads, batch_size, bound, drift, decode_bytes):
     dest, table, before = archives[name]
     with (
-        mock.patch.object(reader.fetch, "DECODE_BYTES", decode_bytes),  # runs decoded a piece or a few at a time
+        mock.patch.object(reader.fetched_span, "DECODE_BYTES", decode_bytes),  # runs decoded a piece or a few at a time
         reader.replay(
             dest, threads=threads, batch_size=batch_size, watermark_bound_ms=bound, max_drift_ms=drift
         ) as events,
@@ -203,7 +203,9 @@ def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, nam
         threads = data.draw(st.integers(1, 16))
         limit = data.draw(st.integers(1, 40))
         with (
-            mock.patch.object(reader.fetch, "DECODE_BYTES", data.draw(st.sampled_from([1, reader.fetch.DECODE_BYTES]))),
+            mock.patch.object(
+                reader.fetched_span, "DECODE_BYTES", data.draw(st.sampled_from([1, reader.fetched_span.DECODE_BYTES]))
+            ),
             reader.replay(
                 dest, threads=threads, batch_size=data.draw(st.sampled_from([3, 50, 5000])), resume=state
             ) as events,
@@ -334,13 +336,6 @@ class RangeCountingStore:
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
-
-
-def copy_archive(src_root: str, dest_url: str):
-    src, dest = open_storage(src_root), open_storage(dest_url)
-    for info in src.list():
-        dest.write(info.key, src.read(info.key))
-    return dest
 
 
 @pytest.mark.parametrize("range_bytes,read_ahead", [(0, 256 << 20), (4_000, 256 << 20), (4_000, 0), (50_000, 60_000)])

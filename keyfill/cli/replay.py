@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "resumed": resume is not None,
         "max_spread_ms": events.max_spread_ms,
+        "read_ahead_peak_bytes": events.budget.peak,  # fetched or decoded, not yet handed over, at most
     }
     if args.json:
         print(json.dumps(summary))
