@@ -21,14 +21,22 @@ def cached_source(config, *, progress: bool = False) -> str:
 
 
 def cached_compacted(
-    root: str, records: int, groups: int, slice_duration: str, spark_factory, *, chunk_records: int = 250_000
+    root: str,
+    records: int,
+    groups: int,
+    slice_duration: str,
+    spark_factory,
+    *,
+    chunk_records: int = 250_000,
+    seal_all: bool = False,
 ) -> str:
     """A compacted payments archive of `records` records under `root` (reused when it is
-    complete); `spark_factory()` is called only when it must be compacted."""
+    complete); `spark_factory()` is called only when it must be compacted. `seal_all`: every
+    slice published (with slices longer than the archive's span, none would be otherwise)."""
     from compactor.job import CompactConfig, compact
     from keyfill.synth.generate import GeneratorConfig, generate
 
-    tag = f"{records}-{groups}-{slice_duration}"
+    tag = f"{records}-{groups}-{slice_duration}" + ("-sealed" if seal_all else "")
     src, dest = os.path.join(root, f"source-{tag}"), os.path.join(root, f"compacted-{tag}")
     if not os.path.exists(os.path.join(dest, "_done")):
         shutil.rmtree(root, ignore_errors=True)
@@ -45,6 +53,7 @@ def cached_compacted(
         generate(config, progress=False)
         print("compacting ...", flush=True)
         spark = spark_factory()
-        compact(CompactConfig(source=src, dest=dest, groups=groups, slice_duration=slice_duration), spark)
+        config = CompactConfig(source=src, dest=dest, groups=groups, slice_duration=slice_duration, seal_all=seal_all)
+        compact(config, spark)
         Path(dest, "_done").touch()
     return dest

@@ -58,6 +58,9 @@ class FetchPool:
                 future.set_result(fn(*args))
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)
+            # An idle thread must not keep its last GET's bytes alive (through the future)
+            # while it waits for the next: 16 threads x a 16 MiB part, outside the read budget.
+            del item, future, fn, args
 
     def shutdown(self) -> None:
         """Cancel queued work and let the threads end; never waits for a GET in flight."""

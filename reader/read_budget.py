@@ -141,7 +141,8 @@ class ReadBudget:
         """Where the consumer is (call with `cond` held, as `reader.slice_merge` does)."""
         if (slice, starving) != (self._slice, self._starving):
             self._slice, self._starving = slice, starving
-            self.cond.notify_all()
+            if starving and self._waiting:  # a reader waiting for the budget may be urgent now
+                self.cond.notify_all()
 
     # --- ---------------------------------------------------------------------------------------
 
