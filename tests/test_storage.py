@@ -545,11 +545,14 @@ def test_readers_never_see_partial_writes(store: Storage) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(reader) for _ in range(3)]
-        for i in range(12):
+        for i in range(400):  # at least 12 replacements, and on until reads saw both versions
             store.write("hot", new if i % 2 == 0 else old)
+            if i >= 11 and len(seen) == 2:
+                break
         stop.set()
         for f in futures:
             f.result()
+    assert seen == {b"o", b"n"}  # the reads overlapped the replacements: the check above was exercised
     assert [i.key for i in store.list()] == ["hot"]
 
 
