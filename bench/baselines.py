@@ -227,7 +227,7 @@ class SeedPacedReplay(Replay):
         self._sleep_s = sleep_s
 
     def _step(self, fetcher, g):
-        step, batch, counts = super()._step(fetcher, g)
+        step, batch, counts, held = super()._step(fetcher, g)
         if self._heaviest:
             time.sleep(len(step) * self._sleep_s * (self._heaviest - int(self._weights[g])) / self._heaviest)
-        return step, batch, counts
+        return step, batch, counts, held
