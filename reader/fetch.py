@@ -62,7 +62,6 @@ class PieceFetcher:
         self.budget = budget
         self.finish = finish  # applied to a span's records once, e.g. to tag them with their group
         self.caller_consumes = caller_consumes
-        self._consumer_slice: Callable[[int], int | None] = (lambda s: None) if caller_consumes else (lambda s: s)
         self._spans: dict[int, deque[FetchedSpan]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for spans
         self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
@@ -141,6 +140,10 @@ class PieceFetcher:
         file = pieces.file_of(0)
         futures = [self._submit(file, a, n) for a, n in parts(start, end, self.part_bytes)]
         self._spans[g].append(FetchedSpan(start, pieces, futures, self.budget, end - start))
+
+    def _consumer_slice(self, s: int) -> int | None:
+        """The slice work on s is for, as the budget weighs it (None: the caller consumes it)."""
+        return None if self.caller_consumes else s
 
     def _waiting(self, s: int) -> Callable[[], object] | None:
         hook = self.on_wait
@@ -246,8 +249,7 @@ class PieceFetcher:
             self._frontier[p.group] = p.slice
             self._need(p.group, p.slice + 1, p.slice)
         fetched = spans[0]
-        at = fetched.index_of(p.slice)
-        if at is None or fetched.pieces[at] != p or at != fetched._decoded:
+        if fetched.next_piece != p:
             url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the span was planned")
         _, batch, held = fetched.step(
@@ -274,7 +276,6 @@ def read_groups(
     read_ahead_bytes: int,
     part_bytes: int,
     workers: int | None = None,
-    budget: ReadBudget | None = None,
 ) -> Iterator[tuple[PieceColumns, pa.RecordBatch]]:
     """Pieces of some groups (each group's in slice order, groups in the order they come),
     read group after group by a `PieceFetcher` as the replay reads them: the spans of the
@@ -298,7 +299,7 @@ def read_groups(
     first, end = int(cols.slice.min()), int(cols.slice.max()) + 1
     # GETs in flight: two spans per group, within 4..GET_THREADS threads (a span's parts share them)
     pool = FetchPool(workers or min(GET_THREADS, max(4, 2 * len(order))), "keyfill-group-read")
-    budget = budget or ReadBudget(read_ahead_bytes)
+    budget = ReadBudget(read_ahead_bytes)
     fetcher = PieceFetcher(
         store,
         pool,

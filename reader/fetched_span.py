@@ -61,11 +61,6 @@ class FetchedSpan:
     def next_slice(self) -> int:
         return int(self.pieces.slice[self._decoded])
 
-    def index_of(self, s: int) -> int | None:
-        """Where the span's piece of slice s is, if it has one."""
-        i = int(np.searchsorted(self.pieces.slice, s))
-        return i if i < len(self.pieces) and self.pieces.slice[i] == s else None
-
     @property
     def done(self) -> bool:
         return self._decoded == len(self.pieces)

@@ -22,7 +22,6 @@ from keygroups.storage import Storage, open_storage
 from reader.fetch import read_groups
 from reader.kafka_live import KafkaRange, check_available, partition_marks, plan_ranges, read_range
 from reader.memory import bounded_read_ahead
-from reader.read_budget import ReadBudget
 from reader.source_options import Options, SourceOptionError
 
 NAME = "keyfill"
@@ -220,13 +219,9 @@ class SourcePlanner:
 
     def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
         """The partition's groups through the replay's group reader (`reader.fetch`)."""
-        limit = bounded_read_ahead(self.opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
+        budget = bounded_read_ahead(self.opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
         for step, batch in read_groups(
-            self.store,
-            partition.pieces,
-            read_ahead_bytes=limit,
-            part_bytes=self.opts.range_bytes,
-            budget=ReadBudget(limit),
+            self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes
         ):
             slices = np.repeat(step.slice, step.records)
             yield from to_spark_batches(batch, int(step.group[0]), slices, self.opts.batch_size)

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 import reader
+import reader.fetch
 import reader.source_plan
 import reader.spark
 from compactor.job import CompactConfig, compact
@@ -104,7 +105,7 @@ def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage
             super().__init__(*args, **kwargs)
             budgets.append(self)
 
-    monkeypatch.setattr(reader.source_plan, "ReadBudget", Counted)
+    monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
     monkeypatch.setattr(reader.source_plan, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
     opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(BUDGET), "numPartitions": "1"})
     planner = reader.spark.SourcePlanner(opts)
