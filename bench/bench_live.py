@@ -59,11 +59,11 @@ def _plain(bootstrap: str, topic: str, records: int) -> float:
 
 def _ours(bootstrap: str, topic: str, records: int, group_of) -> float:
     from reader.kafka_live import KafkaOptions, KafkaRange, read_range
-    from reader.spark import ARROW_SCHEMA
+    from reader.spark_rows import arrow_schema
 
     k = KafkaOptions({"bootstrap.servers": bootstrap})
     t = time.perf_counter()
-    n = sum(b.num_rows for b in read_range(k, KafkaRange(topic, 0, 0, records), 65_536, ARROW_SCHEMA, group_of))
+    n = sum(b.num_rows for b in read_range(k, KafkaRange(topic, 0, 0, records), 65_536, arrow_schema(), group_of))
     assert n == records, n
     return time.perf_counter() - t
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from keygroups.errors import KeyfillError
+from reader.spark_rows import CREATE_TIME, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE
 
 KAFKA_PREFIX = "kafka."  # options passed to the client with this prefix taken off
 _ALWAYS = {  # the reader's own settings: it assigns partitions and never commits to a group
@@ -54,7 +55,6 @@ class KafkaOptions:
 
     client: dict[str, str]  # librdkafka settings (bootstrap.servers, security.protocol, ...)
     topic: str | None = None  # None: the archive's own topic
-    max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
@@ -194,15 +194,15 @@ def read_range(
             if messages:
                 deadline = time.monotonic() + options.poll_timeout_ms / 1000
             if len(rows) >= batch_rows or (position >= r.end and len(rows)):
-                yield _batch(rows, r.partition, schema, group_of)
+                yield _batch(rows, r.topic, r.partition, schema, group_of)
                 rows = []
     finally:
         consumer.close()
 
 
-def _batch(messages: list, partition: int, schema: pa.Schema, group_of) -> pa.RecordBatch:
-    """Messages as a batch of the source's schema: a column at a time (a comprehension per
-    field costs less than appending each record's fields in turn)."""
+def _batch(messages: list, topic: str, partition: int, schema: pa.Schema, group_of) -> pa.RecordBatch:
+    """Messages as a batch of the source's schema (`reader.spark_rows`): a column at a time
+    (a comprehension per field costs less than appending each record's fields in turn)."""
     n = len(messages)
     keys = pa.array([m.key() for m in messages], pa.binary())
     parts = np.full(n, partition, np.int32)
@@ -210,20 +210,23 @@ def _batch(messages: list, partition: int, schema: pa.Schema, group_of) -> pa.Re
     if group_of is not None:
         found = group_of(keys, parts)
         groups = pa.array(found, pa.int32(), mask=found < 0)
-    headers = [m.headers() for m in messages]
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(parts),
-            pa.array([m.offset() for m in messages], pa.int64()),
-            pa.array(np.array([m.timestamp()[1] for m in messages], np.int64) * 1000, schema.field("timestamp").type),
-            keys,
-            pa.array([m.value() for m in messages], pa.binary()),
-            pa.array(  # no headers: an empty list, as the archive has them
-                [[] if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
-                schema.field("headers").type,
-            ),
-            groups,
-            pa.nulls(n, pa.int32()),
-        ],
-        schema=schema,
-    )
+    stamps = [m.timestamp() for m in messages]
+    ck = client_module()
+    kinds = {ck.TIMESTAMP_CREATE_TIME: CREATE_TIME, ck.TIMESTAMP_LOG_APPEND_TIME: LOG_APPEND_TIME}
+    columns = {
+        "key": keys,
+        "value": pa.array([m.value() for m in messages], pa.binary()),
+        "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
+        "partition": pa.array(parts),
+        "offset": pa.array([m.offset() for m in messages], pa.int64()),
+        "timestamp": pa.array(np.array([t for _, t in stamps], np.int64) * 1000, schema.field("timestamp").type),
+        "timestampType": pa.array([kinds.get(k, NO_TIMESTAMP_TYPE) for k, _ in stamps], pa.int32()),
+        "key_group": groups,
+        "slice": pa.nulls(n, pa.int32()),
+    }
+    if "headers" in schema.names:  # no headers: an empty list, as the archive has them
+        columns["headers"] = pa.array(
+            [[{"key": k, "value": v} for k, v in m.headers() or ()] for m in messages],
+            schema.field("headers").type,
+        )
+    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)

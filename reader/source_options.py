@@ -30,7 +30,6 @@ def camel(field: str) -> str:
 # The live phase's (with any kafka.* option; docs/kafka-live.md), named as Spark's Kafka source names them.
 KAFKA_OPTION_NAMES = (
     "subscribe",
-    "maxOffsetsPerTrigger",
     "minPartitions",
     "failOnDataLoss",
     "kafkaConsumer.pollTimeoutMs",
@@ -51,12 +50,14 @@ class Options:
     path: str
     max_slices_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    max_offsets_per_trigger: int | None = None  # records a batch, archive (whole slices) and topic alike
     num_partitions: int | None = None
     batch_size: int = ReplayOptions.batch_size  # rows per Arrow batch handed to Spark
     starting_slice: int = 0
     # a task's fetched, not yet decoded bytes (bounded by the executor's memory over its cores)
     read_ahead_bytes: int = TASK_READ_AHEAD_BYTES
     range_bytes: int = ReplayOptions.range_bytes  # the largest GET; 0: a span in one GET
+    include_headers: bool = False  # the `headers` column, as in Spark's Kafka source
     kafka: KafkaOptions | None = field(default=None, metadata=NOT_AN_OPTION)  # None: the archive alone
     # Spark's default parallelism when `reader.spark.register` ran (its cores): what sizes
     # numPartitions when it is not set. None: one input partition per group.
@@ -91,6 +92,12 @@ class Options:
                 raise SourceOptionError(f"option {name}={raw!r}: must be between {low:,} and {high:,}")
             return value
 
+        def flag(name: str, default: bool) -> bool:
+            raw = opts.get(name.lower(), str(default)).lower()
+            if raw not in ("true", "false"):
+                raise SourceOptionError(f"option {name}={raw!r}: expected true or false")
+            return raw == "true"
+
         client = {k[len(KAFKA_PREFIX) :]: v for k, v in options.items() if k.lower().startswith(KAFKA_PREFIX)}
         live = [name for name in KAFKA_OPTION_NAMES if name.lower() in opts]
         if live and not client:
@@ -101,20 +108,18 @@ class Options:
         if client:
             if "bootstrap.servers" not in client:
                 raise SourceOptionError("the live phase needs kafka.bootstrap.servers (host:port,...)")
-            fail = opts.get("failondataloss", "true").lower()
-            if fail not in ("true", "false"):
-                raise SourceOptionError(f"option failOnDataLoss={fail!r}: expected true or false")
             kafka = KafkaOptions(
                 client=client,
                 topic=opts.get("subscribe") or None,
-                max_offsets_per_trigger=number("maxOffsetsPerTrigger"),
                 min_partitions=number("minPartitions"),
-                fail_on_data_loss=fail == "true",
+                fail_on_data_loss=flag("failOnDataLoss", True),
                 poll_timeout_ms=number("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
             )
         given = {
             "max_slices_per_trigger": number("maxSlicesPerTrigger"),
             "max_bytes_per_trigger": number("maxBytesPerTrigger"),
+            "max_offsets_per_trigger": number("maxOffsetsPerTrigger"),
+            "include_headers": flag("includeHeaders", False),
             "num_partitions": number("numPartitions"),
             "batch_size": number("batchSize", 1, bounds.MAX_BATCH_ROWS),
             "starting_slice": number("startingSlice", 0),

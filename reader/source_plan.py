@@ -23,26 +23,9 @@ from reader.fetch import read_groups
 from reader.kafka_live import KafkaRange, check_available, partition_marks, plan_ranges, read_range
 from reader.memory import bounded_read_ahead
 from reader.source_options import Options, SourceOptionError
+from reader.spark_rows import arrow_schema, to_spark_batches
 
 NAME = "keyfill"
-SCHEMA_DDL = (
-    "partition int, offset long, timestamp timestamp, key binary, value binary, "
-    "headers array<struct<key: string, value: binary>>, key_group int, slice int"
-)
-# What read() yields, field for field: Spark refuses batches whose Arrow types differ
-# (timestamps in microseconds, int32 for int).
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))),
-        pa.field("key_group", pa.int32()),
-        pa.field("slice", pa.int32()),
-    ]
-)
 
 
 class ArchiveChanged(KeyfillError, ValueError):
@@ -55,6 +38,7 @@ class GroupsPartition(InputPartition):
     group, each group's in slice order (the order they are read in)."""
 
     pieces: tuple[compacted.Piece, ...]
+    topic: str = ""  # the archive's topic: the rows' `topic`
 
 
 # Compacted bytes a core past which a batch gets more input partitions than cores (a batch
@@ -176,7 +160,8 @@ class SourcePlanner:
         return _assignments[key].group_of
 
     def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
-        return read_range(self.opts.kafka, r, self.opts.batch_size, ARROW_SCHEMA, self.group_of(r.assignment))
+        schema = arrow_schema(self.opts.include_headers)
+        return read_range(self.opts.kafka, r, self.opts.batch_size, schema, self.group_of(r.assignment))
 
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""
@@ -202,7 +187,7 @@ class SourcePlanner:
         for b in range(bundles):
             mine = tuple(p for i, g in enumerate(groups) if owner[i] == b for p in by_group[g])
             if mine:
-                parts.append(GroupsPartition(mine))
+                parts.append(GroupsPartition(mine, self.manifest.topic))
         return parts
 
     def partitions_for(self, total_bytes: int, groups: int) -> int:
@@ -224,24 +209,6 @@ class SourcePlanner:
             self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes
         ):
             slices = np.repeat(step.slice, step.records)
-            yield from to_spark_batches(batch, int(step.group[0]), slices, self.opts.batch_size)
-
-
-def to_spark_batches(batch: pa.RecordBatch, group: int, s: int | np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:
-    """An envelope batch as the source's schema (`s`: the slice of every record, or one per
-    record), in batches of at most `rows` records."""
-    n = batch.num_rows
-    slices = np.full(n, s, np.int32) if np.ndim(s) == 0 else np.asarray(s, np.int32)
-    columns = [
-        batch.column("partition"),
-        batch.column("offset"),
-        batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
-        batch.column("key"),
-        batch.column("value"),
-        batch.column("headers").cast(ARROW_SCHEMA.field("headers").type),
-        pa.array(np.full(n, group, np.int32)),
-        pa.array(slices),
-    ]
-    out = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-    for start in range(0, n, rows):
-        yield out.slice(start, rows)
+            yield from to_spark_batches(
+                batch, partition.topic, int(step.group[0]), slices, self.opts.batch_size, self.opts.include_headers
+            )

@@ -51,21 +51,12 @@ from keygroups import handoff, worker_gc
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
-from reader.source_plan import (
-    ARROW_SCHEMA,
-    NAME,
-    SCHEMA_DDL,
-    ArchiveChanged,
-    GroupsPartition,
-    SourcePlanner,
-    to_spark_batches,
-)
+from reader.source_plan import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
+from reader.spark_rows import arrow_schema, schema_ddl, to_spark_batches
 
 __all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.source_plan)
-    "ARROW_SCHEMA",
     "DEFAULT_MAX_BYTES_PER_TRIGGER",
     "NAME",
-    "SCHEMA_DDL",
     "ArchiveChanged",
     "GroupsPartition",
     "KeyfillBatchReader",
@@ -74,7 +65,9 @@ __all__ = [  # what users and the benchmarks take from here (the planner's parts
     "Options",
     "SourceOptionError",
     "SourcePlanner",
+    "arrow_schema",
     "register",
+    "schema_ddl",
     "to_spark_batches",
 ]
 
@@ -142,7 +135,8 @@ class KeyfillDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        """Spark's Kafka source's columns (`headers` with includeHeaders=true), then key_group and slice."""
+        return schema_ddl(Options.parse(self.options).include_headers)
 
     session_cores: int | None = None  # set by `register`: Spark's default parallelism
 
@@ -182,11 +176,12 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """`spark.readStream.format("keyfill")`: whole slices per micro-batch.
 
     Admission control: `maxSlicesPerTrigger` becomes Spark's ReadMaxFiles (a slice counts
-    as a file), else `maxBytesPerTrigger` becomes ReadMaxBytes; when both are set both
-    apply. A batch always takes at least one slice with records, however large, and empty
-    slices are free (they ride along). Each trigger first moves to the latest version, so a
-    running query picks up appends; Trigger.AvailableNow's target is the last slice of the
-    version that was latest when the query started."""
+    as a file), else `maxOffsetsPerTrigger` ReadMaxRows, else `maxBytesPerTrigger` (by
+    default DEFAULT_MAX_BYTES_PER_TRIGGER) ReadMaxBytes; whatever else is set applies too.
+    A batch always takes at least one slice with records, however large, and empty slices
+    are free (they ride along). Each trigger first moves to the latest version, so a running
+    query picks up appends; Trigger.AvailableNow's target is the last slice of the version
+    that was latest when the query started."""
 
     def __init__(self, opts: Options):
         self.planner = SourcePlanner(opts)
@@ -200,6 +195,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_slices_per_trigger:
             return ReadMaxFiles(self.opts.max_slices_per_trigger)
+        if self.opts.max_offsets_per_trigger and not self.opts.max_bytes_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
         return ReadMaxBytes(self.opts.max_bytes_per_trigger or DEFAULT_MAX_BYTES_PER_TRIGGER)
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -240,7 +237,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             most = limit.max_rows
         elif not isinstance(limit, ReadAllAvailable):
-            most = k.max_offsets_per_trigger
+            most = self.opts.max_offsets_per_trigger
         end = capped(positions, latest, most)
         if "kafka" in start and end == {int(p): int(o) for p, o in start["kafka"].items()}:
             return start
@@ -254,7 +251,12 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = self.planner.position(start)
         max_slices = max_bytes = max_rows = None
         if not isinstance(limit, ReadAllAvailable):
-            max_slices, max_bytes = self.opts.max_slices_per_trigger, self.opts.max_bytes_per_trigger
+            o = self.opts
+            max_slices, max_bytes, max_rows = (
+                o.max_slices_per_trigger,
+                o.max_bytes_per_trigger,
+                o.max_offsets_per_trigger,
+            )
         if isinstance(limit, ReadMaxFiles):
             max_slices = limit.max_files
         elif isinstance(limit, ReadMaxBytes):

@@ -23,7 +23,8 @@ from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage
 from reader.kafka_live import DataLoss, KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
-from reader.spark import ARROW_SCHEMA, KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
+from reader.spark import KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
+from reader.spark_rows import CREATE_TIME, arrow_schema
 
 
 def produce(broker, topic: TopicArchive) -> str:
@@ -72,6 +73,7 @@ def run_stream(opts: dict, restarts: set[int], limit=None) -> list[tuple[str, li
     as the checkpoint keeps them; at a batch number in `restarts` the reader is dropped after
     planning (the batch in flight is lost) and a new one plans the same offsets again, as a
     restarted query does. Returns each batch's phase and rows."""
+    opts = {"includeHeaders": "true", **opts}  # as_records compares headers
     reader = KeyfillStreamReader(Options.parse(opts))
     start = reader.initialOffset()
     batches = []
@@ -153,8 +155,11 @@ def test_the_live_phase_reads_what_a_plain_consumer_reads(keyfill_kafka, tmp_pat
     assert partition_marks(k, name) == {0: (0, 0), 1: (0, 9), 2: (0, 31)}
     from reader.kafka_live import KafkaRange
 
-    rows = [r for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, ARROW_SCHEMA) for r in b.to_pylist()]
+    rows = [r for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, arrow_schema(True)) for r in b.to_pylist()]
     assert as_records(rows) == list(parts[2][4:20])
+    assert {(r["topic"], r["timestampType"]) for r in rows} == {(name, CREATE_TIME)}
+    plain = [b for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, arrow_schema(False))]
+    assert "headers" not in plain[0].schema.names and sum(b.num_rows for b in plain) == 16
 
 
 def test_retention_past_the_hand_off_fails_naming_partition_and_offsets():
@@ -192,10 +197,19 @@ def test_a_batch_read_is_the_archive_then_the_topic(keyfill_kafka, tmp_path):
     name = produce(keyfill_kafka, topic)
     dest = archived(topic, [0.5, 0.8], tmp_path, groups=2, slice_duration="5s", seal_all=True)
     reader = KeyfillBatchReader(
-        Options.parse({"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name})
+        Options.parse(
+            {
+                "path": dest,
+                "kafka.bootstrap.servers": keyfill_kafka.bootstrap,
+                "subscribe": name,
+                "includeHeaders": "true",
+            }
+        )
     )
     rows = [r for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
     assert sorted(as_records(rows)) == sorted(topic.records)
+    # the Kafka source's topic column: the archive's topic, then the one subscribed to
+    assert {(r["slice"] is None, r["topic"]) for r in rows} == {(False, "t"), (True, name)}
 
 
 def test_admission_splits_a_trigger_over_partitions_by_what_each_has_waiting():
@@ -211,8 +225,9 @@ def test_min_partitions_splits_the_largest_ranges():
 
 
 def test_live_options_are_checked():
-    with pytest.raises(SourceOptionError, match="maxOffsetsPerTrigger is for the live phase"):
-        Options.parse({"path": "x", "maxOffsetsPerTrigger": "10"})
+    with pytest.raises(SourceOptionError, match="minPartitions is for the live phase"):
+        Options.parse({"path": "x", "minPartitions": "10"})
+    assert Options.parse({"path": "x", "maxOffsetsPerTrigger": "10"}).max_offsets_per_trigger == 10  # archive too
     with pytest.raises(SourceOptionError, match="failOnDataLoss='maybe'"):
         Options.parse({"path": "x", "kafka.bootstrap.servers": "h:1", "failOnDataLoss": "maybe"})
     with pytest.raises(SourceOptionError, match="needs kafka.bootstrap.servers"):

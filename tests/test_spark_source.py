@@ -65,7 +65,7 @@ def identity(table: pa.Table) -> list[tuple]:
 
 
 def stream(spark, url: str, **options: str):
-    r = spark.readStream.format("keyfill")
+    r = spark.readStream.format("keyfill").option("includeHeaders", "true")  # what `identity` compares
     for k, v in options.items():
         r = r.option(k, v)
     return r.load(url)
@@ -87,17 +87,19 @@ def run_collecting(df, checkpoint: str) -> list[tuple[int, pa.Table]]:
 
 def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
     url, src = archive
-    df = spark.read.format("keyfill").load(url)
-    assert [f.name for f in df.schema.fields] == [
-        "partition",
-        "offset",
-        "timestamp",
-        "key",
-        "value",
-        "headers",
-        "key_group",
-        "slice",
-    ]
+    kafka = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    plain = spark.read.format("keyfill").load(url)  # Spark's Kafka source's columns, headers only when asked
+    assert [(f.name, f.dataType.simpleString()) for f in plain.schema.fields] == list(
+        zip(
+            kafka + ["key_group", "slice"],
+            ["binary", "binary", "string", "int", "bigint", "timestamp", "int", "int", "int"],
+        )
+    )
+    df = spark.read.format("keyfill").option("includeHeaders", "true").load(url)
+    assert [f.name for f in df.schema.fields] == kafka + ["headers", "key_group", "slice"]
+    assert df.schema["headers"].dataType.simpleString() == "array<struct<key:string,value:binary>>"
+    topic = compacted.load_manifest(open_storage(url)).topic
+    assert plain.groupBy("topic", "timestampType").count().collect() == [(topic, 0, src.num_rows)]
     got = df.toArrow()
     assert identity(got) == identity(src)
     for meta in archive_metas(open_storage(url)):  # every record carries its slice and group

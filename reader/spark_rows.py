@@ -1,0 +1,71 @@
+"""The rows `format("keyfill")` hands to Spark: the schema of Spark's Kafka source, so a query
+written for `format("kafka")` runs unchanged, then keyfill's own two columns.
+
+    key, value, topic, partition, offset, timestamp, timestampType, [headers], key_group, slice
+
+`headers` is there only with `includeHeaders=true`, as in the Kafka source: a nested column
+costs every query that carries it, read or not. `timestampType` is 0 (CreateTime) in the
+archive phase (the archive keeps no timestamp type) and what the broker says in the live phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+CREATE_TIME = 0  # Kafka's TimestampType ids, as Spark's Kafka source gives them
+LOG_APPEND_TIME = 1
+NO_TIMESTAMP_TYPE = -1
+HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
+
+_KAFKA_FIELDS = [  # Spark refuses batches whose Arrow types differ (timestamps in microseconds, int32 for int)
+    ("key", pa.binary(), "binary"),
+    ("value", pa.binary(), "binary"),
+    ("topic", pa.string(), "string"),
+    ("partition", pa.int32(), "int"),
+    ("offset", pa.int64(), "long"),
+    ("timestamp", pa.timestamp("us", tz="UTC"), "timestamp"),
+    ("timestampType", pa.int32(), "int"),
+]
+_HEADERS_FIELD = ("headers", HEADERS, "array<struct<key: string, value: binary>>")
+_OWN_FIELDS = [("key_group", pa.int32(), "int"), ("slice", pa.int32(), "int")]
+
+
+def _fields(include_headers: bool) -> list[tuple[str, pa.DataType, str]]:
+    return _KAFKA_FIELDS + ([_HEADERS_FIELD] if include_headers else []) + _OWN_FIELDS
+
+
+def arrow_schema(include_headers: bool = False) -> pa.Schema:
+    """What read() yields, field for field."""
+    return pa.schema([pa.field(name, t) for name, t, _ in _fields(include_headers)])
+
+
+def schema_ddl(include_headers: bool = False) -> str:
+    """The same schema as Spark's DDL string (what `DataSource.schema` returns)."""
+    return ", ".join(f"`{name}` {ddl}" for name, _, ddl in _fields(include_headers))
+
+
+def to_spark_batches(
+    batch: pa.RecordBatch, topic: str, group: int, s: int | np.ndarray, rows: int, include_headers: bool = False
+) -> Iterator[pa.RecordBatch]:
+    """An envelope batch of the archive as the source's schema (`s`: the slice of every
+    record, or one per record), in batches of at most `rows` records."""
+    n = batch.num_rows
+    slices = np.full(n, s, np.int32) if np.ndim(s) == 0 else np.asarray(s, np.int32)
+    columns = [
+        batch.column("key"),
+        batch.column("value"),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        batch.column("partition"),
+        batch.column("offset"),
+        batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
+        pa.array(np.full(n, CREATE_TIME, np.int32)),
+    ]
+    if include_headers:
+        columns.append(batch.column("headers").cast(HEADERS))
+    columns += [pa.array(np.full(n, group, np.int32)), pa.array(slices)]
+    out = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+    for start in range(0, n, rows):
+        yield out.slice(start, rows)
