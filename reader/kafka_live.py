@@ -94,6 +94,23 @@ def partition_marks(options: KafkaOptions, topic: str) -> dict[int, tuple[int, i
         consumer.close()
 
 
+def offsets_at_times(options: KafkaOptions, topic: str, times: dict[int, int]) -> dict[int, int | None]:
+    """Per partition, the broker's first offset whose timestamp is at or after its time
+    (None: no such record yet), as Spark's Kafka source resolves startingTimestamp."""
+    if not times:
+        return {}
+    ck = client_module()
+    consumer = ck.Consumer(options.config())
+    try:
+        asked = [ck.TopicPartition(topic, p, t) for p, t in sorted(times.items())]
+        found = consumer.offsets_for_times(asked, timeout=options.poll_timeout_ms / 1000)
+    except ck.KafkaException as exc:
+        raise KafkaReadError(f"topic {topic}: could not look up offsets by timestamp ({exc})") from None
+    finally:
+        consumer.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+
 def check_available(
     topic: str, wanted: dict[int, int], marks: dict[int, tuple[int, int]], fail: bool
 ) -> dict[int, int]:

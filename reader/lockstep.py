@@ -23,13 +23,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from keygroups import compacted, envelope
+from keygroups import compacted, envelope, handoff
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_columns import PieceColumns
-from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
-from reader.fetch import PieceFetcher, span_bytes
+from reader.fetch import PieceFetcher, read_groups, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
@@ -37,6 +37,7 @@ from reader.pacing import Pacer
 from reader.plan import ReplayPlan
 from reader.read_budget import ReadBudget, ReadStopped
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
+from reader.time_bounds import OffsetBounds, offset_bounds, partition_times
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
@@ -70,6 +71,11 @@ class ReplayError(KeyfillError, RuntimeError):
     """A read, check or decode failed in a replay thread; names the file, slice and group."""
 
 
+def _in_range(batch: pa.RecordBatch, bounds: OffsetBounds) -> pa.RecordBatch:
+    keep = bounds.keep(batch.column("partition").to_numpy(), batch.column("offset").to_numpy())
+    return batch if keep is None else batch.filter(keep)
+
+
 class Replay:
     """The iterator `replay()` returns; use it as a context manager."""
 
@@ -86,7 +92,9 @@ class Replay:
         self.store = store or open_storage(url, threads=max(opts.threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.fingerprint = self.manifest.archive
-        self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
+        self.bounds = self._bounds()
+        end = self.bounds.end_slice if self.bounds else None
+        self.plan = ReplayPlan(self.store, self.manifest, opts.threads, end)
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self._stop)
         # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead):
@@ -102,7 +110,7 @@ class Replay:
         self._last_slice_spread = self._max_slice_spread = 0
 
         # Position: the slice being replayed, records of each group already yielded in it.
-        self._slice = 0
+        self._slice = self.bounds.first_slice if self.bounds else 0
         self._emitted: dict[int, int] = {}
         self._watermark: int | None = None
         if resume is not None:
@@ -111,6 +119,20 @@ class Replay:
             self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
         # records to drop at the start of each group's piece of the slice the replay resumes in
         self._skip, self._skip_slice = dict(self._emitted), self._slice
+
+    def _bounds(self) -> OffsetBounds | None:
+        """The offsets a replay bounded in time delivers (None: the whole archive)."""
+        opts = self.options
+        if opts.starting_timestamp is None and opts.ending_timestamp is None:
+            return None
+        partitions = sorted(handoff.offsets(self.manifest))
+        times = [partition_times("", t, None, "", partitions) for t in (opts.starting_timestamp, opts.ending_timestamp)]
+
+        def decode(pieces: list[compacted.Piece]) -> Iterator[pa.RecordBatch]:
+            budget, part = bounded_read_ahead(opts.read_ahead_bytes), opts.range_bytes
+            yield from (batch for _, batch in read_groups(self.store, pieces, read_ahead_bytes=budget, part_bytes=part))
+
+        return offset_bounds(PieceIndex.of(self.store, self.manifest), self.manifest, decode, *times)
 
     @property
     def gets(self) -> int:
@@ -287,7 +309,8 @@ class Replay:
         if self._started:
             raise RuntimeError("a replay can be iterated once")
         self._started = True
-        slices = self.manifest.slices
+        slices = self.plan.slices
+        bounds = self.bounds
         for t in range(self.options.threads):
             self._fetchers.append(
                 PieceFetcher(
@@ -313,6 +336,7 @@ class Replay:
         while self._slice < slices:
             s = self._slice
             emitted = self._emitted
+            cut = bounds is not None and bounds.cuts(s)  # a slice at a time bound: its records in range only
             try:
                 for ready in self._merge.records(s):
                     for bundle in ready:
@@ -322,7 +346,7 @@ class Replay:
                             give(bundle.held)
                         a, b, batch = rows[k], rows[k + 1], bundle.batch
                         n = b - a
-                        if 0 < n <= size:  # the common case: the piece is one batch
+                        if 0 < n <= size and not cut:  # the common case: the piece is one batch
                             emitted[g] = emitted.get(g, 0) + n  # before the yield: a checkpoint may follow it
                             yield new(Records, (batch.slice(a, n), s, g))
                             continue
@@ -330,8 +354,13 @@ class Replay:
                         # resumed from covered it all
                         for at in range(a, b, size):
                             m = min(size, b - at)
-                            emitted[g] = emitted.get(g, 0) + m
-                            yield Records(batch.slice(at, m), s, g)
+                            emitted[g] = emitted.get(g, 0) + m  # positions in the piece, kept or not
+                            part = batch.slice(at, m)
+                            if cut:
+                                part = _in_range(part, bounds)
+                                if not part.num_rows:
+                                    continue
+                            yield Records(part, s, g)
             except ThreadFailed as failed:
                 self.close()
                 if isinstance(failed.error, ReplayError):

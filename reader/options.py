@@ -36,6 +36,10 @@ class ReplayOptions:
     # the threads' FIFOs, at least one each (default: 2 x threads, at least 64)
     queue_batches: int | None = None
     max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses
+    # a backfill bounded in time, as Spark's Kafka source means it (reader.time_bounds): per
+    # partition from the first offset at or after this time (ms), up to the first at or after the end
+    starting_timestamp: int | None = None
+    ending_timestamp: int | None = None
 
     def __post_init__(self) -> None:
         within("threads", self.threads, 1, bounds.MAX_THREADS, "each is an OS thread with read-ahead of its own")

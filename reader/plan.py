@@ -31,9 +31,10 @@ PRELOAD_BLOCKS = 4  # the fetchers look LOOKAHEAD_SLICES (256) = 4 blocks ahead
 
 
 class ReplayPlan:
-    def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
+    def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int, end: int | None = None) -> None:
         self.store = store
         self.manifest = manifest
+        self.end = manifest.slices if end is None else end  # past the last slice replayed
         self.index = PieceIndex.of(store, manifest)
         self.threads = threads
         self.group_bytes = np.asarray(manifest.group_file_bytes, dtype=np.int64)
@@ -51,7 +52,7 @@ class ReplayPlan:
 
     @property
     def slices(self) -> int:
-        return self.manifest.slices
+        return self.end
 
     def groups_of(self, t: int) -> set[int]:
         return {g for g in range(len(self.thread_of_group)) if self.thread_of_group[g] == t}

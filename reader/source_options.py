@@ -9,6 +9,7 @@ so a Kafka query's option map carries over (docs/kafka-live.md). Names are case-
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 
 from keygroups import bounds, compacted
@@ -58,6 +59,14 @@ class Options:
     read_ahead_bytes: int = TASK_READ_AHEAD_BYTES
     range_bytes: int = ReplayOptions.range_bytes  # the largest GET; 0: a span in one GET
     include_headers: bool = False  # the `headers` column, as in Spark's Kafka source
+    # time bounds, as Spark's Kafka source means them (reader.time_bounds): ms since the epoch
+    starting_timestamp: int | None = None
+    ending_timestamp: int | None = None
+    # {"topic": {"partition": ms, ...}}: a time per partition, every partition named
+    starting_offsets_by_timestamp: dict | None = None
+    ending_offsets_by_timestamp: dict | None = None
+    starting_offsets: str = "earliest"  # Spark's Kafka source's; the archive starts at its earliest
+    ending_offsets: str = "latest"
     kafka: KafkaOptions | None = field(default=None, metadata=NOT_AN_OPTION)  # None: the archive alone
     # Spark's default parallelism when `reader.spark.register` ran (its cores): what sizes
     # numPartitions when it is not set. None: one input partition per group.
@@ -120,14 +129,49 @@ class Options:
             "max_bytes_per_trigger": number("maxBytesPerTrigger"),
             "max_offsets_per_trigger": number("maxOffsetsPerTrigger"),
             "include_headers": flag("includeHeaders", False),
+            "starting_timestamp": number("startingTimestamp", -(1 << 62)),
+            "ending_timestamp": number("endingTimestamp", -(1 << 62)),
             "num_partitions": number("numPartitions"),
             "batch_size": number("batchSize", 1, bounds.MAX_BATCH_ROWS),
             "starting_slice": number("startingSlice", 0),
             "read_ahead_bytes": number("readAheadBytes", 0, bounds.MAX_READ_AHEAD_BYTES),
             "range_bytes": number("rangeBytes", 0, bounds.MAX_RANGE_BYTES),
         }
+        for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
+            raw = opts.get(name.lower())
+            if raw is not None:
+                given[_field_of(name)] = by_partition(name, raw)
+        for name, only in (("startingOffsets", "earliest"), ("endingOffsets", "latest")):
+            raw = opts.get(name.lower())
+            if raw is not None and raw.strip().lower() != only:
+                raise SourceOptionError(
+                    f"option {name}={raw!r}: the keyfill source takes {only!r} only (offsets are the archive's own); "
+                    f"bound the read in time with {name[: -len('Offsets')]}Timestamp or {name}ByTimestamp"
+                )
+        if given.get("starting_slice") and any(
+            given.get(f) is not None for f in ("starting_timestamp", "starting_offsets_by_timestamp")
+        ):
+            raise SourceOptionError("options startingSlice and startingTimestamp/startingOffsetsByTimestamp: set one")
         given = {k: v for k, v in given.items() if v is not None}
         return cls(path=path, kafka=kafka, session_cores=session_cores, **given)
+
+
+def _field_of(option: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in option)
+
+
+def by_partition(name: str, raw: str) -> dict[str, dict[int, int]]:
+    """`{"topic": {"0": 1700000000000, ...}}`, checked: one topic, whole numbers."""
+    try:
+        value = json.loads(raw)
+        parsed = {str(t): {int(p): int(ms) for p, ms in parts.items()} for t, parts in value.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise SourceOptionError(
+            f'option {name}={raw!r}: expected JSON like {{"topic": {{"0": 1700000000000, "1": 1700000000000}}}}'
+        ) from None
+    if len(parsed) != 1:
+        raise SourceOptionError(f"option {name}={raw!r}: name the archive's one topic")
+    return parsed
 
 
 # Every field but those marked NOT_AN_OPTION is an option of its camelCase name (the live

@@ -20,10 +20,18 @@ from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
 from reader.fetch import read_groups
-from reader.kafka_live import KafkaRange, check_available, partition_marks, plan_ranges, read_range
+from reader.kafka_live import (
+    KafkaRange,
+    check_available,
+    offsets_at_times,
+    partition_marks,
+    plan_ranges,
+    read_range,
+)
 from reader.memory import bounded_read_ahead
 from reader.source_options import Options, SourceOptionError
 from reader.spark_rows import arrow_schema, to_spark_batches
+from reader.time_bounds import OffsetBounds, offset_bounds, partition_times
 
 NAME = "keyfill"
 
@@ -39,6 +47,7 @@ class GroupsPartition(InputPartition):
 
     pieces: tuple[compacted.Piece, ...]
     topic: str = ""  # the archive's topic: the rows' `topic`
+    bounds: OffsetBounds | None = None  # a time-bounded read: the offsets of each partition it delivers
 
 
 # Compacted bytes a core past which a batch gets more input partitions than cores (a batch
@@ -57,9 +66,10 @@ class SourcePlanner:
         self._store: Storage | None = None
         self._manifest: compacted.Manifest | None = None
         self._index: PieceIndex | None = None
+        self._bounds: tuple[int, OffsetBounds | None] | None = None  # (version, bounds)
 
     def __getstate__(self) -> dict:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None}
+        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_bounds": None}
 
     @property
     def store(self) -> Storage:
@@ -127,16 +137,82 @@ class SourcePlanner:
 
     @property
     def topic(self) -> str:
-        return self.opts.kafka.topic or self.manifest.topic
+        return (self.opts.kafka and self.opts.kafka.topic) or self.manifest.topic
+
+    @property
+    def bounds(self) -> OffsetBounds | None:
+        """The offsets the time options select, on this version (None: no time bound)."""
+        if self._bounds is None or self._bounds[0] != self.manifest.version:
+            starting, ending = self.times("starting"), self.times("ending")
+            found = None
+            if starting is not None or ending is not None:
+                found = offset_bounds(self.index, self.manifest, self._decode, starting, ending)
+            self._bounds = (self.manifest.version, found)
+        return self._bounds[1]
+
+    def _decode(self, pieces: list[compacted.Piece]) -> Iterator[pa.RecordBatch]:
+        budget = bounded_read_ahead(self.opts.read_ahead_bytes, 1)
+        for _, batch in read_groups(self.store, pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes):
+            yield batch
+
+    def times(self, which: str) -> dict[int, int] | None:
+        """Partition -> the `which` ("starting" or "ending") time in ms, from the options."""
+        o = self.opts
+        per = getattr(o, f"{which}_offsets_by_timestamp")
+        single = getattr(o, f"{which}_timestamp")
+        partitions = sorted(handoff.offsets(self.manifest))
+        return partition_times(f"{which}OffsetsByTimestamp", single, per, self.topic, partitions)
+
+    def first_slice(self) -> int:
+        """Where a read starts: startingSlice, or the first slice a time bound lets in."""
+        return max(self.opts.starting_slice, self.bounds.first_slice if self.bounds else 0)
+
+    def end_slice(self) -> int:
+        """Past the last slice a read takes from this version."""
+        return min(self.manifest.slices, self.bounds.end_slice) if self.bounds else self.manifest.slices
+
+    def goes_live(self) -> bool:
+        """With kafka.* options, unless an ending time falls within the archive everywhere."""
+        b = self.bounds
+        return self.opts.kafka is not None and not (b and b.ends_in_archive(handoff.offsets(self.manifest)))
+
+    def switch_offsets(self, version: int) -> dict[int, int]:
+        """Where the live phase starts: the hand-off of `version`, or for a partition whose
+        starting time lies past it, the broker's first offset at that time (none yet: its end)."""
+        out = handoff.offsets(self.manifest_of(version))
+        late = self.bounds.live_starts_ms if self.bounds else {}
+        if late:
+            found = offsets_at_times(self.opts.kafka, self.topic, late)
+            marks = partition_marks(self.opts.kafka, self.topic)
+            for p, o in found.items():
+                out[p] = max(out.get(p, 0), marks[p][1] if o is None else o)
+        return out
+
+    def live_ends(self, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """Per partition, where an ending time stops the live phase (a partition it stops
+        within the archive: at the hand-off); a partition without: the topic's end now."""
+        end = {p: high for p, (_, high) in marks.items()}
+        b = self.bounds
+        if b is None or self.opts.kafka is None:
+            return end
+        hand = handoff.offsets(self.manifest)
+        for p in b.ends:
+            if p in end:
+                end[p] = min(end[p], hand.get(p, 0))
+        for p, o in offsets_at_times(self.opts.kafka, self.topic, b.live_ends_ms).items():
+            if o is not None and p in end:
+                end[p] = min(end[p], o)
+        return end
 
     def live_positions(self, offset: dict, end: dict | None = None) -> dict[int, int]:
         """The Kafka offsets an offset stands for: its own in the live phase; at the switch,
         the hand-off of the version the first live offset (`end`) was planned on."""
         if "kafka" in offset:
             return {int(p): int(o) for p, o in offset["kafka"].items()}
-        start = handoff.offsets(self.manifest_of(int((end or offset)["version"])))
-        for p in (end or {}).get("kafka", {}):
-            start.setdefault(int(p), 0)
+        start = self.switch_offsets(int((end or offset)["version"]))
+        for p, o in (end or {}).get("kafka", {}).items():
+            # at most the end planned: a start the broker resolved by time stays what it was then
+            start[int(p)] = min(start.get(int(p), 0), int(o))
         return start
 
     def live_ranges(self, start: dict, end: dict) -> list[KafkaRange]:
@@ -187,7 +263,7 @@ class SourcePlanner:
         for b in range(bundles):
             mine = tuple(p for i, g in enumerate(groups) if owner[i] == b for p in by_group[g])
             if mine:
-                parts.append(GroupsPartition(mine, self.manifest.topic))
+                parts.append(GroupsPartition(mine, self.manifest.topic, self.bounds))
         return parts
 
     def partitions_for(self, total_bytes: int, groups: int) -> int:
@@ -209,6 +285,10 @@ class SourcePlanner:
             self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes
         ):
             slices = np.repeat(step.slice, step.records)
+            if partition.bounds is not None and any(map(partition.bounds.cuts, step.slice.tolist())):
+                keep = partition.bounds.keep(batch.column("partition").to_numpy(), batch.column("offset").to_numpy())
+                if keep is not None:
+                    batch, slices = batch.filter(keep), slices[keep]
             yield from to_spark_batches(
                 batch, partition.topic, int(step.group[0]), slices, self.opts.batch_size, self.opts.include_headers
             )

@@ -47,7 +47,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from keygroups import handoff, worker_gc
+from keygroups import worker_gc
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
@@ -157,11 +157,11 @@ class KeyfillBatchReader(DataSourceReader):
         """The archive's slices; with kafka.* options, then the topic from the hand-off to its
         end offsets now."""
         planner = self.planner
-        out: list[InputPartition] = list(planner.plan(planner.opts.starting_slice, planner.manifest.slices))
-        if planner.opts.kafka is not None:
-            marks = partition_marks(planner.opts.kafka, planner.topic)
-            end = planner.offset(planner.manifest.slices) | {"kafka": {str(p): high for p, (_, high) in marks.items()}}
-            out += planner.live_ranges(planner.offset(planner.manifest.slices), end)
+        out: list[InputPartition] = list(planner.plan(planner.first_slice(), planner.end_slice()))
+        if planner.goes_live():
+            at = planner.offset(planner.manifest.slices)
+            ends = planner.live_ends(partition_marks(planner.opts.kafka, planner.topic))
+            out += planner.live_ranges(at, at | {"kafka": {str(p): o for p, o in ends.items()}})
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -190,7 +190,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
 
     def initialOffset(self) -> dict:
-        return self.planner.offset(self.opts.starting_slice)
+        return self.planner.offset(self.planner.first_slice())
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_slices_per_trigger:
@@ -214,12 +214,13 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.planner.position(start)  # the same archive
             return self._live_latest(start, start, limit)
         end = self._archive_latest(start, limit)
-        if self.opts.kafka is None or end["slice"] != self.planner.position(start):
+        if not self.planner.goes_live() or end["slice"] != self.planner.position(start):
             return end
         if end["slice"] < self.planner.manifest.slices:
             return end
         # the switch: from the hand-off offsets (a partition the topic gained since: from 0, below)
-        switch = end | {"kafka": {str(p): o for p, o in handoff.offsets(self.planner.manifest).items()}}
+        switch_at = self.planner.switch_offsets(self.planner.manifest.version)
+        switch = end | {"kafka": {str(p): o for p, o in switch_at.items()}}
         return self._live_latest(start, switch, limit)
 
     def _live_latest(self, start: dict, at: dict, limit: ReadLimit) -> dict:
@@ -230,7 +231,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for p in marks:
             positions.setdefault(p, 0)  # a partition added since the archive, or while the query runs
         positions = check_available(self.planner.topic, positions, marks, k.fail_on_data_loss)
-        latest = {p: marks[p][1] for p in positions}
+        ends = self.planner.live_ends(marks)
+        latest = {p: max(positions[p], ends.get(p, marks[p][1])) for p in positions}
         if self.live_target is not None:
             latest = {p: max(positions[p], min(latest[p], self.live_target.get(p, 0))) for p in positions}
         most = None
@@ -246,8 +248,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return at | {"kafka": {str(p): o for p, o in sorted(end.items())}}
 
     def _archive_latest(self, start: dict, limit: ReadLimit) -> dict:
-        manifest = self.planner.manifest if self.available_now else self.planner.refresh()
-        slices = manifest.slices
+        if not self.available_now:
+            self.planner.refresh()
+        slices = self.planner.end_slice()
         first = self.planner.position(start)
         max_slices = max_bytes = max_rows = None
         if not isinstance(limit, ReadAllAvailable):
@@ -282,7 +285,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.offset(end)
 
     def reportLatestOffset(self) -> dict:
-        return self.planner.offset(self.planner.manifest.slices)
+        return self.planner.offset(self.planner.end_slice())
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if "kafka" in end:

@@ -43,6 +43,14 @@ def iso_ms(text: str) -> int:
     return int(start.timestamp() * 1000)
 
 
+def time_ms(text: str) -> int:
+    """Epoch milliseconds, given as such (as Spark's Kafka source takes them) or as an ISO 8601 time."""
+    try:
+        return int(text)
+    except ValueError:
+        return iso_ms(text)
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from keyfill.cli.args import iso, non_negative_int, positive_int
+from keyfill.cli.args import iso, non_negative_int, positive_int, time_ms
 from reader.options import ReplayOptions
 
 DEFAULTS = ReplayOptions()  # the flags are ReplayOptions' fields, with its defaults (docs/options.md)
@@ -46,6 +46,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-drift-ms", type=non_negative_int, help="pause threads this far ahead of the slowest in event time"
     )
+    for which, what in (("starting", "from the first offset"), ("ending", "up to, not including, the first offset")):
+        p.add_argument(
+            f"--{which}-timestamp",
+            type=time_ms,
+            metavar="TIME",
+            help=f"per partition, {what} whose timestamp is at or after TIME (epoch ms or ISO 8601, e.g. "
+            "2026-08-01T00:00:00Z), as Spark's Kafka source's startingTimestamp/endingTimestamp",
+        )
     p.add_argument("--checkpoint-file", help="save the position here; resume from it if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -98,11 +106,13 @@ def run(args: argparse.Namespace) -> int:
             max_drift_ms=args.max_drift_ms,
             read_ahead_bytes=args.read_ahead_bytes,
             range_bytes=args.range_bytes,
+            starting_timestamp=args.starting_timestamp,
+            ending_timestamp=args.ending_timestamp,
         )
     except reader.CheckpointError as exc:
         raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
     with events:
-        total = events.manifest.totals["records"]
+        total = None if events.bounds else events.manifest.totals["records"]  # bounded: not known up front
         bar = tqdm(
             total=total,
             unit="rec",
