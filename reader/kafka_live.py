@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,21 +95,27 @@ def partition_marks(options: KafkaOptions, topic: str) -> dict[int, tuple[int, i
         consumer.close()
 
 
-def offsets_at_times(options: KafkaOptions, topic: str, times: dict[int, int]) -> dict[int, int | None]:
-    """Per partition, the broker's first offset whose timestamp is at or after its time
-    (None: no such record yet), as Spark's Kafka source resolves startingTimestamp."""
-    if not times:
-        return {}
-    ck = client_module()
-    consumer = ck.Consumer(options.config())
-    try:
-        asked = [ck.TopicPartition(topic, p, t) for p, t in sorted(times.items())]
-        found = consumer.offsets_for_times(asked, timeout=options.poll_timeout_ms / 1000)
-    except ck.KafkaException as exc:
-        raise KafkaReadError(f"topic {topic}: could not look up offsets by timestamp ({exc})") from None
-    finally:
-        consumer.close()
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+def offsets_at_times(
+    options: KafkaOptions, topic: str, times: dict[int, int], starts: dict[int, int], ends: dict[int, int]
+) -> dict[int, int | None]:
+    """Per partition, its first offset in [start, end) whose timestamp is at or after its time
+    (None: none there), as Spark's Kafka source resolves startingTimestamp. Read from the
+    records rather than asked of the broker (`offsets_for_times`): brokers that speak Kafka's
+    protocol do not all answer it right (tansu 0.6 answers 0 for every time), and the part read
+    is the topic's tail past the archive's hand-off, which is short."""
+    found: dict[int, int | None] = {}
+    schema = pa.schema([("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC"))])
+    for p, t in sorted(times.items()):
+        found[p] = None
+        if starts.get(p, 0) >= ends.get(p, 0):
+            continue
+        with closing(read_range(options, KafkaRange(topic, p, starts.get(p, 0), ends[p]), 10_000, schema)) as batches:
+            for batch in batches:
+                hit = np.flatnonzero(batch.column("timestamp").cast(pa.int64()).to_numpy() >= t * 1000)
+                if len(hit):
+                    found[p] = int(batch.column("offset")[int(hit[0])].as_py())
+                    break
+    return found
 
 
 def check_available(

@@ -67,9 +67,10 @@ class SourcePlanner:
         self._manifest: compacted.Manifest | None = None
         self._index: PieceIndex | None = None
         self._bounds: tuple[int, OffsetBounds | None] | None = None  # (version, bounds)
+        self._found: dict[tuple[str, int], int] = {}  # ("start" | "end", partition) -> offset in the topic
 
     def __getstate__(self) -> dict:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_bounds": None}
+        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_bounds": None, "_found": {}}
 
     @property
     def store(self) -> Storage:
@@ -178,15 +179,25 @@ class SourcePlanner:
 
     def switch_offsets(self, version: int) -> dict[int, int]:
         """Where the live phase starts: the hand-off of `version`, or for a partition whose
-        starting time lies past it, the broker's first offset at that time (none yet: its end)."""
+        starting time lies past it, its first offset at or after that time in the topic (none
+        yet: the partition's end now, as the Kafka source's startingOffsetsByTimestampStrategy=latest)."""
         out = handoff.offsets(self.manifest_of(version))
         late = self.bounds.live_starts_ms if self.bounds else {}
         if late:
-            found = offsets_at_times(self.opts.kafka, self.topic, late)
-            marks = partition_marks(self.opts.kafka, self.topic)
-            for p, o in found.items():
-                out[p] = max(out.get(p, 0), marks[p][1] if o is None else o)
+            high = {p: h for p, (_, h) in partition_marks(self.opts.kafka, self.topic).items()}
+            for p, o in self._found_at("start", late, out, high).items():
+                out[p] = max(out.get(p, 0), high.get(p, 0) if o is None else o)
         return out
+
+    def _found_at(self, kind: str, times: dict[int, int], starts: dict[int, int], high: dict[int, int]) -> dict:
+        """`offsets_at_times` of the topic, each partition's answer kept once found (it never
+        changes: records are only added after it)."""
+        known = {p: self._found.get((kind, p)) for p in times}
+        asked = {p: t for p, t in times.items() if known[p] is None}
+        for p, o in offsets_at_times(self.opts.kafka, self.topic, asked, starts, high).items():
+            if o is not None:
+                self._found[(kind, p)] = known[p] = o
+        return known
 
     def live_ends(self, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
         """Per partition, where an ending time stops the live phase (a partition it stops
@@ -199,7 +210,7 @@ class SourcePlanner:
         for p in b.ends:
             if p in end:
                 end[p] = min(end[p], hand.get(p, 0))
-        for p, o in offsets_at_times(self.opts.kafka, self.topic, b.live_ends_ms).items():
+        for p, o in self._found_at("end", b.live_ends_ms, hand, dict(end)).items():
             if o is not None and p in end:
                 end[p] = min(end[p], o)
         return end

@@ -350,3 +350,74 @@ def test_the_fraud_example_goes_on_live_in_one_query(spark, keyfill_kafka, tmp_p
     result = run(spark, args)
     assert result["records"] == len(records) and result["dropped_late"] == 0
     assert_closed_windows(spark, result["windows_dir"], table, minimum=50)
+
+
+KAFKA_QUERY = """
+    SELECT CAST(key AS STRING) AS user, topic, partition, offset, timestamp, timestampType, headers
+    FROM events WHERE timestampType = 0
+"""
+
+
+def test_a_query_for_the_kafka_source_runs_unchanged_from_a_time_into_the_topic(spark, keyfill_kafka, tmp_path):
+    """A query written for format("kafka") (its option map, its columns, includeHeaders and
+    startingTimestamp), with only the format and the path changed: from the first offset at or
+    after the time in each partition, over the archive and on into the topic. Partition 1's
+    archived records all fall before the time: it starts in the topic, where the broker says."""
+    import reader.spark
+
+    reader.spark.register(spark)
+    parts = tuple(
+        tuple(
+            Record(p, i, 1_000_000 + 1_000 * i + (700 if p else 0), b"u%d" % (i % 4), b"v", (("h", b"%d" % i),))
+            for i in range(40)
+        )
+        for p in range(2)
+    )
+    topic = TopicArchive("pay", parts, 10)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.75, 0.25], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+    hand = handoff.offsets(compacted.load_manifest(open_storage(dest)))
+    t = 1_000_000 + 1_000 * 20 + 300  # partition 0: offset 21 on (in the archive); 1: 20 on (past its hand-off)
+    assert hand[1] <= 20 < hand[0]
+    options = {  # as a Kafka query sets them
+        "kafka.bootstrap.servers": keyfill_kafka.bootstrap,
+        "subscribe": name,
+        "startingTimestamp": str(t),
+        "includeHeaders": "true",
+        "failOnDataLoss": "true",
+        "maxOffsetsPerTrigger": "15",
+    }
+    stream = spark.readStream.format("keyfill").options(**options).load(dest)
+    stream.createOrReplaceTempView("events")
+    got = []
+    (
+        spark.sql(KAFKA_QUERY)
+        .writeStream.foreachBatch(lambda b, i: got.extend(b.collect()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    want = [r for part in parts for r in part if r.offset >= next(q.offset for q in part if q.timestamp >= t)]
+    assert sorted((r["partition"], r["offset"]) for r in got) == sorted((r.partition, r.offset) for r in want)
+    assert {r["topic"] for r in got if r["offset"] < hand[r["partition"]]} <= {"pay"}
+    assert {r["topic"] for r in got if r["offset"] >= hand[r["partition"]]} == {name}
+    assert all(r["headers"] == [("h", str(r["offset"]).encode())] for r in got)
+    assert all(r["user"] == f"u{r['offset'] % 4}" for r in got)
+
+
+def test_an_ending_time_past_the_hand_off_stops_each_partition_in_the_topic(keyfill_kafka, tmp_path):
+    parts = tuple(tuple(Record(p, i, 1_000 * i + 10 * p, b"k", b"v") for i in range(50)) for p in range(2))
+    topic = TopicArchive("t", parts, 10)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.4, 0.4], tmp_path, groups=1, slice_duration="5s", seal_all=True)
+    opts = {"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name}
+    # partition 0 ends in the topic at offset 30, partition 1 within the archive at 12 (12,010 ms)
+    by_partition = opts | {"endingOffsetsByTimestamp": json.dumps({name: {"0": 30_000, "1": 12_005}})}
+    batches = run_stream(by_partition | {"maxOffsetsPerTrigger": "9"}, {2})
+    got = sorted(as_records([r for _, rows in batches for r in rows]))
+    assert got == sorted(r for r in topic.records if r.offset < (30 if r.partition == 0 else 12))
+    assert [phase for phase, _ in batches][-1] == "live"
+    batches = run_stream(opts | {"endingTimestamp": "30005"}, set())  # partition 0: 31 (30,000 ms is before)
+    got = sorted(as_records([r for _, rows in batches for r in rows]))
+    assert got == sorted(r for r in topic.records if r.offset < (31 if r.partition == 0 else 30))
