@@ -10,6 +10,7 @@ records come out in the archive phase's schema, so the query sees one stream.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -22,6 +23,7 @@ from pyspark.sql.datasource import InputPartition
 from keygroups.errors import KeyfillError
 from reader.spark_rows import CREATE_TIME, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE
 
+LOG = logging.getLogger("keyfill.kafka")  # the client's own log lines (a retry each 50 ms when down): not on stderr
 KAFKA_PREFIX = "kafka."  # options passed to the client with this prefix taken off
 _ALWAYS = {  # the reader's own settings: it assigns partitions and never commits to a group
     "enable.auto.commit": False,
@@ -79,18 +81,25 @@ def partition_marks(options: KafkaOptions, topic: str) -> dict[int, tuple[int, i
     """Every partition of the topic with its (earliest, end) offsets as the broker reports
     them now: the metadata and the offsets through one consumer (a planning step needs both)."""
     ck = client_module()
-    consumer = ck.Consumer(options.config())
-    timeout = options.poll_timeout_ms / 1000
+    consumer = ck.Consumer(options.config(), logger=LOG)
+    deadline = time.monotonic() + options.poll_timeout_ms / 1000  # for all the requests together
+
+    def left() -> float:
+        return max(0.1, deadline - time.monotonic())
+
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        meta = consumer.list_topics(topic, timeout=left()).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise KafkaReadError(f"topic {topic} is not on {options.client.get('bootstrap.servers')}")
         return {
-            p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout)
+            p: consumer.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=left())
             for p in sorted(meta.partitions)
         }
     except ck.KafkaException as exc:
-        raise KafkaReadError(f"topic {topic}: could not list partitions and offsets ({exc})") from None
+        raise KafkaReadError(
+            f"{options.client.get('bootstrap.servers')}: topic {topic}: could not list partitions and offsets within "
+            f"{options.poll_timeout_ms} ms (kafkaConsumer.pollTimeoutMs): {exc.args[0].str() if exc.args else exc}"
+        ) from None
     finally:
         consumer.close()
 
@@ -186,8 +195,8 @@ def read_range(
     """The records of `r` in offset order, as batches of `schema` (the Spark source's), with
     slice null and key_group from `group_of(keys, partitions)` (None: null)."""
     ck = client_module()
-    consumer = ck.Consumer(options.config())
-    where = f"{r.topic}[{r.partition}] offsets {r.start} to {r.end - 1}"
+    consumer = ck.Consumer(options.config(), logger=LOG)
+    where = f"{options.client.get('bootstrap.servers')}: {r.topic}[{r.partition}] offsets {r.start} to {r.end - 1}"
     try:
         consumer.assign([ck.TopicPartition(r.topic, r.partition, r.start)])
         rows, position = [], r.start  # messages of the batch being filled

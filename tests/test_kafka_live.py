@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 import uuid
 from collections import Counter
 
@@ -421,3 +422,37 @@ def test_an_ending_time_past_the_hand_off_stops_each_partition_in_the_topic(keyf
     batches = run_stream(opts | {"endingTimestamp": "30005"}, set())  # partition 0: 31 (30,000 ms is before)
     got = sorted(as_records([r for _, rows in batches for r in rows]))
     assert got == sorted(r for r in topic.records if r.offset < (31 if r.partition == 0 else 30))
+
+
+def test_a_broker_gone_fails_the_switch_and_a_live_read_in_bounded_time_naming_it(tmp_path):
+    """The broker stops after the archive has been planned: the switch's planning, and a live
+    read planned before, each fail within kafkaConsumer.pollTimeoutMs (2 s here; the bound
+    asserted, 30 s, is a liveness margin for a loaded machine), in one line naming the
+    broker and the topic (and the partition, for a read)."""
+    from keyfill.testing.kafka_broker import start_broker
+    from reader.kafka_live import KafkaRange, KafkaReadError
+
+    broker = start_broker()
+    try:
+        parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(30)),)
+        topic = TopicArchive("t", parts, 10)
+        name = produce(broker, topic)
+        dest = archived(topic, [0.5], tmp_path, groups=1, slice_duration="5s", seal_all=True)
+        opts = {"path": dest, "kafka.bootstrap.servers": broker.bootstrap, "subscribe": name}
+        opts["kafkaConsumer.pollTimeoutMs"] = "2000"
+        reader = KeyfillStreamReader(Options.parse(opts))
+        start = reader.initialOffset()
+        archive_end = reader.latestOffset(start, ReadAllAvailable())
+        assert "kafka" not in archive_end  # the archive first
+        live = KafkaRange(name, 0, 15, 30, compacted.load_manifest(open_storage(dest)).assignment)
+    finally:
+        broker.process.kill()
+        broker.process.wait()
+    for attempt in (lambda: reader.latestOffset(archive_end, ReadAllAvailable()), lambda: list(reader.read(live))):
+        began = time.monotonic()
+        with pytest.raises(KafkaReadError) as failed:
+            attempt()
+        assert time.monotonic() - began < 30
+        message = str(failed.value)
+        assert broker.bootstrap in message and name in message and "\n" not in message, message
+    assert f"{name}[0] offsets 15 to 29" in message
