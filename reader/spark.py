@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -188,6 +189,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.available_now = False
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
+        self.reached: dict | None = None  # the end of the batch planned last, and the topic's marks then
+        self.marks: dict[int, tuple[int, int]] = {}
 
     def initialOffset(self) -> dict:
         return self.planner.offset(self.planner.first_slice())
@@ -210,6 +213,10 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Whole slices while the archive lasts; with kafka.* options, once every slice has
         been read (a trigger later), the topic from the hand-off offsets on. A trigger reads
         the archive or the topic, never both."""
+        self.reached = self._latest(start, limit)
+        return self.reached
+
+    def _latest(self, start: dict, limit: ReadLimit) -> dict:
         if "kafka" in start:
             self.planner.position(start)  # the same archive
             return self._live_latest(start, start, limit)
@@ -226,7 +233,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _live_latest(self, start: dict, at: dict, limit: ReadLimit) -> dict:
         """The next live offset from `at` (`start` itself when the topic has nothing new)."""
         k = self.opts.kafka
-        marks = partition_marks(k, self.planner.topic)
+        marks = self.marks = partition_marks(k, self.planner.topic)
         positions = {int(p): int(o) for p, o in at["kafka"].items()}
         for p in marks:
             positions.setdefault(p, 0)  # a partition added since the archive, or while the query runs
@@ -285,7 +292,27 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.offset(end)
 
     def reportLatestOffset(self) -> dict:
-        return self.planner.offset(self.planner.end_slice())
+        """The latest offset, with how far behind it the query is (PySpark gives a Python source
+        no metrics of its own; Spark shows this in the source's `latestOffset` of each progress):
+        slices behind and the event time reached, then in the live phase the Kafka source's
+        offsets behind the latest per partition (max, avg, min)."""
+        latest = self.planner.offset(self.planner.end_slice())
+        at = self.reached
+        if at is None:
+            return latest
+        s = int(at["slice"])
+        progress: dict = {"slicesBehind": max(0, latest["slice"] - s)}
+        if s > 0:
+            end_ms = self.planner.manifest_of(int(at["version"])).bounds(s - 1)[1]
+            progress["eventTimeReached"] = datetime.fromtimestamp(end_ms / 1000, timezone.utc).isoformat()
+        if "kafka" in at and self.marks:
+            behind = [max(0, high - int(at["kafka"].get(str(p), 0))) for p, (_, high) in sorted(self.marks.items())]
+            progress |= {
+                "maxOffsetsBehindLatest": max(behind),
+                "avgOffsetsBehindLatest": sum(behind) / len(behind),
+                "minOffsetsBehindLatest": min(behind),
+            }
+        return latest | {"progress": progress}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if "kafka" in end:

@@ -456,3 +456,23 @@ def test_a_broker_gone_fails_the_switch_and_a_live_read_in_bounded_time_naming_i
         message = str(failed.value)
         assert broker.bootstrap in message and name in message and "\n" not in message, message
     assert f"{name}[0] offsets 15 to 29" in message
+
+
+def test_progress_says_how_far_behind_the_latest_the_query_is(keyfill_kafka, tmp_path):
+    parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(50)),)
+    topic = TopicArchive("t", parts, 10)
+    name = produce(keyfill_kafka, topic)
+    dest = archived(topic, [0.4], tmp_path, groups=1, slice_duration="5s", seal_all=True)  # 20 records, 4 slices
+    opts = {"path": dest, "kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name}
+    reader = KeyfillStreamReader(Options.parse(opts | {"maxSlicesPerTrigger": "1", "maxOffsetsPerTrigger": "8"}))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    latest = reader.reportLatestOffset()
+    assert latest["slice"] == 4 and latest["progress"] == {
+        "slicesBehind": 3,
+        "eventTimeReached": "1970-01-01T00:00:05+00:00",
+    }
+    while "kafka" not in end:
+        end = reader.latestOffset(end, reader.getDefaultReadLimit())
+    progress = reader.reportLatestOffset()["progress"]  # 8 of the topic's 30 live records planned
+    assert progress["slicesBehind"] == 0 and progress["maxOffsetsBehindLatest"] == 22
