@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -14,6 +17,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from compactor.slicing import parse_duration
 from keygroups import envelope
 
 
@@ -157,19 +161,193 @@ def canonical_files(url: str) -> dict:
     return out
 
 
-def below_handoff(table, url: str):
-    """The source records a compacted archive must hold: those below each partition's
-    hand-off offset (the rest are in slices not sealed yet, compactor/slicing.py)."""
-    import numpy as np
-    import pyarrow as pa
+@dataclass
+class Sealed:
+    """What a compaction must publish, worked out from the source records alone (the
+    independent reference the tests hold manifests to): the slice grid, the sealed slice
+    count, each partition's hand-off and running maximum below it, the slice of every
+    published record (relative to `base`; an append's records added to its parent's) and
+    the records an append placed after their own running maximum's slice (made late)."""
 
+    duration_ms: int
+    base: int  # absolute slice number of slice 0
+    slices: int  # published slices: [0, slices)
+    handoff: dict[int, int]
+    running_max: dict[int, int]
+    placed: dict[tuple[int, int], int]
+    made_late: set[tuple[int, int]]
+
+
+def sealed_slices(records, duration_ms: int, *, seal_all=False, idle_after_ms=None, after=None) -> Sealed | None:
+    """The reference for one compaction (or, with `after`, one append continuing `after`) of
+    the source `records`, (partition, offset, timestamp ms) in any order: docs/compacted-
+    archive.md, "Slices" and "Sealing", in plain Python. None when nothing (new) is sealed.
+
+    A record's slice is that of its partition's running maximum; an append continues each
+    partition's running maximum below its hand-off and lifts what falls before its first
+    slice into it (made late). A partition's next record lands at or after the slice of its
+    running maximum (or the append's first slice), so the seal is the earliest of those over
+    the partitions not idle (running maximum more than `idle_after_ms` behind the newest)."""
+    by_partition: dict[int, list[tuple[int, int]]] = {p: [] for p in (after.handoff if after else {})}
+    for p, o, t in records:
+        if after is None or o >= after.handoff.get(p, o):
+            by_partition.setdefault(p, []).append((o, t))
+    floor = after.base + after.slices if after else None  # an append's first slice (absolute)
+    placed: dict[tuple[int, int], int] = {}  # absolute slices, for now
+    made_late: set[tuple[int, int]] = set()
+    top: dict[int, int] = {}  # each partition's running maximum over all its records
+    for p, recs in by_partition.items():
+        if after is not None and p in after.running_max:
+            top[p] = after.running_max[p]
+        for o, t in sorted(recs):
+            top[p] = max(top.get(p, t), t)
+            own = top[p] // duration_ms
+            placed[(p, o)] = own if floor is None else max(own, floor)
+            if placed[(p, o)] > own:
+                made_late.add((p, o))
+    if not placed and after is None:
+        return None
+    base = after.base if after else min(placed.values())
+    first = base + (after.slices if after else 0)
+    # Where each partition's next record lands at the earliest: its running maximum, or an
+    # append's first slice. Idleness is judged on that too (as compactor/slicing.py does): a
+    # partition idle at one append but not idle_after behind the next append's newest partition
+    # counting from that append's first slice holds the seal back again.
+    held = {p: max(t, first * duration_ms) for p, t in top.items()}
+    newest = max(held.values())
+    holding = [p for p in held if idle_after_ms is None or held[p] >= newest - idle_after_ms]
+    if seal_all:
+        seal = max([*placed.values(), first - 1]) + 1
+    else:
+        seal = min(held[p] // duration_ms for p in holding)
+    if seal <= first:
+        return None
+    handoff = dict(after.handoff) if after else {}
+    running_max = dict(after.running_max) if after else {}
+    for p, recs in by_partition.items():
+        for o, t in sorted(recs):
+            if placed[(p, o)] >= seal:
+                handoff[p] = o
+                break
+            handoff[p] = o + 1
+            running_max[p] = max(running_max.get(p, t), t)
+    published = {k: s - base for k, s in placed.items() if s < seal}
+    return Sealed(
+        duration_ms,
+        base,
+        seal - base,
+        handoff,
+        running_max,
+        {**(after.placed if after else {}), **published},
+        (after.made_late if after else set()) | {k for k in made_late if k in published},
+    )
+
+
+def source_positions(table) -> list[tuple[int, int, int]]:
+    """(partition, offset, timestamp ms) of every record of an envelope table."""
+    return list(
+        zip(
+            table.column("partition").to_pylist(),
+            table.column("offset").to_pylist(),
+            table.column("timestamp").cast(pa.int64()).to_pylist(),
+        )
+    )
+
+
+def check_sealed(store, want: Sealed) -> None:
+    """The latest version's manifest and slice index against the reference: slice grid and
+    count, hand-off and running maximum per partition, made-late count, and every slice's
+    offset range of every partition."""
+    from keygroups import compacted
+
+    m = compacted.load_manifest(store)
+    got = (m.base, m.slices, m.handoff, m.running_max, m.totals.get("made_late", 0))
+    expected = (
+        want.base,
+        want.slices,
+        {str(p): o for p, o in want.handoff.items()},
+        {str(p): t for p, t in want.running_max.items()},
+        len(want.made_late),
+    )
+    assert got == expected, f"(base, slices, handoff, running_max, made_late): manifest {got}, source {expected}"
+    ranges: dict[tuple[int, int], list[int]] = {}
+    for (p, o), s in want.placed.items():
+        r = ranges.setdefault((s, p), [o, o, 0])
+        r[0], r[1], r[2] = min(r[0], o), max(r[1], o), r[2] + 1
+    index = {
+        (meta.slice, r.partition): [r.first_offset, r.last_offset, r.records]
+        for meta in archive_metas(store)
+        for r in meta.partitions
+    }
+    assert index == ranges, f"slice ranges: index {sorted(index.items())}, source {sorted(ranges.items())}"
+
+
+def canonical_version(url: str) -> dict:
+    """The latest version of an archive as its readers see it, for comparing two histories
+    (invariant 5: a re-run after a failed run writes what an unbroken run writes): the bytes
+    of every file the version names (assignment, segment files, through its index), the index
+    rows and the manifest, with each run id replaced by its place in the version's `runs` and
+    the commit time taken out. Files of failed runs, which no version names, are left out."""
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    from keygroups import compacted
+    from keygroups.piece_index import PieceIndex
+    from keygroups.storage import open_storage
+
+    store = open_storage(url)
+    m = compacted.load_manifest(store)
+    runs = list(dict.fromkeys([*m.runs, *(r for _, r in m.index_runs), m.run]))
+
+    def plain(text: str) -> str:
+        for i, r in enumerate(runs):
+            text = text.replace(r, f"<run {i}>")
+        return text
+
+    pieces = PieceIndex.of(store, m).piece_rows(0, m.slices)
+    out = {plain(f): store.read(f) for f in {m.assignment, *pieces.column("file").to_pylist()}}
+    for key in m.index_files:
+        rows = pq.read_table(io.BytesIO(store.read(key))).to_pylist()
+        out[plain(key)] = [{k: plain(v) if k == "file" else v for k, v in r.items()} for r in rows]
+    doc = json.loads(plain(store.read(compacted.version_key(m.version)).decode()))
+    doc.pop("created_ms")
+    doc["index_files"] = sorted(doc["index_files"])  # their checks cover file names, run ids in them
+    out["manifest"] = doc
+    return out
+
+
+def below_handoff(table, url: str):
+    """The source records a compacted archive must hold, worked out from the source (`table`)
+    alone (`sealed_slices`, with the compaction's options from the manifest's config), and the
+    manifest and index checked against them (`check_sealed`): an archive that seals a slice too
+    many or hands off one offset late fails here, whatever its manifest says. The latest
+    version must be a compaction, or appends that the one-shot compaction of the grown source
+    equals (no --idle-after, no partition new since): for other histories, `sealed_slices`
+    step by step (tests/test_append.py)."""
     from keygroups import compacted
     from keygroups.storage import open_storage
 
-    handoff = {int(p): o for p, o in compacted.load_manifest(open_storage(url)).handoff.items()}
-    parts = table.column("partition").to_numpy()
-    limit = np.array([handoff.get(int(p), 0) for p in parts.tolist()], np.int64)
-    return table.filter(pa.array(table.column("offset").to_numpy() < limit))
+    store = open_storage(url)
+    m = compacted.load_manifest(store)
+    chain = [m]  # back to the compaction the appends continue, as far as vacuum left the versions
+    while chain[-1].kind == "append" and chain[-1].parent in compacted.versions(store):
+        chain.append(compacted.load_manifest(store, chain[-1].parent))
+    if len(chain) > 1:  # (a history this misses fails check_sealed, on made_late or the slices)
+        assert not any(v.config.get("idle_after") for v in chain), "an appended history with --idle-after"
+        assert set(m.handoff) == set(chain[-1].handoff), "partitions new since the compaction"
+    idle = m.config.get("idle_after")
+    want = sealed_slices(
+        source_positions(table),
+        m.slice_duration_ms,
+        seal_all=m.config["seal_all"],
+        idle_after_ms=parse_duration(idle) if idle else None,
+    )
+    assert want is not None, f"{url}: version {m.version} committed, yet the source seals nothing"
+    check_sealed(store, want)
+    positions = zip(table.column("partition").to_pylist(), table.column("offset").to_pylist())
+    return table.filter(pa.array([k in want.placed for k in positions], pa.bool_()))
 
 
 def decoded(batch) -> list[tuple]:
