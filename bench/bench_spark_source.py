@@ -1,15 +1,24 @@
-"""Rows/s of the Spark source `format("keyfill")` against a synthetic source that yields the
-same Arrow batches without reading or decoding files, in one local[2] Spark session.
+"""Rows/s of `format("keyfill")` against two references over the same records, in one
+local[2] Spark session (issue 43):
 
-    python -m bench.bench_spark_source            # 3M records (generated and compacted once, cached)
-    python -m bench.bench_spark_source --quick    # 400K records
+- trivial: a Python data source that plans keyfill's micro-batches and input partitions
+  (it subclasses keyfill's stream reader) and, in `read()`, yields prebuilt Arrow batches of
+  the same schema (`batchSize` rows of the archive's own records, built once per Python
+  worker) until the partition's record count is reached, doing nothing per batch: the
+  ceiling of PySpark's Python Data Source path on this machine;
+- parquet: the same records as Parquet files (written once, a micro-batch of keyfill's per
+  set of files, in order), read by Spark's own file source with `maxFilesPerTrigger` set so
+  it runs the same micro-batches.
 
-The synthetic source plans exactly the keyfill source's micro-batches and input partitions
-(it subclasses the planner) and, in `read()`, yields slices of one decoded template batch
-(loaded once per Python worker from an Arrow IPC file) until the partition's record count is
-reached: the ceiling of what Spark can take in from a Python data source, here. Two
-queries each, with Trigger.AvailableNow to a noop sink: the source alone, and a watermark
-plus a 1-minute window count per key. Target: keyfill at >= 60% of the synthetic rows/s.
+    python -m bench.bench_spark_source            # 2M records (generated and compacted once, cached)
+    python -m bench.bench_spark_source --quick    # 400K records, one run per row
+
+Two queries, each with Trigger.AvailableNow to a noop sink: the source only (`key`,
+`timestamp`, `length(value)`, and `size(headers)` with headers), and a 10 s watermark plus
+a 1-minute window count per key; each without and with `includeHeaders=true`. The sources
+alternate within a round, best of --repeat rounds. Rows/s are over the micro-batches (the
+sum of their triggerExecution: no query start-up), the whole query's in brackets.
+Targets: keyfill >= 0.9x trivial on both queries, >= 0.75x parquet on the windowed one.
 """
 
 from __future__ import annotations
@@ -21,166 +30,284 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 
 import reader.spark as rs
 from bench.archives import cached_compacted
+from keygroups import worker_gc
 
-TARGET = 0.6
-_TEMPLATE: dict[str, pa.RecordBatch] = {}
-
-
-def template(path: str) -> pa.RecordBatch:
-    if path not in _TEMPLATE:  # once per Python worker: the only file the synthetic source reads
-        with pa.OSFile(path) as f:  # read into memory: batches must not depend on the file
-            _TEMPLATE[path] = pa.ipc.open_file(f).read_all().combine_chunks().to_batches()[0]
-    return _TEMPLATE[path]
+TRIVIAL_TARGET, PARQUET_TARGET = 0.9, 0.75
+SOURCES = ("trivial", "keyfill", "parquet")
+_PREBUILT: dict[str, pa.RecordBatch] = {}
 
 
-class SyntheticPlanner(rs.SourcePlanner):
-    """The keyfill planner's batches and partitions; reads produce template rows instead."""
+def prebuilt(path: str) -> pa.RecordBatch:
+    """The trivial source's batch, read once per Python worker (into memory: nothing a batch
+    yields depends on the file afterwards)."""
+    if path not in _PREBUILT:
+        with pa.OSFile(path) as f:
+            _PREBUILT[path] = pa.ipc.open_file(f).get_batch(0)
+    return _PREBUILT[path]
 
-    def __init__(self, opts: rs.Options, template_path: str):
+
+class TrivialStreamReader(rs.KeyfillStreamReader):
+    """keyfill's offsets and input partitions; `read()` yields the prebuilt batch, whole,
+    as often as the partition's records fill it, then one slice of it for the rest."""
+
+    def __init__(self, opts: rs.Options, batch_path: str):
         super().__init__(opts)
-        self.template_path = template_path
-
-    def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "template_path": self.template_path}
+        self.batch_path = batch_path
 
     def read(self, partition: rs.GroupsPartition) -> Iterator[pa.RecordBatch]:
-        t = template(self.template_path)
-        for f in partition.pieces:
-            left = f.records
-            while left:
-                n = min(left, t.num_rows, self.opts.batch_size)
-                yield t.slice(0, n)
-                left -= n
+        worker_gc.settle()  # as keyfill's read: its worker holds the same modules (numba) to collect
+        batch = prebuilt(self.batch_path)
+        whole, rest = divmod(sum(p.records for p in partition.pieces), batch.num_rows)
+        for _ in range(whole):
+            yield batch
+        if rest:
+            yield batch.slice(0, rest)
 
 
-class SyntheticStreamReader(rs.KeyfillStreamReader):
-    def __init__(self, opts: rs.Options, template_path: str):
-        super().__init__(opts)
-        self.planner = SyntheticPlanner(opts, template_path)
-
-
-class SyntheticDataSource(rs.KeyfillDataSource):
+class TrivialDataSource(rs.KeyfillDataSource):
     @classmethod
     def name(cls) -> str:
-        return "keyfill_synthetic"
+        return "keyfill_trivial"
+
+    def _opts(self) -> dict[str, str]:  # keyfill refuses options it does not know
+        return {k: v for k, v in self.options.items() if k.lower() != "prebuilt"}
+
+    def schema(self) -> str:
+        return rs.schema_ddl(rs.Options.parse(self._opts()).include_headers)
 
     def streamReader(self, schema):
-        opts = {k: v for k, v in self.options.items() if k.lower() != "template"}  # the source refuses unknown options
-        return SyntheticStreamReader(rs.Options.parse(opts), self.options["template"])
+        return TrivialStreamReader(rs.Options.parse(self._opts()), self.options["prebuilt"])
 
 
-def ensure_archive(args: argparse.Namespace, spark) -> str:
-    return cached_compacted(args.dir, args.records, args.groups, args.slice_duration, lambda: spark)
+def write_prebuilt(url: str, path: str, rows: int, headers: bool) -> None:
+    """The archive's first `rows` records as keyfill yields them, as one contiguous batch."""
+    planner = rs.SourcePlanner(rs.Options.parse({"path": url, "includeHeaders": str(headers).lower()}))
+    got, n = [], 0
+    for part in planner.plan(0, planner.manifest.slices):
+        for b in planner.read(part):
+            got.append(b)
+            n += b.num_rows
+            if n >= rows:
+                break
+        if n >= rows:
+            break
+    batch = pa.Table.from_batches(got).slice(0, rows).combine_chunks().to_batches()[0]
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, batch.schema) as w:
+        w.write_batch(batch)
 
 
-def write_template(url: str, path: str) -> None:
-    """The largest decoded piece, in the source's Spark schema, as the synthetic rows."""
-    from keygroups import compacted
-    from keygroups.piece_index import PieceIndex
-    from keygroups.storage import open_storage
+def write_parquet(spark, url: str, dest: str, opts: dict) -> tuple[int, int]:
+    """The archive's records (with headers) as Parquet files under `dest`, written by a
+    keyfill query with `opts`: each micro-batch as `files` files whose modification times
+    follow the batch order, so a file source with maxFilesPerTrigger=files runs the same
+    batches. Cached (`_done` holds files and batches)."""
+    done = Path(dest, "_done")
+    if done.exists():
+        files, batches = map(int, done.read_text().split())
+        return files, batches
+    shutil.rmtree(dest, ignore_errors=True)
+    staging = dest + ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    ck = dest + ".checkpoint"
+    shutil.rmtree(ck, ignore_errors=True)
+    files = int(opts.get("numPartitions") or spark.sparkContext.defaultParallelism)
 
-    store = open_storage(url)
-    manifest = compacted.load_manifest(store)
-    biggest = max(
-        (p for m in PieceIndex.of(store, manifest).metas(0, manifest.slices) for p in m.pieces),
-        key=lambda p: p.records,
-    )
-    header = store.read_range(biggest.file, 0, biggest.file_header)
-    batch = compacted.read_piece(header, store.read_range(biggest.file, biggest.offset, biggest.length), biggest, url)
-    out = pa.Table.from_batches(
-        list(rs.to_spark_batches(batch, biggest.group, biggest.slice, 1 << 30))
-    ).combine_chunks()
-    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, rs.ARROW_SCHEMA) as w:
-        w.write_batch(out.to_batches()[0])
+    def write(df, batch_id: int) -> None:
+        df.repartition(files).write.parquet(os.path.join(staging, f"{batch_id:06d}"))
 
-
-def measure(spark, fmt: str, url: str, opts: dict, windowed: bool, ck: str) -> tuple[int, float, float]:
-    """Rows, seconds from start() to the end, seconds inside micro-batches (no query start-up)."""
-    from pyspark.sql import functions as F
-
-    df = spark.readStream.format(fmt)
+    df = spark.readStream.format("keyfill").option("includeHeaders", "true")
     for k, v in opts.items():
         df = df.option(k, v)
-    df = df.load(url)
+    q = df.load(url).writeStream.foreachBatch(write).option("checkpointLocation", ck).trigger(availableNow=True)
+    q.start().awaitTermination()
+    os.makedirs(dest)
+    batches = sorted(os.listdir(staging))
+    for b, name in enumerate(batches):
+        parts = sorted(p for p in os.listdir(os.path.join(staging, name)) if p.endswith(".parquet"))
+        assert len(parts) == files, f"batch {name}: {len(parts)} files, not {files}"
+        for p in parts:
+            target = os.path.join(dest, f"{name}-{p}")
+            os.rename(os.path.join(staging, name, p), target)
+            os.utime(target, (1_700_000_000 + b, 1_700_000_000 + b))  # listing order = batch order
+    shutil.rmtree(staging)
+    shutil.rmtree(ck)
+    done.write_text(f"{files} {len(batches)}")
+    return files, len(batches)
+
+
+def query(spark, source: str, url: str, opts: dict, headers: bool, windowed: bool, extra: dict):
+    from pyspark.sql import functions as F
+
+    if source == "parquet":
+        df = spark.readStream.schema(rs.schema_ddl(headers)).option("maxFilesPerTrigger", extra["files"])
+        df = df.parquet(extra["parquet"])
+    else:
+        df = spark.readStream.format("keyfill" if source == "keyfill" else "keyfill_trivial")
+        for k, v in {**opts, "includeHeaders": str(headers).lower()}.items():
+            df = df.option(k, v)
+        if source == "trivial":
+            df = df.option("prebuilt", extra["prebuilt"][headers])
+        df = df.load(url)
     if windowed:
-        df = df.withWatermark("timestamp", "10 seconds").groupBy(F.window("timestamp", "1 minute"), "key").count()
+        return df.withWatermark("timestamp", "10 seconds").groupBy(F.window("timestamp", "1 minute"), "key").count()
+    cols = [F.col("key"), F.col("timestamp"), F.length("value").alias("value_length")]
+    return df.select(*cols, *([F.size("headers").alias("headers_size")] if headers else []))
+
+
+def _ticks(jvm: int) -> tuple[int, int]:
+    """CPU ticks of the JVM (its threads) and of the Python workers that run tasks (the
+    `pyspark.daemon pyspark.worker` processes it started, reaped ones included), from /proc.
+    Left out: the Python processes that plan queries (their start-up is per query)."""
+    procs: dict[int, tuple[int, int, bool]] = {}  # pid -> (parent, ticks, a task worker)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc", entry, "stat").read_text()
+                worker = Path("/proc", entry, "cmdline").read_bytes().endswith(b"pyspark.worker\0")
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            procs[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]), worker)  # [cs]?[us]time
+    workers = sum(t for pid, (parent, t, w) in procs.items() if w and parent == jvm)  # a daemon, with reaped workers
+    workers += sum(t for pid, (parent, t, w) in procs.items() if w and procs.get(parent, (0, 0, False))[2])
+    return procs.get(jvm, (0, 0, False))[1], workers
+
+
+def measure(spark, df, ck: str) -> tuple[int, float, float, int, float, float]:
+    """Rows, seconds inside micro-batches (no query start-up), seconds from start() to the
+    end, micro-batches with rows, CPU seconds of the JVM and of the Python task workers."""
     shutil.rmtree(ck, ignore_errors=True)
+    jvm = spark.sparkContext._gateway.proc.pid
+    before = _ticks(jvm)
     started = time.perf_counter()
-    q = (
-        df.writeStream.format("noop")
-        .outputMode("append")
-        .option("checkpointLocation", ck)
-        .trigger(availableNow=True)
-        .start()
-    )
+    q = df.writeStream.format("noop").outputMode("append").option("checkpointLocation", ck)
+    q = q.trigger(availableNow=True).start()
     q.awaitTermination()
-    seconds = time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = _ticks(jvm)
+    hz = os.sysconf("SC_CLK_TCK")
+    progress = [p for p in q.recentProgress if p["numInputRows"]]
     in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
-    return sum(p["numInputRows"] for p in q.recentProgress), seconds, in_batches
+    shutil.rmtree(ck, ignore_errors=True)
+    cpu = ((after[0] - before[0]) / hz, (after[1] - before[1]) / hz)
+    return sum(p["numInputRows"] for p in progress), in_batches, wall, len(progress), *cpu
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small archive, one repetition")
-    ap.add_argument("--records", type=int, default=None, help="records (default 3M; --quick 400K)")
+    ap.add_argument("--quick", action="store_true", help="400K records, one run per row")
+    ap.add_argument("--records", type=int, default=None, help="records (default 2M; --quick 400K)")
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--slice-duration", default="2m")
-    ap.add_argument("--max-slices-per-trigger", default="4")
-    ap.add_argument("--num-partitions", default="4", help="the source's numPartitions option (both sources)")
-    ap.add_argument("--repeat", type=int, default=None, help="runs per row, best kept (default 2; --quick 1)")
-    ap.add_argument("--dir", default="/tmp/keyfill-bench-spark-source", help="archive cache")
+    ap.add_argument("--max-slices-per-trigger", default="4", help="keyfill's option ('' for its default)")
+    ap.add_argument("--num-partitions", default="", help="keyfill's option ('' for its default: the cores)")
+    ap.add_argument("--batch-size", default="", help="keyfill's batchSize, the trivial source's rows a batch")
+    ap.add_argument("--repeat", type=int, default=None, help="rounds, best kept (default 2; --quick 1)")
+    ap.add_argument("--sources", default=",".join(SOURCES), help="of " + ",".join(SOURCES))
+    ap.add_argument("--headers", default="off,on", help="off, on or both (off,on)")
+    ap.add_argument("--queries", default="source,windowed")
+    ap.add_argument("--dir", default="/tmp/keyfill-bench-spark-source", help="archive and Parquet cache")
     args = ap.parse_args()
-    args.records = args.records or (400_000 if args.quick else 3_000_000)
+    args.records = args.records or (400_000 if args.quick else 2_000_000)
     repeat = args.repeat or (1 if args.quick else 2)
+    sources = [s for s in SOURCES if s in args.sources.split(",")]
+    headers_cases = [h == "on" for h in args.headers.split(",")]
+    queries = [q == "windowed" for q in args.queries.split(",")]
 
-    # Workers import the synthetic source by reference (bench.bench_spark_source), so its
-    # template cache lives once per Python worker instead of travelling with each task: they
-    # need the checkout (where `python -m bench...` runs) on their path.
+    # Workers import the trivial source by reference (bench.bench_spark_source), so its batch
+    # is read once per Python worker instead of travelling with each task: they need the
+    # checkout (where `python -m bench...` runs) on their path.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    from bench.bench_spark_source import SyntheticDataSource as Synthetic
+    from bench.bench_spark_source import TrivialDataSource
     from compactor.spark_session import local_spark
 
     spark = local_spark("local[2]", app="keyfill bench spark source", progress=False)
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     rs.register(spark)
-    spark.dataSource.register(Synthetic)
+    spark.dataSource.register(TrivialDataSource)
+    tmp = tempfile.mkdtemp(prefix="keyfill-bench-spark-")
     try:
-        url = ensure_archive(args, spark)
-        tmp = tempfile.mkdtemp(prefix="keyfill-bench-spark-")
-        tpl = os.path.join(tmp, "template.arrow")
-        write_template(url, tpl)
-        opts = {"maxSlicesPerTrigger": args.max_slices_per_trigger, "numPartitions": args.num_partitions}
-        measure(spark, "keyfill", url, opts, False, os.path.join(tmp, "warm"))  # workers started, numba loaded
-        rows = []
-        for windowed in (False, True):
-            result: dict[str, tuple[float, float]] = {}
-            for i in range(repeat):  # alternating, so both sources see the same machine
-                for fmt, extra in (("keyfill_synthetic", {"template": tpl}), ("keyfill", {})):
-                    n, s, b = measure(spark, fmt, url, {**opts, **extra}, windowed, os.path.join(tmp, f"ck-{fmt}-{i}"))
-                    best = result.get(fmt, (0.0, 0.0))
-                    result[fmt] = (max(best[0], n / s), max(best[1], n / b))
-            rows.append(("source + watermark + 1-min window count" if windowed else "source only", result))
+        root = os.path.join(args.dir, str(args.records))  # one cache per size: a cache is replaced whole
+        url = cached_compacted(root, args.records, args.groups, args.slice_duration, lambda: spark, seal_all=True)
+        opts = {
+            "maxSlicesPerTrigger": args.max_slices_per_trigger,
+            "numPartitions": args.num_partitions,
+            "batchSize": args.batch_size,
+        }
+        opts = {k: v for k, v in opts.items() if v}
+        planner = rs.SourcePlanner(rs.Options.parse({"path": url}))
+        expected = int(planner.slice_sizes(0, planner.manifest.slices)[0].sum())
+        batch_rows = rs.Options.parse({"path": url, **opts}).batch_size
+        extra: dict = {"prebuilt": {}}
+        for h in (False, True):
+            extra["prebuilt"][h] = os.path.join(tmp, f"prebuilt-{h}.arrow")
+            write_prebuilt(url, extra["prebuilt"][h], batch_rows, h)
+        if "parquet" in sources:
+            tag = "-".join(f"{k}={v}" for k, v in sorted(opts.items()) if k != "batchSize")
+            extra["parquet"] = url.rstrip("/") + f".parquet-{tag}"
+            extra["files"], _ = write_parquet(spark, url, extra["parquet"], opts)
+        for s in sources:  # workers started, numba compiled and loaded, the JVM's code warm
+            measure(spark, query(spark, s, url, opts, True, True, extra), os.path.join(tmp, "warm"))
+        results: dict[tuple[bool, bool, str], tuple[float, float, int]] = {}
+        cpu: dict[tuple[bool, bool, str], tuple[float, float]] = {}
+        for i in range(repeat):  # alternating, so every source sees the same machine
+            for h in headers_cases:
+                for w in queries:
+                    for s in sources:
+                        df = query(spark, s, url, opts, h, w, extra)
+                        n, in_batches, wall, batches, jvm, py = measure(spark, df, os.path.join(tmp, f"ck-{i}"))
+                        assert n == expected, f"{s}: {n} rows, not {expected}"
+                        best = results.get((h, w, s), (0.0, 0.0, 0))
+                        results[(h, w, s)] = (max(best[0], n / in_batches), max(best[1], n / wall), batches)
+                        least = cpu.get((h, w, s), (1e9, 1e9))
+                        cpu[(h, w, s)] = (min(least[0], jvm / n * 1e6), min(least[1], py / n * 1e6))
+                        print(
+                            f"round {i + 1}: {s:<8} headers={'on' if h else 'off':<4} windowed={w!s:<5} "
+                            f"{n / in_batches:>10,.0f} rows/s, CPU per row {jvm / n * 1e6:.2f} us JVM, "
+                            f"{py / n * 1e6:.2f} us Python",
+                            flush=True,
+                        )
         print(
-            f"\n{args.records:,} records, {args.groups} groups, slices of {args.slice_duration}, local[2], "
-            f"maxSlicesPerTrigger={args.max_slices_per_trigger}, numPartitions={args.num_partitions}"
+            f"\n{expected:,} records, {args.groups} groups, slices of {args.slice_duration}, local[2], "
+            f"keyfill options {opts or 'default'}, batchSize {batch_rows}, best of {repeat}"
         )
-        print("rows/s over the whole query (start-up included) and, in brackets, over its micro-batches")
-        print(f"{'query':<42} {'synthetic rows/s':>27} {'keyfill rows/s':>27} {'keyfill/synthetic':>18}")
-        for name, r in rows:
-            (syn, syn_b), (kf, kf_b) = r["keyfill_synthetic"], r["keyfill"]
-            ok = "ok" if kf / syn >= TARGET else f"below the {TARGET:.0%} target"
-            print(
-                f"{name:<42} {syn:>14,.0f} ({syn_b:>10,.0f}) {kf:>14,.0f} ({kf_b:>10,.0f}) "
-                f"{kf / syn:>7.2f}x ({kf_b / syn_b:.2f}x)  {ok}"
-            )
-        shutil.rmtree(tmp, ignore_errors=True)
+        print("rows/s over the micro-batches (over the whole query, start-up included, in brackets)")
+        head = f"{'query':<31} {'headers':<8}" + "".join(f"{s:>23}" for s in sources)
+        ratios = [s for s in ("trivial", "parquet") if s in sources and "keyfill" in sources]
+        print(head + "".join(f"{'keyfill/' + s:>20}" for s in ratios))
+        for h in headers_cases:
+            for w in queries:
+                name = "watermark + 1-min window count" if w else "source only"
+                line = f"{name:<31} {'on' if h else 'off':<8}"
+                for s in sources:
+                    rate, wall_rate, _ = results[(h, w, s)]
+                    line += f"{rate:>12,.0f} ({wall_rate:>8,.0f})"
+                for s in ratios:
+                    kf, ref = results[(h, w, "keyfill")], results[(h, w, s)]
+                    target = TRIVIAL_TARGET if s == "trivial" else (PARQUET_TARGET if w else None)
+                    mark = "" if target is None else (" ok" if kf[0] / ref[0] >= target else " low")
+                    line += f"{kf[0] / ref[0]:>9.2f}x ({kf[1] / ref[1]:.2f}x){mark}"
+                print(line)
+        print("\nCPU us per row (least of the rounds): the JVM / the Python task workers")
+        print(f"{'query':<31} {'headers':<8}" + "".join(f"{s:>23}" for s in sources))
+        for h in headers_cases:
+            for w in queries:
+                name = "watermark + 1-min window count" if w else "source only"
+                line = f"{name:<31} {'on' if h else 'off':<8}"
+                for s in sources:
+                    line += f"{cpu[(h, w, s)][0]:>15.2f} / {cpu[(h, w, s)][1]:.2f}"
+                print(line)
+        batches = {results[k][2] for k in results}
+        print(f"micro-batches per query: {sorted(batches)}")
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
         spark.stop()
     return 0
 

@@ -20,7 +20,9 @@ def read_piece(header: bytes, data: bytes, piece: Piece, url: str) -> pa.RecordB
     return read_span(header, data, piece.offset, [piece], url)
 
 
-def read_span(header: bytes, data: bytes, start: int, pieces: Sequence[Piece], url: str) -> pa.RecordBatch:
+def read_span(
+    header: bytes, data: bytes, start: int, pieces: Sequence[Piece], url: str, *, headers: bool = True
+) -> pa.RecordBatch:
     """The records of consecutive pieces of one file, piece after piece, from the file's
     header and `data` (its bytes from offset `start` to the last piece's end), decoded in one
     pass: a short slice costs a CRC and a zero-copy slice, not a decode of its own.
@@ -31,9 +33,12 @@ def read_span(header: bytes, data: bytes, start: int, pieces: Sequence[Piece], u
     CRC-32C, not SHA-256: SHA-256 took 7-17% of replay throughput at 4 threads on 2 cores
     (bench/bench_integrity.py), CRC-32C runs at 14+ GB/s in hardware. With length and record
     count also checked it catches corruption and misplaced bytes; it is not a defence
-    against deliberate tampering."""
+    against deliberate tampering.
+
+    `headers` False: no `headers` column (`envelope.decode_avro`), for a reader that drops it."""
     if not len(pieces):
-        return envelope.empty_batch()
+        empty = envelope.empty_batch()
+        return empty if headers else empty.drop_columns(["headers"])
     cols = PieceColumns.of(pieces)
     first, last = pieces[0], pieces[-1]
     body = data[first.offset - start : last.end - start]
@@ -46,7 +51,7 @@ def read_span(header: bytes, data: bytes, start: int, pieces: Sequence[Piece], u
                 raise IntegrityError(f"{p.where(url)}: CRC-32C differs from the index (file corrupted or replaced)")
         raise FormatError(f"{first.where(url)}: a span's pieces are not back to back (up to slice {last.slice})")
     try:
-        _, batch = envelope.decode_avro(body, name=url, verified=True, header=header)
+        _, batch = envelope.decode_avro(body, name=url, verified=True, header=header, headers=headers)
     except envelope.CorruptFile as exc:
         raise IntegrityError(f"{first.where(url)}: {exc}") from None
     expected = int(cols.records.sum())

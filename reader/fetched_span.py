@@ -73,13 +73,14 @@ class FetchedSpan:
         slice: int | None,
         before_wait: Callable[[], object] | None,
         most: int | None = None,
+        headers: bool = True,
     ) -> tuple[PieceColumns, pa.RecordBatch, int]:
         """The span's next pieces, about DECODE_BYTES of them (at least one, at most `most`),
         checked and decoded in one pass and `finish`ed once: their records back to back,
         piece after piece, and the bytes they hold, now charged to the budget. Waits for the
         budget first (`ReadBudget.take`: `slice` is the work's, None for a caller that
         consumes it itself); a step the budget lets through only because the consumer starves
-        is one piece."""
+        is one piece. `headers` False: the records without their `headers` column."""
         pieces, i = self.pieces, self._decoded
         url = url_for(pieces.file_of(i))
         done = int(self._ends[i - 1]) if i else 0
@@ -96,7 +97,8 @@ class FetchedSpan:
         step = pieces.rows(i, j)
         head = data[: int(pieces.file_header[0])] if self.start == 0 else header(pieces[i], url)
         try:
-            batch = finish(compacted.read_span(head, data, self.start, step, url), int(pieces.group[0]))
+            records = compacted.read_span(head, data, self.start, step, url, headers=headers)
+            batch = finish(records, int(pieces.group[0]))
         except BaseException:
             budget.give(reserved)
             raise
