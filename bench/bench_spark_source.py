@@ -3,9 +3,9 @@ local[2] Spark session (issue 43):
 
 - trivial: a Python data source that plans keyfill's micro-batches and input partitions
   (it subclasses keyfill's stream reader) and, in `read()`, yields prebuilt Arrow batches of
-  the same schema (`batchSize` rows of the archive's own records, built once per Python
-  worker) until the partition's record count is reached, doing nothing per batch: the
-  ceiling of PySpark's Python Data Source path on this machine;
+  `batchSize` rows: the partition's own records as keyfill yields them, built once per Python
+  worker and partition (the same partitions recur every round), doing nothing per batch:
+  the ceiling of PySpark's Python Data Source path on this machine;
 - parquet: the same records as Parquet files (written once, a micro-batch of keyfill's per
   set of files, in order), read by Spark's own file source with `maxFilesPerTrigger` set so
   it runs the same micro-batches.
@@ -24,10 +24,12 @@ Targets: keyfill >= 0.9x trivial on both queries, >= 0.75x parquet on the window
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,34 +42,39 @@ from keygroups import worker_gc
 
 TRIVIAL_TARGET, PARQUET_TARGET = 0.9, 0.75
 SOURCES = ("trivial", "keyfill", "parquet")
-_PREBUILT: dict[str, pa.RecordBatch] = {}
+_RECORDS: dict[str, tuple[pa.Table, dict[tuple[int, int], tuple[int, int]]]] = {}
+_PREBUILT: dict[tuple[str, tuple], list[pa.RecordBatch]] = {}
 
 
-def prebuilt(path: str) -> pa.RecordBatch:
-    """The trivial source's batch, read once per Python worker (into memory: nothing a batch
-    yields depends on the file afterwards)."""
-    if path not in _PREBUILT:
-        with pa.OSFile(path) as f:
-            _PREBUILT[path] = pa.ipc.open_file(f).get_batch(0)
-    return _PREBUILT[path]
+def prebuilt(path: str, pieces: tuple, rows: int) -> list[pa.RecordBatch]:
+    """The records of `pieces`, as keyfill yields them, in batches of `rows`: built once per
+    Python worker and partition (the same partitions come back in every round), from the
+    archive's records written by `write_records` (memory-mapped: read once, not copied)."""
+    key = (path, tuple((p.group, p.slice) for p in pieces))
+    if key not in _PREBUILT:
+        if path not in _RECORDS:
+            with pa.memory_map(path) as f:
+                reader = pa.ipc.open_file(f)
+                index = json.loads(reader.schema.metadata[b"pieces"])
+                _RECORDS[path] = reader.read_all(), {(g, s): (a, z) for g, s, a, z in index}
+        table, where = _RECORDS[path]
+        parts = [table.slice(a, z - a) for a, z in (where[k] for k in key[1])]
+        _PREBUILT[key] = pa.concat_tables(parts).combine_chunks().to_batches(max_chunksize=rows)
+    return _PREBUILT[key]
 
 
 class TrivialStreamReader(rs.KeyfillStreamReader):
-    """keyfill's offsets and input partitions; `read()` yields the prebuilt batch, whole,
-    as often as the partition's records fill it, then one slice of it for the rest."""
+    """keyfill's offsets and input partitions; `read()` yields the partition's records in
+    prebuilt batches (the same records as keyfill's, so a windowed query keeps the same
+    state: repeating one batch would make its aggregation cheaper than the real one)."""
 
-    def __init__(self, opts: rs.Options, batch_path: str):
+    def __init__(self, opts: rs.Options, records_path: str):
         super().__init__(opts)
-        self.batch_path = batch_path
+        self.records_path = records_path
 
     def read(self, partition: rs.GroupsPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()  # as keyfill's read: its worker holds the same modules (numba) to collect
-        batch = prebuilt(self.batch_path)
-        whole, rest = divmod(sum(p.records for p in partition.pieces), batch.num_rows)
-        for _ in range(whole):
-            yield batch
-        if rest:
-            yield batch.slice(0, rest)
+        return iter(prebuilt(self.records_path, partition.pieces, self.opts.batch_size))
 
 
 class TrivialDataSource(rs.KeyfillDataSource):
@@ -85,21 +92,23 @@ class TrivialDataSource(rs.KeyfillDataSource):
         return TrivialStreamReader(rs.Options.parse(self._opts()), self.options["prebuilt"])
 
 
-def write_prebuilt(url: str, path: str, rows: int, headers: bool) -> None:
-    """The archive's first `rows` records as keyfill yields them, as one contiguous batch."""
+def write_records(url: str, path: str, headers: bool) -> None:
+    """Every record of the archive as keyfill yields them, piece by piece, in one Arrow file
+    whose metadata says where each piece's rows are (group, slice, first row, end row)."""
     planner = rs.SourcePlanner(rs.Options.parse({"path": url, "includeHeaders": str(headers).lower()}))
-    got, n = [], 0
+    batches, index, at = [], [], 0
     for part in planner.plan(0, planner.manifest.slices):
-        for b in planner.read(part):
-            got.append(b)
-            n += b.num_rows
-            if n >= rows:
-                break
-        if n >= rows:
-            break
-    batch = pa.Table.from_batches(got).slice(0, rows).combine_chunks().to_batches()[0]
-    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, batch.schema) as w:
-        w.write_batch(batch)
+        for piece in part.pieces:
+            got = list(planner.read(rs.GroupsPartition((piece,), part.topic)))
+            n = sum(b.num_rows for b in got)
+            assert n == piece.records
+            batches += got
+            index.append((piece.group, piece.slice, at, at + n))
+            at += n
+    schema = rs.arrow_schema(headers).with_metadata({"pieces": json.dumps(index)})
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, schema) as w:
+        for b in batches:
+            w.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=schema))
 
 
 def write_parquet(spark, url: str, dest: str, opts: dict) -> tuple[int, int]:
@@ -160,43 +169,83 @@ def query(spark, source: str, url: str, opts: dict, headers: bool, windowed: boo
     return df.select(*cols, *([F.size("headers").alias("headers_size")] if headers else []))
 
 
-def _ticks(jvm: int) -> tuple[int, int]:
-    """CPU ticks of the JVM (its threads) and of the Python workers that run tasks (the
-    `pyspark.daemon pyspark.worker` processes it started, reaped ones included), from /proc.
-    Left out: the Python processes that plan queries (their start-up is per query)."""
-    procs: dict[int, tuple[int, int, bool]] = {}  # pid -> (parent, ticks, a task worker)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
+class CpuSampler:
+    """CPU seconds of the JVM (its threads) and of the Python workers that run its tasks
+    (`pyspark.daemon pyspark.worker` processes: daemons and the workers they fork), from
+    /proc every 0.1 s while a query runs: a worker's ticks are its own, whenever it exits
+    (reaped ones would otherwise move to a parent, or be lost with it). Left out: the Python
+    processes that plan queries (their start-up is per query, not per row)."""
+
+    def __init__(self, jvm: int) -> None:
+        self.jvm = jvm
+        self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self._workers: dict[int, bool] = {}  # pid -> a task worker (cmdline read once)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _poll(self, baseline: bool = False) -> None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            if self._workers.get(pid) is False:
+                continue
             try:
                 stat = Path("/proc", entry, "stat").read_text()
-                worker = Path("/proc", entry, "cmdline").read_bytes().endswith(b"pyspark.worker\0")
+                fields = stat[stat.rindex(")") + 2 :].split()
+                if pid not in self._workers:  # this JVM's, a daemon or a worker it forked (not another session's)
+                    parent = int(fields[1])
+                    cmd = Path("/proc", entry, "cmdline").read_bytes()
+                    ours = parent == self.jvm or self._workers.get(parent, False)
+                    self._workers[pid] = pid == self.jvm or (ours and cmd.endswith(b"pyspark.worker\0"))
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            procs[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]), worker)  # [cs]?[us]time
-    workers = sum(t for pid, (parent, t, w) in procs.items() if w and parent == jvm)  # a daemon, with reaped workers
-    workers += sum(t for pid, (parent, t, w) in procs.items() if w and procs.get(parent, (0, 0, False))[2])
-    return procs.get(jvm, (0, 0, False))[1], workers
+            if not self._workers[pid]:
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime, its own (all its threads)
+            if baseline:
+                self.first[pid] = ticks
+            else:
+                self.first.setdefault(pid, 0)  # started during the query: all its ticks count
+            self.last[pid] = ticks
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._poll()
+
+    def __enter__(self) -> CpuSampler:
+        self._poll(baseline=True)  # what every process had used before: not the query's
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+
+    def seconds(self) -> tuple[float, float]:
+        """(JVM, Python task workers)."""
+        hz = os.sysconf("SC_CLK_TCK")
+        used = {pid: t - self.first[pid] for pid, t in self.last.items()}
+        jvm = used.pop(self.jvm, 0)
+        return jvm / hz, sum(used.values()) / hz
 
 
 def measure(spark, df, ck: str) -> tuple[int, float, float, int, float, float]:
     """Rows, seconds inside micro-batches (no query start-up), seconds from start() to the
     end, micro-batches with rows, CPU seconds of the JVM and of the Python task workers."""
     shutil.rmtree(ck, ignore_errors=True)
-    jvm = spark.sparkContext._gateway.proc.pid
-    before = _ticks(jvm)
-    started = time.perf_counter()
-    q = df.writeStream.format("noop").outputMode("append").option("checkpointLocation", ck)
-    q = q.trigger(availableNow=True).start()
-    q.awaitTermination()
-    wall = time.perf_counter() - started
-    after = _ticks(jvm)
-    hz = os.sysconf("SC_CLK_TCK")
+    with CpuSampler(spark.sparkContext._gateway.proc.pid) as cpu:
+        started = time.perf_counter()
+        q = df.writeStream.format("noop").outputMode("append").option("checkpointLocation", ck)
+        q = q.trigger(availableNow=True).start()
+        q.awaitTermination()
+        wall = time.perf_counter() - started
     progress = [p for p in q.recentProgress if p["numInputRows"]]
     in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
     shutil.rmtree(ck, ignore_errors=True)
-    cpu = ((after[0] - before[0]) / hz, (after[1] - before[1]) / hz)
-    return sum(p["numInputRows"] for p in progress), in_batches, wall, len(progress), *cpu
+    return sum(p["numInputRows"] for p in progress), in_batches, wall, len(progress), *cpu.seconds()
 
 
 def main() -> int:
@@ -247,14 +296,17 @@ def main() -> int:
         batch_rows = rs.Options.parse({"path": url, **opts}).batch_size
         extra: dict = {"prebuilt": {}}
         for h in (False, True):
-            extra["prebuilt"][h] = os.path.join(tmp, f"prebuilt-{h}.arrow")
-            write_prebuilt(url, extra["prebuilt"][h], batch_rows, h)
+            extra["prebuilt"][h] = os.path.join(tmp, f"records-{h}.arrow")
+            write_records(url, extra["prebuilt"][h], h)
         if "parquet" in sources:
             tag = "-".join(f"{k}={v}" for k, v in sorted(opts.items()) if k != "batchSize")
             extra["parquet"] = url.rstrip("/") + f".parquet-{tag}"
             extra["files"], _ = write_parquet(spark, url, extra["parquet"], opts)
         for s in sources:  # workers started, numba compiled and loaded, the JVM's code warm
             measure(spark, query(spark, s, url, opts, True, True, extra), os.path.join(tmp, "warm"))
+        if "trivial" in sources:  # its batches built in the workers (where a task of each partition ran)
+            for h in headers_cases:
+                measure(spark, query(spark, "trivial", url, opts, h, False, extra), os.path.join(tmp, "warm"))
         results: dict[tuple[bool, bool, str], tuple[float, float, int]] = {}
         cpu: dict[tuple[bool, bool, str], tuple[float, float]] = {}
         for i in range(repeat):  # alternating, so every source sees the same machine
@@ -295,14 +347,22 @@ def main() -> int:
                     mark = "" if target is None else (" ok" if kf[0] / ref[0] >= target else " low")
                     line += f"{kf[0] / ref[0]:>9.2f}x ({kf[1] / ref[1]:.2f}x){mark}"
                 print(line)
+        # On a busy machine rows/s swing with the load; CPU per row much less. Where every
+        # core is busy, rows/s follow its inverse: the ratios of CPU per row are printed too.
         print("\nCPU us per row (least of the rounds): the JVM / the Python task workers")
-        print(f"{'query':<31} {'headers':<8}" + "".join(f"{s:>23}" for s in sources))
+        print(
+            f"{'query':<31} {'headers':<8}"
+            + "".join(f"{s:>23}" for s in sources)
+            + "".join(f"{'keyfill/' + s:>20}" for s in ratios)
+        )
         for h in headers_cases:
             for w in queries:
                 name = "watermark + 1-min window count" if w else "source only"
                 line = f"{name:<31} {'on' if h else 'off':<8}"
                 for s in sources:
                     line += f"{cpu[(h, w, s)][0]:>15.2f} / {cpu[(h, w, s)][1]:.2f}"
+                for s in ratios:
+                    line += f"{sum(cpu[(h, w, s)]) / sum(cpu[(h, w, 'keyfill')]):>19.2f}x"
                 print(line)
         batches = {results[k][2] for k in results}
         print(f"micro-batches per query: {sorted(batches)}")
