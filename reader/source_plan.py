@@ -293,7 +293,11 @@ class SourcePlanner:
         """The partition's groups through the replay's group reader (`reader.fetch`)."""
         budget = bounded_read_ahead(self.opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
         for step, batch in read_groups(
-            self.store, partition.pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes
+            self.store,
+            partition.pieces,
+            read_ahead_bytes=budget,
+            part_bytes=self.opts.range_bytes,
+            headers=self.opts.include_headers,  # not decoded unless the query has the column
         ):
             slices = np.repeat(step.slice, step.records)
             if partition.bounds is not None and any(map(partition.bounds.cuts, step.slice.tolist())):

@@ -100,6 +100,11 @@ def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
     assert df.schema["headers"].dataType.simpleString() == "array<struct<key:string,value:binary>>"
     topic = compacted.load_manifest(open_storage(url)).topic
     assert plain.groupBy("topic", "timestampType").count().collect() == [(topic, 0, src.num_rows)]
+    cols = ("partition", "offset", "key", "value")  # headers not decoded: the rest as the source holds it
+    bare = plain.toArrow()
+    assert sorted(zip(*(bare.column(c).to_pylist() for c in cols))) == sorted(
+        zip(*(src.column(c).to_pylist() for c in cols))
+    )
     got = df.toArrow()
     assert identity(got) == identity(src)
     for meta in archive_metas(open_storage(url)):  # every record carries its slice and group
