@@ -71,11 +71,6 @@ class ReplayError(KeyfillError, RuntimeError):
     """A read, check or decode failed in a replay thread; names the file, slice and group."""
 
 
-def _in_range(batch: pa.RecordBatch, bounds: OffsetBounds) -> pa.RecordBatch:
-    keep = bounds.keep(batch.column("partition").to_numpy(), batch.column("offset").to_numpy())
-    return batch if keep is None else batch.filter(keep)
-
-
 class Replay:
     """The iterator `replay()` returns; use it as a context manager."""
 
@@ -357,7 +352,7 @@ class Replay:
                             emitted[g] = emitted.get(g, 0) + m  # positions in the piece, kept or not
                             part = batch.slice(at, m)
                             if cut:
-                                part = _in_range(part, bounds)
+                                part = bounds.filter(part)
                                 if not part.num_rows:
                                     continue
                             yield Records(part, s, g)

@@ -71,6 +71,11 @@ class OffsetBounds:
             mask = ok if mask is None else mask & ok
         return mask
 
+    def filter(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch's records in range."""
+        keep = self.keep(batch.column("partition").to_numpy(), batch.column("offset").to_numpy())
+        return batch if keep is None else batch.filter(keep)
+
     def ends_in_archive(self, partitions: Iterable[int]) -> bool:
         """Every partition ends before the hand-off: the read stops with the archive."""
         return all(p in self.ends and p not in self.live_ends_ms for p in partitions)

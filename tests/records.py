@@ -180,8 +180,9 @@ class Sealed:
 
 def sealed_slices(records, duration_ms: int, *, seal_all=False, idle_after_ms=None, after=None) -> Sealed | None:
     """The reference for one compaction (or, with `after`, one append continuing `after`) of
-    the source `records`, (partition, offset, timestamp ms) in any order: docs/compacted-
-    archive.md, "Slices" and "Sealing", in plain Python. None when nothing (new) is sealed.
+    the source `records`, (partition, offset, timestamp ms) in any order:
+    docs/compacted-archive.md, "Slices" and "Sealing", in plain Python. None when nothing (new)
+    is sealed.
 
     A record's slice is that of its partition's running maximum; an append continues each
     partition's running maximum below its hand-off and lifts what falls before its first
