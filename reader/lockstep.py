@@ -26,10 +26,10 @@ import pyarrow as pa
 from keygroups import compacted, envelope, handoff
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_columns import PieceColumns
-from keygroups.piece_index import SLICES_PER_ROW_GROUP, PieceIndex
+from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint
-from reader.fetch import PieceFetcher, read_groups, span_bytes
+from reader.fetch import PieceFetcher, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
@@ -37,7 +37,7 @@ from reader.pacing import Pacer
 from reader.plan import ReplayPlan
 from reader.read_budget import ReadBudget, ReadStopped
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
-from reader.time_bounds import OffsetBounds, offset_bounds, partition_times
+from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
 RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
@@ -87,9 +87,10 @@ class Replay:
         self.store = store or open_storage(url, threads=max(opts.threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.fingerprint = self.manifest.archive
+        self.plan = ReplayPlan(self.store, self.manifest, opts.threads)
         self.bounds = self._bounds()
-        end = self.bounds.end_slice if self.bounds else None
-        self.plan = ReplayPlan(self.store, self.manifest, opts.threads, end)
+        if self.bounds:
+            self.plan.end = self.bounds.end_slice
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self._stop)
         # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead):
@@ -121,13 +122,12 @@ class Replay:
         if opts.starting_timestamp is None and opts.ending_timestamp is None:
             return None
         partitions = sorted(handoff.offsets(self.manifest))
-        times = [partition_times("", t, None, "", partitions) for t in (opts.starting_timestamp, opts.ending_timestamp)]
-
-        def decode(pieces: list[compacted.Piece]) -> Iterator[pa.RecordBatch]:
-            budget, part = bounded_read_ahead(opts.read_ahead_bytes), opts.range_bytes
-            yield from (batch for _, batch in read_groups(self.store, pieces, read_ahead_bytes=budget, part_bytes=part))
-
-        return offset_bounds(PieceIndex.of(self.store, self.manifest), self.manifest, decode, *times)
+        times = [
+            None if t is None else dict.fromkeys(partitions, t)
+            for t in (opts.starting_timestamp, opts.ending_timestamp)
+        ]
+        reads = ScanReads(bounded_read_ahead(opts.read_ahead_bytes), opts.range_bytes)
+        return offset_bounds(self.plan.index, self.manifest, reads, *times)
 
     @property
     def gets(self) -> int:

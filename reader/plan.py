@@ -31,10 +31,10 @@ PRELOAD_BLOCKS = 4  # the fetchers look LOOKAHEAD_SLICES (256) = 4 blocks ahead
 
 
 class ReplayPlan:
-    def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int, end: int | None = None) -> None:
+    def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
         self.store = store
         self.manifest = manifest
-        self.end = manifest.slices if end is None else end  # past the last slice replayed
+        self.end = manifest.slices  # past the last slice replayed (a replay bounded in time: less)
         self.index = PieceIndex.of(store, manifest)
         self.threads = threads
         self.group_bytes = np.asarray(manifest.group_file_bytes, dtype=np.int64)

@@ -31,7 +31,7 @@ from reader.kafka_live import (
 from reader.memory import bounded_read_ahead
 from reader.source_options import Options, SourceOptionError
 from reader.spark_rows import arrow_schema, to_spark_batches
-from reader.time_bounds import OffsetBounds, offset_bounds, partition_times
+from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
 
 NAME = "keyfill"
 
@@ -147,14 +147,10 @@ class SourcePlanner:
             starting, ending = self.times("starting"), self.times("ending")
             found = None
             if starting is not None or ending is not None:
-                found = offset_bounds(self.index, self.manifest, self._decode, starting, ending)
+                reads = ScanReads(bounded_read_ahead(self.opts.read_ahead_bytes, 1), self.opts.range_bytes)
+                found = offset_bounds(self.index, self.manifest, reads, starting, ending)
             self._bounds = (self.manifest.version, found)
         return self._bounds[1]
-
-    def _decode(self, pieces: list[compacted.Piece]) -> Iterator[pa.RecordBatch]:
-        budget = bounded_read_ahead(self.opts.read_ahead_bytes, 1)
-        for _, batch in read_groups(self.store, pieces, read_ahead_bytes=budget, part_bytes=self.opts.range_bytes):
-            yield batch
 
     def times(self, which: str) -> dict[int, int] | None:
         """Partition -> the `which` ("starting" or "ending") time in ms, from the options."""

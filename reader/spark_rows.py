@@ -11,6 +11,7 @@ archive phase (the archive keeps no timestamp type) and what the broker says in 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cache
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,7 @@ def _fields(include_headers: bool) -> list[tuple[str, pa.DataType, str]]:
     return _KAFKA_FIELDS + ([_HEADERS_FIELD] if include_headers else []) + _OWN_FIELDS
 
 
+@cache  # one per setting: every batch handed to Spark is built against it
 def arrow_schema(include_headers: bool = False) -> pa.Schema:
     """What read() yields, field for field."""
     return pa.schema([pa.field(name, t) for name, t, _ in _fields(include_headers)])

@@ -21,7 +21,7 @@ hand-off: the live phase asks the broker for it (`offsets_for_times`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,9 +31,17 @@ import pyarrow.compute as pc
 from keygroups import compacted, handoff
 from keygroups.errors import OptionError
 from keygroups.piece_index import PieceIndex, piece_list
+from reader.fetch import read_groups
 
 SCAN_SLICES = 1024  # slice rows read at a time while looking for a partition's next records
-Decode = Callable[[list[compacted.Piece]], Iterable[pa.RecordBatch]]  # pieces -> their records
+
+
+@dataclass(frozen=True)
+class ScanReads:
+    """How the planning read of a straddled slice fetches: the reader's own settings."""
+
+    read_ahead_bytes: int
+    part_bytes: int
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def partition_times(
 
 
 def first_offsets_at(
-    index: PieceIndex, manifest: compacted.Manifest, times: Mapping[int, int], decode: Decode
+    index: PieceIndex, manifest: compacted.Manifest, times: Mapping[int, int], reads: ScanReads
 ) -> dict[int, tuple[int, int]]:
     """Partition -> (offset, slice) of its first record whose timestamp is at or after its
     time in `times`; a partition whose records within the archive all stay below it is left out."""
@@ -133,14 +141,18 @@ def first_offsets_at(
             pending.discard(p)
         at = end
     for s, parts in unsettled.items():
-        found |= _scan(index, s, {p: times[p] for p in parts}, decode)
+        found |= _scan(index, s, {p: times[p] for p in parts}, reads)
     return found
 
 
-def _scan(index: PieceIndex, s: int, times: dict[int, int], decode: Decode) -> dict[int, tuple[int, int]]:
+def _scan(index: PieceIndex, s: int, times: dict[int, int], reads: ScanReads) -> dict[int, tuple[int, int]]:
     """The first offsets at or after each partition's time among slice s's records."""
     best: dict[int, int] = {}
-    for batch in decode(piece_list(index.piece_rows(s, s + 1))):
+    pieces = piece_list(index.piece_rows(s, s + 1))
+    steps = read_groups(
+        index.store, pieces, read_ahead_bytes=reads.read_ahead_bytes, part_bytes=reads.part_bytes, headers=False
+    )
+    for _, batch in steps:
         partition = batch.column("partition").to_numpy()
         ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
         offsets = batch.column("offset").to_numpy()
@@ -154,7 +166,7 @@ def _scan(index: PieceIndex, s: int, times: dict[int, int], decode: Decode) -> d
 def offset_bounds(
     index: PieceIndex,
     manifest: compacted.Manifest,
-    decode: Decode,
+    reads: ScanReads,
     starting_ms: Mapping[int, int] | None = None,
     ending_ms: Mapping[int, int] | None = None,
 ) -> OffsetBounds:
@@ -163,7 +175,7 @@ def offset_bounds(
     bounds = {"first_slice": 0, "end_slice": manifest.slices, "cut_until": 0, "cut_from": 1 << 62}
     starts, ends, live_starts, live_ends = {}, {}, {}, {}
     if starting_ms:
-        found = first_offsets_at(index, manifest, starting_ms, decode)
+        found = first_offsets_at(index, manifest, starting_ms, reads)
         for p, t in starting_ms.items():
             if p in found:
                 starts[p] = found[p][0]
@@ -174,7 +186,7 @@ def offset_bounds(
         # a partition read from the broker only has all its archived records out
         bounds["cut_until"] = manifest.slices if live_starts else max((s + 1 for _, s in found.values()), default=0)
     if ending_ms:
-        found = first_offsets_at(index, manifest, ending_ms, decode)
+        found = first_offsets_at(index, manifest, ending_ms, reads)
         for p, t in ending_ms.items():
             if p in found:
                 ends[p] = found[p][0]

@@ -7,12 +7,12 @@ partition), not from the archive's index. The stream is driven by hand, as Spark
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_kafka_live import run_stream
 from test_reader import hypothesis_settings
 
 import reader
@@ -51,20 +51,8 @@ def as_record(row: dict) -> Record:
 
 
 def run(opts: dict, restarts: set[int], limit=None) -> list[list[dict]]:
-    """Spark's micro-batch loop, with offsets through JSON as a checkpoint keeps them; at a
-    batch in `restarts` a new reader plans the same offsets again (a restarted query)."""
-    reader = KeyfillStreamReader(Options.parse(opts))
-    start = json.loads(json.dumps(reader.initialOffset()))
-    batches = []
-    for n in itertools.count():
-        assert n < 400, "the stream does not end"
-        end = json.loads(json.dumps(reader.latestOffset(start, limit or reader.getDefaultReadLimit())))
-        if end == start:
-            return batches
-        if n in restarts:
-            reader = KeyfillStreamReader(Options.parse(opts))
-        batches.append([row for p in reader.partitions(start, end) for b in reader.read(p) for row in b.to_pylist()])
-        start = end
+    """Each micro-batch's rows, as Spark's loop (test_kafka_live.run_stream) hands them over."""
+    return [rows for _, rows in run_stream(opts, restarts, limit)]
 
 
 def replayed(url: str, times: dict, stop_after: int) -> list[Record]:
