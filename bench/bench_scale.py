@@ -259,7 +259,7 @@ def main() -> None:
 
     if "peer" not in skip:
         print(f"\n3. against a hand-written Spark SQL compaction ({args.peer_records:,} records, snappy, 64 groups)")
-        from compactor.slicing import parse_duration
+        from keygroups.durations import parse_duration
 
         peer_src = _source(args.dir, args.peer_records, key_counts[0], 1.1, codec="snappy")
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactor import defaults
-from compactor.slicing import parse_duration
 from compactor.sources import SourceArchive, SourceOptions, source_class, source_options
 from keygroups import bounds, envelope
 from keygroups.bounds import within
+from keygroups.durations import parse_duration
 from keygroups.errors import KeyfillError, OptionError
 
 NULL_KEY_POLICIES = ("partition",)

@@ -34,25 +34,15 @@ been compacted at once (docs/design.md, invariant 7).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from keygroups.compacted import PartitionRange
-from keygroups.errors import KeyfillError, OptionError
+from keygroups.errors import KeyfillError
 
 NO_PREFIX = np.iinfo(np.int64).min
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_duration(text: str, option: str = "--slice-duration") -> int:
-    """'10m', '1h', '90s', '500ms', '1d' -> milliseconds."""
-    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|min|m|h|d)\s*", text)
-    if not m or int(m[1]) == 0:
-        raise OptionError(f"{option} {text!r}: expected a positive duration like 500ms, 90s, 10m, 1h, 1d")
-    return int(m[1]) * _UNITS[m[2]]
 
 
 @dataclass(frozen=True)

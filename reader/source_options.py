@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field, fields
 
 from keygroups import bounds, compacted
+from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
 from reader.options import ReplayOptions
@@ -52,6 +53,8 @@ class Options:
     max_slices_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     max_offsets_per_trigger: int | None = None  # records a batch, archive (whole slices) and topic alike
+    # event-time pacing (reader.strides): each micro-batch reads the slices of one stride of this many ms
+    max_event_time_per_trigger: int | None = None
     num_partitions: int | None = None
     batch_size: int = ReplayOptions.batch_size  # rows per Arrow batch handed to Spark
     starting_slice: int = 0
@@ -137,6 +140,12 @@ class Options:
             "read_ahead_bytes": number("readAheadBytes", 0, bounds.MAX_READ_AHEAD_BYTES),
             "range_bytes": number("rangeBytes", 0, bounds.MAX_RANGE_BYTES),
         }
+        raw = opts.get("maxeventtimepertrigger")
+        if raw is not None:
+            try:
+                given["max_event_time_per_trigger"] = parse_duration(raw, option="option maxEventTimePerTrigger")
+            except OptionError as e:
+                raise SourceOptionError(str(e)) from None
         for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
             raw = opts.get(name.lower())
             if raw is not None:
@@ -152,8 +161,28 @@ class Options:
             given.get(f) is not None for f in ("starting_timestamp", "starting_offsets_by_timestamp")
         ):
             raise SourceOptionError("options startingSlice and startingTimestamp/startingOffsetsByTimestamp: set one")
+        if given.get("max_event_time_per_trigger") is not None:
+            _check_paced(given)
         given = {k: v for k, v in given.items() if v is not None}
         return cls(path=path, kafka=kafka, session_cores=session_cores, **given)
+
+
+def _check_paced(given: dict) -> None:
+    """Pacing needs a start every paced source of the query shares, and takes no other
+    admission limit: a source cannot see where the others' limits would cut a stride
+    (docs/spark-source.md, "Joining topics")."""
+    if given.get("starting_timestamp") is None and given.get("starting_offsets_by_timestamp") is None:
+        raise SourceOptionError(
+            "option maxEventTimePerTrigger needs startingTimestamp (or startingOffsetsByTimestamp): the event time "
+            "the first micro-batch starts at, given alike to every paced source of the query so they read the "
+            "same stride in the same micro-batch"
+        )
+    for limit in ("maxSlicesPerTrigger", "maxBytesPerTrigger"):
+        if given.get(_field_of(limit)) is not None:
+            raise SourceOptionError(
+                f"options maxEventTimePerTrigger and {limit}: set one (a paced micro-batch is one stride of event "
+                f"time in every source; {limit} would cut a stride where the other sources do not)"
+            )
 
 
 def _field_of(option: str) -> str:

@@ -54,6 +54,7 @@ from reader.kafka_live import KafkaRange, capped, check_available, partition_mar
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
 from reader.source_plan import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
 from reader.spark_rows import arrow_schema, schema_ddl, to_spark_batches
+from reader.strides import Strides
 
 __all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.source_plan)
     "DEFAULT_MAX_BYTES_PER_TRIGGER",
@@ -191,11 +192,19 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
         self.reached: dict | None = None  # the end of the batch planned last, and the topic's marks then
         self.marks: dict[int, tuple[int, int]] = {}
+        paced = opts.max_event_time_per_trigger
+        self.strides = Strides(paced) if paced else None
 
     def initialOffset(self) -> dict:
-        return self.planner.offset(self.planner.first_slice())
+        first = self.planner.offset(self.planner.first_slice())
+        if self.strides is None:
+            return first
+        self.strides.check(self.planner.manifest, self.planner.store.url)
+        return first | {"stride": self.strides.of(min(self.planner.times("starting").values()))}
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        if self.strides is not None:
+            return ReadAllAvailable()  # a stride a batch (reader.strides); maxOffsetsPerTrigger caps the live phase
         if self.opts.max_slices_per_trigger:
             return ReadMaxFiles(self.opts.max_slices_per_trigger)
         if self.opts.max_offsets_per_trigger and not self.opts.max_bytes_per_trigger:
@@ -245,7 +254,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         most = None
         if isinstance(limit, ReadMaxRows):
             most = limit.max_rows
-        elif not isinstance(limit, ReadAllAvailable):
+        elif self.strides is not None or not isinstance(limit, ReadAllAvailable):
             most = self.opts.max_offsets_per_trigger
         end = capped(positions, latest, most)
         if "kafka" in start and end == {int(p): int(o) for p, o in start["kafka"].items()}:
@@ -259,6 +268,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.planner.refresh()
         slices = self.planner.end_slice()
         first = self.planner.position(start)
+        if self.strides is not None:
+            return self._paced_latest(start, first, slices)
         max_slices = max_bytes = max_rows = None
         if not isinstance(limit, ReadAllAvailable):
             o = self.opts
@@ -290,6 +301,21 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     taken, nbytes, rows = taken + 1, nbytes + b, rows + n
                 end += 1
         return self.planner.offset(end)
+
+    def _paced_latest(self, start: dict, first: int, slices: int) -> dict:
+        """The next stride's end: its slices, or none, but the stride moves on while the
+        archive has slices left to read, so every paced source stays in step."""
+        if "stride" not in start:
+            raise SourceOptionError(
+                f"option maxEventTimePerTrigger: the query's checkpoint holds offsets of an unpaced read of "
+                f"{self.planner.store.url} (no stride); restart it with a new checkpoint location to pace it"
+            )
+        if first >= slices:
+            return start
+        self.strides.check(self.planner.manifest, self.planner.store.url)
+        k = int(start["stride"])
+        end = max(first, self.strides.end_slice(self.planner.manifest, k))
+        return self.planner.offset(min(end, slices)) | {"stride": k + 1}
 
     def reportLatestOffset(self) -> dict:
         """The latest offset, with how far behind it the query is (PySpark gives a Python source

@@ -17,8 +17,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from compactor.slicing import parse_duration
 from keygroups import envelope
+from keygroups.durations import parse_duration
 
 
 def envelope_records(partition, offsets, ts, keys):

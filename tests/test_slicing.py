@@ -14,10 +14,10 @@ from compactor.slicing import (
     NothingSealed,
     SlicingError,
     chunk_stretches,
-    parse_duration,
     plan_slices,
     record_slices,
 )
+from keygroups.durations import parse_duration
 
 
 @st.composite
@@ -225,13 +225,23 @@ def test_overlap_and_gaps_are_named():
 
 @pytest.mark.parametrize(
     "text, ms",
-    [("500ms", 500), ("90s", 90_000), ("10m", 600_000), ("10min", 600_000), ("1h", 3_600_000), ("2d", 172_800_000)],
+    [
+        ("500ms", 500),
+        ("90s", 90_000),
+        ("10m", 600_000),
+        ("10min", 600_000),
+        ("1h", 3_600_000),
+        ("2d", 172_800_000),
+        ("10 minutes", 600_000),  # Spark's interval words, as withWatermark takes them
+        ("1 Hour", 3_600_000),
+        ("30 seconds", 30_000),
+    ],
 )
 def test_parse_duration(text, ms):
     assert parse_duration(text) == ms
 
 
-@pytest.mark.parametrize("bad", ["0s", "10", "ten minutes", "-5m", "1w"])
+@pytest.mark.parametrize("bad", ["0s", "10", "ten minutes", "-5m", "1w", "10 minuts"])
 def test_bad_duration_names_the_option(bad):
     with pytest.raises(ValueError, match="--slice-duration"):
         parse_duration(bad)

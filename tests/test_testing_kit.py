@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 import reader
-from compactor.slicing import parse_duration
 from keyfill.testing import (
     BackfillSettings,
     DifferentialError,
@@ -25,6 +24,7 @@ from keyfill.testing import (
     reference_stream,
     topic_archives,
 )
+from keygroups.durations import parse_duration
 from tests.records import sealed_slices
 
 RELAXED = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -26,9 +26,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compactor.slicing import parse_duration
     from compactor.vacuum import plan_vacuum, vacuum
     from keyfill.cli.args import mb
+    from keygroups.durations import parse_duration
     from keygroups.errors import OptionError
     from keygroups.storage import open_storage
 
