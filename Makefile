@@ -15,7 +15,8 @@ $(BIN)/keyfill: pyproject.toml
 
 example: $(BIN)/keyfill
 	$(BIN)/keyfill generate --out $(EXAMPLE)/source --partitions 4 --keys 2000 --records 200000 \
-		--chunk-records 20000 --skew 1.1 --null-keys 0.01 --headers --seed 7 --overwrite
+		--chunk-records 20000 --skew 1.1 --null-keys 0.01 --headers --seed 7 --overwrite \
+		--logins $(EXAMPLE)/logins-source --logins-after 1m
 	$(BIN)/keyfill inspect $(EXAMPLE)/source --top 5 --no-progress
 	$(BIN)/keyfill plan $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s
 	$(BIN)/keyfill compact $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
@@ -26,6 +27,11 @@ example: $(BIN)/keyfill
 	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(abspath $(BIN))/python $(BIN)/spark-submit --master 'local[*]' \
 		--conf spark.log.level=WARN --conf spark.sql.shuffle.partitions=4 \
 		jobs/fraud_backfill.py $(EXAMPLE)/compacted --out $(EXAMPLE)/fraud --overwrite
+	$(BIN)/keyfill compact $(EXAMPLE)/logins-source $(EXAMPLE)/logins-compacted --groups 4 --slice-duration 10s --overwrite
+	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(abspath $(BIN))/python $(BIN)/spark-submit --master 'local[*]' \
+		--conf spark.log.level=WARN --conf spark.sql.shuffle.partitions=4 \
+		jobs/fraud_join.py $(EXAMPLE)/compacted $(EXAMPLE)/logins-compacted --out $(EXAMPLE)/fraud-join \
+		--stride "1 minute" --within "30 seconds" --overwrite
 
 # Azurite, Microsoft's Azure Storage emulator, for the tests over az:// (package-lock.json pins it).
 node_modules/.bin/azurite-blob: package.json package-lock.json

@@ -28,7 +28,6 @@ with --until-now reads the topic up to its end offsets at the start and stops.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -232,22 +231,9 @@ def report(r: dict, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from jobs.example_session import run_example
 
-    from jobs.shipping import ship_to_executors
-
-    spark = (
-        SparkSession.builder.appName("keyfill fraud backfill").config("spark.sql.session.timeZone", "UTC").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    ship_to_executors(spark)
-    try:
-        report(run(spark, args), args)
-    finally:
-        spark.stop()
-    return 0
+    return run_example("keyfill fraud backfill", run, report, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -178,3 +178,39 @@ def test_failure_midway_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_bad_options_are_named(tmp_path, bad):
     with pytest.raises(ValueError, match="--"):
         GeneratorConfig(out=str(tmp_path), **bad)
+
+
+def test_logins_go_with_the_payments_without_changing_them(tmp_path):
+    """--logins: about one payment in ten gets a login by its user 1-30 s before it, on the same
+    partition, from --logins-after on; the payments are the bytes they are without logins."""
+    cfg = dict(records=30_000, keys=200, partitions=3, chunk_records=5_000, rate=500.0, seed=4)
+    alone, with_logins, logins = (str(tmp_path / n) for n in ("alone", "with", "logins"))
+    generate(GeneratorConfig(out=alone, **cfg), progress=False)
+    result = generate(
+        GeneratorConfig(out=with_logins, logins_out=logins, logins_after_ms=20_000, **cfg), progress=False
+    )
+    assert files(alone) == files(with_logins)
+    pay, log = load(with_logins), load(logins)
+    assert result.logins == log.num_rows and 0.07 < log.num_rows / pay.num_rows * (60 / 40) < 0.13
+    start = pc.min(pay.column("timestamp").cast(pa.int64())).as_py()
+    paid = {}
+    for key, p, ts in zip(
+        pay.column("key").to_pylist(),
+        pay.column("partition").to_pylist(),
+        pay.column("timestamp").cast(pa.int64()).to_pylist(),
+    ):
+        paid.setdefault((key, p), []).append(ts)
+    for key, p, ts in zip(
+        log.column("key").to_pylist(),
+        log.column("partition").to_pylist(),
+        log.column("timestamp").cast(pa.int64()).to_pylist(),
+    ):
+        times = np.array(paid[(key, p)])  # the user pays on this partition
+        assert ((times - ts >= 1_000) & (times - ts <= 30_000)).any()  # ... 1-30 s after this login
+        assert ts >= start + 20_000 - 30_000
+    for part in range(3):  # each partition's logins in offset order are in event-time order within a block
+        rows = log.filter(pc.equal(log.column("partition"), part))
+        assert rows.column("offset").to_pylist() == list(range(rows.num_rows))
+        assert rows.column("timestamp").cast(pa.int64()).to_pylist() == sorted(
+            rows.column("timestamp").cast(pa.int64()).to_pylist()
+        )

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from keyfill.cli.args import fraction, iso_ms, mb, positive_int
+from keygroups.durations import parse_duration
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,19 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="event time of the first record, ISO 8601 (default 2026-01-01T00:00:00Z)",
     )
     p.add_argument("--codec", default=G.codec, choices=envelope.CODECS, help="Avro codec")
+    p.add_argument(
+        "--logins",
+        metavar="URL",
+        help="also write a logins topic that goes with the payments to this root: a login by the same user "
+        "1-30 s before about one payment in ten (for joins of topics, jobs/fraud_join.py)",
+    )
+    p.add_argument(
+        "--logins-after",
+        type=lambda text: parse_duration(text, option="--logins-after"),
+        default=0,
+        metavar="DURATION",
+        help="the logins start this long after the payments, e.g. 7d or 1m (default: with them)",
+    )
     p.add_argument("--threads", type=positive_int, default=G.threads, help="parallel uploads")
     p.add_argument("--overwrite", action="store_true", help="replace an existing archive at --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -68,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         codec=args.codec,
         threads=args.threads,
         overwrite=args.overwrite,
+        logins_out=args.logins,
+        logins_after_ms=args.logins_after,
         **start_ms,
     )
     r = generate(cfg, progress=not args.no_progress)
@@ -80,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
                     "chunks": r.chunks,
                     "bytes": r.bytes,
                     "seconds": round(r.seconds, 3),
+                    "logins": r.logins,
                 }
             )
         )
@@ -89,4 +106,6 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {r.records:,} records in {r.chunks} chunks ({mb(r.bytes)}) to {r.url} "
             f"in {r.seconds:.1f} s: {rate:,.0f} records/s, {r.bytes / 1e6 / max(r.seconds, 1e-9):,.1f} MB/s"
         )
+        if args.logins:
+            print(f"and {r.logins:,} logins to {args.logins}")
     return 0

@@ -9,6 +9,7 @@ JOBS = {
     "compact": ("jobs.compact", "the compaction (same options as `keyfill compact`)"),
     "verify": ("jobs.verify", "the audit, records checked in Spark (as `keyfill verify --spark`)"),
     "fraud-backfill": ("jobs.fraud_backfill", "the worked example: a stateful streaming job over the archive"),
+    "fraud-join": ("jobs.fraud_join", "the worked example of a join of two topics, both sources paced in event time"),
 }
 
 

@@ -27,6 +27,7 @@ from keygroups.storage import Storage, StorageError, open_storage
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 _BLOCK = 1 << 18  # records drawn per step; fixed so output never depends on machine or threads
 _CURRENCIES = (b"EUR", b"USD", b"GBP", b"CHF")
+LOGINS_TOPIC = "logins"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class GeneratorConfig:
     codec: str = "snappy"
     threads: int = 8
     overwrite: bool = False
+    logins_out: str | None = None  # also write the logins topic that goes with the payments here
+    logins_after_ms: int = 0  # the logins start this long after the payments
 
     def __post_init__(self) -> None:
         checks = [
@@ -69,6 +72,8 @@ class GeneratorConfig:
                 "--hot-key-share is a fraction in (0, 1)",
             ),
             (bool(self.topic) and "/" not in self.topic, "--topic must be a non-empty name without '/'"),
+            (self.logins_after_ms >= 0, "--logins-after must not be negative"),
+            (self.logins_out != self.out or self.logins_out is None, "--logins must be another root than --out"),
         ]
         for ok, message in checks:
             if not ok:
@@ -83,6 +88,7 @@ class GenerateResult:
     bytes: int = 0
     seconds: float = 0.0
     per_partition: dict[int, int] = field(default_factory=dict)
+    logins: int = 0  # records of the logins topic, with `logins_out`
 
 
 def user_key(i: int, keys: int = 10**8) -> bytes:
@@ -314,79 +320,171 @@ def _payment_json(key_bytes, null, cents, merchant, currency, ts, currencies) ->
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out[:end])])
 
 
-def generate(cfg: GeneratorConfig, *, progress: bool = True, store: Storage | None = None) -> GenerateResult:
-    """Write the archive. On failure, the chunks this run wrote are removed again."""
-    from tqdm import tqdm
+class _ChunkWriter:
+    """One topic's chunk files: each partition's records cut into chunks of chunk_records,
+    encoded and uploaded in a thread pool; on failure the chunks written are removed again."""
 
-    store = store or open_storage(cfg.out, threads=cfg.threads)
-    if not cfg.overwrite and store.list():
-        raise StorageError(f"{store.url}: destination is not empty; pass --overwrite to replace it")
-    if cfg.overwrite:
-        store.delete_prefix(f"{cfg.topic}/")
-    result = GenerateResult(url=store.url)
-    started = time.perf_counter()
-    draw = _Draw(cfg)
-    pending: dict[int, list[pa.RecordBatch]] = {p: [] for p in range(cfg.partitions)}
-    pending_n = np.zeros(cfg.partitions, dtype=np.int64)
-    written: list[str] = []
-    in_flight: list[Future] = []
-    lock = threading.Lock()
+    def __init__(self, store: Storage, topic: str, cfg: GeneratorConfig, pool: ThreadPoolExecutor):
+        self.store, self.topic, self.cfg, self.pool = store, topic, cfg, pool
+        self.pending: dict[int, list[pa.RecordBatch]] = {p: [] for p in range(cfg.partitions)}
+        self.pending_n = np.zeros(cfg.partitions, dtype=np.int64)
+        self.written: list[str] = []
+        self.in_flight: list[Future] = []
+        self.lock = threading.Lock()
+        self.chunks = self.bytes = 0
 
-    def write_one(piece: pa.RecordBatch) -> None:
-        key, data = encode_chunk(piece, cfg.topic, codec=cfg.codec)
-        with lock:
-            written.append(key)
-            result.chunks += 1
-            result.bytes += len(data)
-        store.write(key, data)
+    def add(self, batch: pa.RecordBatch, bounds: np.ndarray) -> None:
+        """Records grouped by partition: rows bounds[p]:bounds[p+1] are partition p's."""
+        for p in range(self.cfg.partitions):
+            if bounds[p + 1] > bounds[p]:
+                self.pending[p].append(batch.slice(bounds[p], bounds[p + 1] - bounds[p]))
+                self.pending_n[p] += bounds[p + 1] - bounds[p]
+                self._flush(p, final=False)
 
-    def flush(pool: ThreadPoolExecutor, p: int, final: bool) -> None:
-        if pending_n[p] == 0:
+    def finish(self) -> None:
+        for p in range(self.cfg.partitions):
+            self._flush(p, final=True)
+        self.wait()
+
+    def wait(self) -> None:
+        for f in self.in_flight:
+            f.result()
+        self.in_flight.clear()
+
+    def remove(self) -> None:
+        for key in self.written:
+            try:
+                self.store.delete(key)
+            except Exception:
+                pass
+
+    def _write(self, piece: pa.RecordBatch) -> None:
+        key, data = encode_chunk(piece, self.topic, codec=self.cfg.codec)
+        with self.lock:
+            self.written.append(key)
+            self.chunks += 1
+            self.bytes += len(data)
+        self.store.write(key, data)
+
+    def _flush(self, p: int, final: bool) -> None:
+        if self.pending_n[p] == 0:
             return
-        table = pa.Table.from_batches(pending[p], schema=ARROW_SCHEMA).combine_chunks()
+        size = self.cfg.chunk_records
+        table = pa.Table.from_batches(self.pending[p], schema=ARROW_SCHEMA).combine_chunks()
         cut = 0
-        while table.num_rows - cut >= cfg.chunk_records or (final and cut < table.num_rows):
-            piece = table.slice(cut, cfg.chunk_records).combine_chunks().to_batches()[0]
+        while table.num_rows - cut >= size or (final and cut < table.num_rows):
+            piece = table.slice(cut, size).combine_chunks().to_batches()[0]
             # Encoding runs in the pool too: the encoder and snappy release the GIL.
-            in_flight.append(pool.submit(write_one, piece))
+            self.in_flight.append(self.pool.submit(self._write, piece))
             cut += piece.num_rows
         rest = table.slice(cut)
-        pending[p] = rest.to_batches() if rest.num_rows else []
-        pending_n[p] = rest.num_rows
-        while len(in_flight) > 2 * cfg.threads:
-            in_flight.pop(0).result()
+        self.pending[p] = rest.to_batches() if rest.num_rows else []
+        self.pending_n[p] = rest.num_rows
+        while len(self.in_flight) > 2 * self.cfg.threads:
+            self.in_flight.pop(0).result()
 
+
+class _Logins:
+    """The logins topic that goes with the payments: for about one payment in ten (by a
+    generator of its own, so the payments stay what they are without it), a login by the
+    same user 1 to 30 s before it, on the same partition (Kafka's partitioner, same key),
+    from `logins_after_ms` past the payments' start on. A producer writes logins as they
+    happen, so each block's logins go out in event-time order."""
+
+    SHARE = 0.1
+
+    def __init__(self, cfg: GeneratorConfig):
+        self.cfg = cfg
+        self.rng = np.random.default_rng([cfg.seed, 1])
+        self.next_offset = np.zeros(cfg.partitions, dtype=np.int64)
+        self.records = 0
+
+    def block(self, payments: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
+        cfg, n = self.cfg, payments.num_rows
+        ts = payments.column("timestamp").cast(pa.int64()).to_numpy()
+        keys = payments.column("key")
+        lead = self.rng.integers(1_000, 30_001, n)
+        picked = self.rng.random(n) < self.SHARE
+        picked &= keys.is_valid().to_numpy(zero_copy_only=False)
+        picked &= ts >= cfg.start_ms + cfg.logins_after_ms
+        device = self.rng.integers(0, 4, n)
+        rows = np.flatnonzero(picked)
+        partition = payments.column("partition").to_numpy()[rows]
+        at = ts[rows] - lead[rows]
+        order = np.lexsort((at, partition))  # by partition, then as they happened
+        rows, partition, at = rows[order], partition[order], at[order]
+        counts = np.bincount(partition, minlength=cfg.partitions)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        offset = self.next_offset[partition] + np.arange(len(rows)) - bounds[partition]
+        self.next_offset += counts
+        self.records += len(rows)
+        users = keys.take(pa.array(rows)).to_pylist()
+        # a tenth of the records, in Python: short next to the payments' compiled formatter
+        values = [
+            b'{"user":"%s","device":"d-%d","ts":%d}' % (u, int(d), int(t))
+            for u, d, t in zip(users, device[rows].tolist(), at.tolist())
+        ]
+        m = len(rows)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(partition, pa.int32()),
+                pa.array(offset, pa.int64()),
+                pa.array(at, pa.timestamp("ms", tz="UTC")),
+                pa.array(users, pa.binary()),
+                pa.array(values, pa.binary()),
+                pa.ListArray.from_arrays(np.zeros(m + 1, np.int32), pa.array([], HEADER_TYPE)),
+            ],
+            schema=ARROW_SCHEMA,
+        )
+        return batch, bounds
+
+
+def generate(cfg: GeneratorConfig, *, progress: bool = True, store: Storage | None = None) -> GenerateResult:
+    """Write the archive (and with `logins_out`, the logins topic that goes with it). On
+    failure, the chunks this run wrote are removed again."""
+    from tqdm import tqdm
+
+    stores = [store or open_storage(cfg.out, threads=cfg.threads)]
+    if cfg.logins_out:
+        stores.append(open_storage(cfg.logins_out, threads=cfg.threads))
+    for s, topic in zip(stores, (cfg.topic, LOGINS_TOPIC)):
+        if not cfg.overwrite and s.list():
+            raise StorageError(f"{s.url}: destination is not empty; pass --overwrite to replace it")
+        if cfg.overwrite:
+            s.delete_prefix(f"{topic}/")
+    result = GenerateResult(url=stores[0].url)
+    started = time.perf_counter()
+    draw = _Draw(cfg)
+    logins = _Logins(cfg) if cfg.logins_out else None
     bar = tqdm(total=cfg.records, unit="rec", unit_scale=True, disable=not progress, desc="generate", mininterval=0.5)
-    try:
-        with ThreadPoolExecutor(max_workers=cfg.threads) as pool:
+    with ThreadPoolExecutor(max_workers=cfg.threads) as pool:
+        writers = [_ChunkWriter(s, topic, cfg, pool) for s, topic in zip(stores, (cfg.topic, LOGINS_TOPIC))]
+        try:
             try:
                 remaining = cfg.records
                 while remaining:
                     n = min(_BLOCK, remaining)
                     batch = draw.block(n)
-                    bounds = draw.bounds
-                    for p in range(cfg.partitions):
-                        if bounds[p + 1] > bounds[p]:
-                            pending[p].append(batch.slice(bounds[p], bounds[p + 1] - bounds[p]))
-                            pending_n[p] += bounds[p + 1] - bounds[p]
-                            flush(pool, p, final=False)
+                    writers[0].add(batch, draw.bounds)
+                    if logins is not None:
+                        writers[1].add(*logins.block(batch))
                     remaining -= n
                     bar.update(n)
-                for p in range(cfg.partitions):
-                    flush(pool, p, final=True)
+                for w in writers:
+                    w.finish()
             finally:
-                for f in in_flight:
-                    f.result()
-    except BaseException:
-        for key in written:
-            try:
-                store.delete(key)
-            except Exception:
-                pass
-        raise
-    finally:
-        bar.close()
+                for w in writers:
+                    w.wait()
+        except BaseException:
+            for w in writers:
+                w.remove()
+            raise
+        finally:
+            bar.close()
     result.records = cfg.records
+    result.chunks = sum(w.chunks for w in writers)
+    result.bytes = sum(w.bytes for w in writers)
     result.per_partition = {p: int(n) for p, n in enumerate(draw.next_offset) if n}
+    result.logins = logins.records if logins else 0
     result.seconds = time.perf_counter() - started
     return result

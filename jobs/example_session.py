@@ -1,0 +1,26 @@
+"""The Spark session the worked examples run in: UTC times, quiet logs, and keyfill made
+importable in the executors (`jobs.shipping`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def run_example(app: str, run: Callable[[Any, Any], dict], report: Callable[[dict, Any], None], args: Any) -> int:
+    """`report(run(spark, args), args)` in a session named `app`, stopped afterwards."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from jobs.shipping import ship_to_executors
+
+    spark = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    ship_to_executors(spark)
+    try:
+        report(run(spark, args), args)
+    finally:
+        spark.stop()
+    return 0
