@@ -153,3 +153,45 @@ def test_pacing_options_are_checked(tmp_path):
     paced = KeyfillStreamReader(Options.parse({"path": url, "maxEventTimePerTrigger": "10s", "startingTimestamp": "0"}))
     with pytest.raises(SourceOptionError, match="unpaced read"):
         paced.latestOffset(unpaced, paced.getDefaultReadLimit())
+
+
+def test_paced_sources_go_live_each_at_its_own_hand_off(keyfill_kafka, tmp_path):
+    """With kafka.* options each paced source switches to its topic once it has read its
+    archive, whatever the other does; until then both read the same stride in every batch,
+    and each topic's records come once, from the start time on, across a restart."""
+    from test_kafka_live import archived, produce
+
+    def topic(name: str, parts: int, n: int, first: int, step: int) -> TopicArchive:
+        return TopicArchive(
+            name,
+            tuple(
+                tuple(Record(p, i, first + step * i + 100 * p, b"u%d" % (i % 4), b"v") for i in range(n))
+                for p in range(parts)
+            ),
+            6,
+        )
+
+    topics = (topic("payments", 2, 40, 10_000, 1_000), topic("logins", 1, 12, 21_000, 2_500))
+    names = [produce(keyfill_kafka, t) for t in topics]
+    urls = [
+        archived(t, [cut] * len(t.partitions), tmp_path / t.topic, groups=2, slice_duration=d, seal_all=True)
+        for t, cut, d in zip(topics, (0.5, 0.75), ("2s", "5s"))
+    ]
+    start = 12_000
+    opts = [
+        {"path": u, "maxEventTimePerTrigger": "10s", "startingTimestamp": str(start)}
+        | {"kafka.bootstrap.servers": keyfill_kafka.bootstrap, "subscribe": name, "maxOffsetsPerTrigger": "9"}
+        for u, name in zip(urls, names)
+    ]
+    batches = run_together(opts, restarts={3})
+    assert sum(len(rows) for b in batches for a, e, rows in [b[0]] if "kafka" in e) == 40  # payments' live half
+    for i, t in enumerate(topics):
+        got = [r for batch in batches for r in batch[i][2]]
+        assert sorted(got) == sorted(r for r in t.records if r.timestamp >= start)  # each once, archive then topic
+        phases = ["live" if "kafka" in e else "archive" for a, e, _ in (b[i] for b in batches) if a != e]
+        assert phases == sorted(phases) and "live" in phases
+        live = [len(rows) for b in batches for a, e, rows in [b[i]] if "kafka" in e and a != e]
+        assert max(live) <= 9  # maxOffsetsPerTrigger caps the live phase, paced or not
+    for batch in batches:
+        strides = {e["stride"] for a, e, _ in batch if a != e and "kafka" not in e}
+        assert len(strides) <= 1  # sources still in their archives read the same stride
