@@ -81,3 +81,44 @@ def test_the_kit_writes_its_archives_to_s3(session, keyfill_s3_url):
     from keygroups.storage import open_storage
 
     assert any("/compacted/groups/" in i.key for i in open_storage(keyfill_s3_url).list(""))
+
+
+def _logins_before_payments(delay: str):
+    """Payments joined with the same user's logins in the 20 s before them, under watermarks."""
+    from pyspark.sql import functions as F
+
+    def build(payments, logins):
+        p = payments.select(F.col("timestamp").alias("paid_at"), F.col("key").cast("string").alias("user"), "value")
+        lg = logins.select(F.col("timestamp").alias("login_at"), F.col("key").cast("string").alias("login_user"))
+        p, lg = p.withWatermark("paid_at", delay), lg.withWatermark("login_at", delay)
+        on = F.expr("user = login_user AND login_at BETWEEN paid_at - INTERVAL 20 SECONDS AND paid_at")
+        return p.join(lg, on).select("user", "paid_at", "login_at", F.col("value").cast("string").alias("payment"))
+
+    return build
+
+
+def test_a_join_of_two_topics_is_checked_over_two_paced_backfills(session):
+    """Several archives: the query takes one DataFrame per topic. Logins start 30 s after the
+    payments, at another density, with one login 19 s behind its partition's maximum (on time
+    for the 20 s bound); both sources are paced alike, so the join drops nothing and appends
+    what the one-batch reference appends, across a crash."""
+    t0 = 1_767_225_600_000
+    payments = TopicArchive(
+        "payments",
+        tuple(
+            tuple(
+                Record(p, i, t0 + 4_000 * i + 700 * p, b"u%d" % ((i + p) % 3), b"pay%d-%d" % (p, i)) for i in range(30)
+            )
+            for p in range(2)
+        ),
+        6,
+    )
+    stamps = [30_000, 39_000, 48_000, 57_000, 66_000, 75_000, 84_000, 93_000, 101_000, 82_000]
+    logins = TopicArchive(
+        "logins", (tuple(Record(0, i, t0 + s, b"u%d" % (i % 3), b"in") for i, s in enumerate(stamps)),), 4
+    )
+    backfill = BackfillSettings(
+        groups=2, slice_duration="10s", watermark_bound_ms=20_000, slices_per_trigger=1, restarts=(2,)
+    )
+    result = check_spark_query(session, _logins_before_payments("20 seconds"), [payments, logins], backfill, key="user")
+    assert (result.records, result.late, result.restarts) == (70, 0, 1) and result.rows > 20

@@ -19,6 +19,11 @@ that bound (`backfill_settings(watermark_bound_ms=st.just(delay_ms))`). Then no 
 dropped as late by the backfill's query (Spark's `numRowsDroppedByWatermark`), and each
 key's rows must be the same multiset.
 
+Several archives (a query that joins topics): `build` takes one DataFrame per archive; the
+reference reads every topic's on-time records in its one micro-batch, and the backfill's
+sources are paced in event time alike (`maxEventTimePerTrigger`: a stride of the example's
+slices per trigger, from the earliest record of all), as a join of backfills should be run.
+
 Append mode only: rows the query appends are final, so a key's rows can be compared as a
 multiset whatever the micro-batches. (In update mode a row's last version counts, and the
 check would need to know which columns name a row.)
@@ -27,7 +32,7 @@ check would need to know which columns name a row.)
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +40,9 @@ from keyfill.testing.archives import TopicArchive
 from keyfill.testing.differential import DifferentialError, compact_example, compare_outputs, scratch
 from keyfill.testing.reference import late_in_partition, live_order
 from keyfill.testing.strategies import BackfillSettings
+from keygroups.durations import parse_duration
 
-Build = Callable[[Any], Any]  # a DataFrame of the keyfill source's schema -> the query's output DataFrame
+Build = Callable[..., Any]  # a DataFrame of the keyfill source's schema (one per archive) -> the output DataFrame
 
 
 class _Crash(RuntimeError):
@@ -56,10 +62,14 @@ class SparkCheckResult:
     restarts: int  # runs that crashed and were resumed from the checkpoint
 
 
-def spark_options(settings: BackfillSettings) -> dict[str, str]:
-    """The keyfill source's options for an example."""
-    options = {"numPartitions": settings.threads, "batchSize": settings.batch_size}
-    if settings.slices_per_trigger is not None:
+def spark_options(settings: BackfillSettings, start_ms: int | None = None) -> dict[str, str]:
+    """The keyfill source's options for an example; with `start_ms`, paced in event time from
+    there (several archives: a stride of the example's slices per trigger, from the earliest record)."""
+    options: dict = {"numPartitions": settings.threads, "batchSize": settings.batch_size}
+    if start_ms is not None:
+        stride_ms = parse_duration(settings.slice_duration) * (settings.slices_per_trigger or 1)
+        options |= {"maxEventTimePerTrigger": f"{stride_ms}ms", "startingTimestamp": start_ms}
+    elif settings.slices_per_trigger is not None:
         options["maxSlicesPerTrigger"] = settings.slices_per_trigger
     return {k: str(v) for k, v in options.items()}
 
@@ -67,7 +77,7 @@ def spark_options(settings: BackfillSettings) -> dict[str, str]:
 def check_spark_query(
     spark,
     build: Build,
-    archive: TopicArchive,
+    archive: TopicArchive | Sequence[TopicArchive],
     settings: BackfillSettings,
     *,
     key: str,
@@ -76,29 +86,41 @@ def check_spark_query(
 ) -> SparkCheckResult:
     """Run `build` over keyfill's backfill of `archive` and over the topic's on-time records
     in one batch, and check that no row is dropped as late and that each `key`'s rows are
-    the same (see the module's docstring). `url`: where the archives go (a folder, or an
+    the same (see the module's docstring). Several archives (a join of topics): `build` takes
+    a DataFrame per archive, in their order, and the backfill's sources are paced in event
+    time alike (`maxEventTimePerTrigger`). `url`: where the archives go (a folder, or an
     s3://, gs:// or az:// prefix; a temporary folder by default). `shuffle_partitions`: the session's
     spark.sql.shuffle.partitions while the check runs (each is a state store per micro-batch:
     a handful keeps a tiny example fast). Needs `format("keyfill")` registered
     (`reader.spark.register(spark)`; the `keyfill_spark` fixture does it)."""
+    archives = [archive] if isinstance(archive, TopicArchive) else list(archive)
     with scratch(url) as where, tempfile.TemporaryDirectory(prefix="keyfill-spark-check-") as work:
-        done = compact_example(archive, settings, where)
-        if done.dest is None:
+        done = [compact_example(a, settings, where) for a in archives]
+        if any(d.dest is None for d in done):
             return SparkCheckResult(0, 0, 0, 0, 0, 0)
-        late = late_in_partition(done.records, settings.watermark_bound_ms)
-        on_time = [r for r in done.records if (r.partition, r.offset) not in late]
+        late = [late_in_partition(d.records, settings.watermark_bound_ms) for d in done]
         shuffle = spark.conf.get("spark.sql.shuffle.partitions")
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        start = min(r.timestamp for d in done for r in d.records) if len(done) > 1 else None
         try:
-            reference = _collect(spark, build(_reference_input(spark, done.dest, on_time, work)), work + "/ref-ck")
+            inputs = [
+                _reference_input(
+                    spark, d.dest, [r for r in d.records if (r.partition, r.offset) not in gone], work + f"/{i}"
+                )
+                for i, (d, gone) in enumerate(zip(done, late))
+            ]
+            reference = _collect(spark, build(*inputs), work + "/ref-ck")
             if reference.dropped:
                 raise DifferentialError(f"the reference query dropped {reference.dropped} row(s) in one micro-batch")
-            source = spark.readStream.format("keyfill").options(**spark_options(settings)).load(done.dest)
-            if late:
-                late_df = spark.createDataFrame(sorted(late), "partition int, offset long")
-                source = source.join(late_df, ["partition", "offset"], "left_anti").select(*source.columns)
+            sources = []
+            for d, gone in zip(done, late):
+                source = spark.readStream.format("keyfill").options(**spark_options(settings, start)).load(d.dest)
+                if gone:
+                    late_df = spark.createDataFrame(sorted(gone), "partition int, offset long")
+                    source = source.join(late_df, ["partition", "offset"], "left_anti").select(*source.columns)
+                sources.append(source)
             stops = [1 + n % 3 for n in settings.restarts[:1]]  # micro-batches before the crash
-            backfill = _collect(spark, build(source), work + "/ck", stops)
+            backfill = _collect(spark, build(*sources), work + "/ck", stops)
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", shuffle)
     if backfill.dropped:
@@ -110,7 +132,12 @@ def check_spark_query(
     want, got = _by_key(reference.rows, key), _by_key(backfill.rows, key)
     compare_outputs(want, got)
     return SparkCheckResult(
-        len(done.records), len(late), len(want), len(reference.rows), backfill.batches, backfill.restarts
+        sum(len(d.records) for d in done),
+        sum(len(g) for g in late),
+        len(want),
+        len(reference.rows),
+        backfill.batches,
+        backfill.restarts,
     )
 
 
