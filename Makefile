@@ -18,7 +18,7 @@ example: $(BIN)/keyfill
 		--chunk-records 20000 --skew 1.1 --null-keys 0.01 --headers --seed 7 --overwrite \
 		--logins $(EXAMPLE)/logins-source --logins-after 1m
 	$(BIN)/keyfill inspect $(EXAMPLE)/source --top 5 --no-progress
-	$(BIN)/keyfill plan $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s
+	$(BIN)/keyfill plan $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
 	$(BIN)/keyfill compact $(EXAMPLE)/source $(EXAMPLE)/compacted --groups 16 --slice-duration 30s --overwrite
 	$(BIN)/keyfill verify $(EXAMPLE)/source $(EXAMPLE)/compacted --no-progress
 	$(BIN)/keyfill replay $(EXAMPLE)/compacted --threads 4 --no-progress
