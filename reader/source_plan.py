@@ -29,6 +29,7 @@ from reader.kafka_live import (
     read_range,
 )
 from reader.memory import bounded_read_ahead
+from reader.pushdown import Pushdown, RowFilter
 from reader.source_options import Options, SourceOptionError
 from reader.spark_rows import arrow_schema, to_spark_batches
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
@@ -251,12 +252,14 @@ class SourcePlanner:
         rows = self.index.slice_rows(first, end)
         return rows.column("records").to_numpy(), rows.column("bytes").to_numpy()
 
-    def plan(self, first: int, end: int) -> list[GroupsPartition]:
+    def plan(self, first: int, end: int, pushed: Pushdown | None = None) -> list[GroupsPartition]:
         """Input partitions for slices [first, end): `numPartitions` bundles of groups
         balanced by bytes (a group is never split: its records keep their order), by default
-        `partitions_for` them."""
+        `partitions_for` them; only the pieces that can hold a match of `pushed` filters."""
         by_group: dict[int, list[compacted.Piece]] = {}
         table = self.index.piece_rows(first, end)
+        if pushed is not None:
+            table = pushed.pieces(table)
         for p in piece_list(table):
             p.check(self.manifest.groups, self.store.url_for)
             by_group.setdefault(p.group, []).append(p)
@@ -285,8 +288,9 @@ class SourcePlanner:
             return groups
         return cores * max(1, -(-total_bytes // (cores * TASK_BYTES)))
 
-    def read(self, partition: GroupsPartition) -> Iterator[pa.RecordBatch]:
-        """The partition's groups through the replay's group reader (`reader.fetch`)."""
+    def read(self, partition: GroupsPartition, rows: RowFilter | None = None) -> Iterator[pa.RecordBatch]:
+        """The partition's groups through the replay's group reader (`reader.fetch`), only
+        the records `rows` keeps."""
         budget = bounded_read_ahead(self.opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
         for step, batch in read_groups(
             self.store,
@@ -300,6 +304,9 @@ class SourcePlanner:
                 keep = partition.bounds.keep(batch.column("partition").to_numpy(), batch.column("offset").to_numpy())
                 if keep is not None:
                     batch, slices = batch.filter(keep), slices[keep]
+            if rows is not None:
+                keep = rows.keep(batch)
+                batch, slices = batch.filter(keep), slices[keep]
             yield from to_spark_batches(
                 batch, partition.topic, int(step.group[0]), slices, self.opts.batch_size, self.opts.include_headers
             )

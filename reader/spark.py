@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, Filter, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -51,6 +51,7 @@ from pyspark.sql.types import StructType
 from keygroups import worker_gc
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
+from reader.pushdown import Pushdown, push
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
 from reader.source_plan import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
 from reader.spark_rows import arrow_schema, schema_ddl, to_spark_batches
@@ -63,6 +64,7 @@ __all__ = [  # what users and the benchmarks take from here (the planner's parts
     "GroupsPartition",
     "KeyfillBatchReader",
     "KeyfillDataSource",
+    "KeyfillPushdownReader",
     "KeyfillStreamReader",
     "Options",
     "SourceOptionError",
@@ -74,11 +76,17 @@ __all__ = [  # what users and the benchmarks take from here (the planner's parts
 ]
 
 
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
 def register(spark: Any) -> None:
     """Make `format("keyfill")` available in this Spark session. The session's default
-    parallelism now (its cores) sizes the input partitions when `numPartitions` is not set."""
+    parallelism now (its cores) sizes the input partitions when `numPartitions` is not set;
+    with `spark.sql.python.filterPushdown.enabled` true now, batch reads take the filters
+    Spark pushes (PySpark refuses a reader that takes them while the setting is false:
+    register again after changing it)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spark.dataSource.register(_portable(root, _session_cores(spark)))
+    spark.dataSource.register(_portable(root, _session_cores(spark), _filter_pushdown(spark)))
 
 
 def _session_cores(spark: Any) -> int | None:
@@ -88,7 +96,14 @@ def _session_cores(spark: Any) -> int | None:
         return None
 
 
-def _portable(root: str, cores: int | None = None) -> type[DataSource]:
+def _filter_pushdown(spark: Any) -> bool:
+    try:
+        return str(spark.conf.get(PUSHDOWN_CONF, "false")).strip().lower() == "true"
+    except Exception:  # a Spark without the setting (before 4.1) has no pushdown
+        return False
+
+
+def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> type[DataSource]:
     """KeyfillDataSource behind a stand-in that Spark pickles by value (a class made in a
     function), for the driver-side Python worker that plans a streaming query: Spark does not
     give that worker `--py-files`, so when it cannot import keyfill, the stand-in puts `root`
@@ -108,6 +123,7 @@ def _portable(root: str, cores: int | None = None) -> type[DataSource]:
             import reader.spark
         source = reader.spark.KeyfillDataSource(options)
         source.session_cores = cores
+        source.filter_pushdown = pushdown
         return source
 
     class KeyfillSource(DataSource):
@@ -141,9 +157,11 @@ class KeyfillDataSource(DataSource):
         return schema_ddl(Options.parse(self.options).include_headers)
 
     session_cores: int | None = None  # set by `register`: Spark's default parallelism
+    filter_pushdown: bool = False  # set by `register`: spark.sql.python.filterPushdown.enabled
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KeyfillBatchReader(Options.parse(self.options, session_cores=self.session_cores))
+        kind = KeyfillPushdownReader if self.filter_pushdown else KeyfillBatchReader
+        return kind(Options.parse(self.options, session_cores=self.session_cores))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KeyfillStreamReader(Options.parse(self.options, session_cores=self.session_cores))
@@ -152,26 +170,49 @@ class KeyfillDataSource(DataSource):
 class KeyfillBatchReader(DataSourceReader):
     """`spark.read.format("keyfill")`: the whole archive (from `startingSlice`) at once."""
 
+    pushed = Pushdown()  # the filters the source applies (KeyfillPushdownReader.pushFilters): none
+
     def __init__(self, opts: Options):
         self.planner = SourcePlanner(opts)
 
     def partitions(self) -> list[InputPartition]:
         """The archive's slices; with kafka.* options, then the topic from the hand-off to its
-        end offsets now."""
-        planner = self.planner
-        out: list[InputPartition] = list(planner.plan(planner.first_slice(), planner.end_slice()))
-        if planner.goes_live():
+        end offsets now. Only the pieces and live ranges the pushed filters let in."""
+        planner, pushed = self.planner, self.pushed
+        out: list[InputPartition] = []
+        if pushed.has_topic(planner.manifest.topic):
+            out += planner.plan(
+                *pushed.slice_range(planner.first_slice(), planner.end_slice(), planner.manifest), pushed
+            )
+        if planner.goes_live() and pushed.live(planner.topic):
             at = planner.offset(planner.manifest.slices)
             ends = planner.live_ends(partition_marks(planner.opts.kafka, planner.topic))
-            out += planner.live_ranges(at, at | {"kafka": {str(p): o for p, o in ends.items()}})
+            ranges = planner.live_ranges(at, at | {"kafka": {str(p): o for p, o in ends.items()}})
+            out += [r for r in ranges if pushed.has_partition(r.partition)]
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()
         if isinstance(partition, KafkaRange):
-            return self.planner.read_live(partition)
-        assert isinstance(partition, GroupsPartition)
-        return self.planner.read(partition)
+            rows = self.pushed.rows("key_group")  # live records: the group of their key, or null
+            batches = self.planner.read_live(partition)
+            return batches if rows is None else rows.apply(batches)
+        if not isinstance(partition, GroupsPartition):  # PySpark's stand-in when partitions() has none
+            return iter(())
+        return self.planner.read(partition, self.pushed.rows("partition"))
+
+
+class KeyfillPushdownReader(KeyfillBatchReader):
+    """A batch read that takes the filters Spark pushes (`reader.pushdown`): what `register`
+    makes when spark.sql.python.filterPushdown.enabled is true (PySpark fails a reader that
+    overrides pushFilters while it is false). Streaming reads get none: PySpark 4.3's
+    DataSourceStreamReader has no pushFilters. PySpark 4.3 keeps the plan of the last
+    pushdown on the loaded DataFrame, so each filtered scan needs its own `load()`
+    (docs/spark-source.md, Filters)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.pushed, rest = push(filters)
+        return iter(rest)
 
 
 class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
