@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -103,14 +103,57 @@ def hand_overs(draw):
     return topic, cut
 
 
+def planned_phases(opts: dict) -> list[str]:
+    """The phase ("archive" or "live") of each batch a stream over `opts` plans, by planning
+    alone (nothing read): where the switch is."""
+    reader = KeyfillStreamReader(Options.parse(opts))
+    start, phases = reader.initialOffset(), []
+    while len(phases) < 500:
+        end = json.loads(json.dumps(reader.latestOffset(start, reader.getDefaultReadLimit())))
+        if end == start:
+            return phases
+        phases.append("live" if "kafka" in end else "archive")
+        start = end
+    raise AssertionError("the stream does not end")
+
+
+def restart_batch(where: str, n: int, phases: list[str]) -> int | None:
+    """The batch number of a restart drawn relative to the switch, the first live batch (the
+    trigger planned from the archive's end): "at" it, `n` batches before the last archive
+    batch, or `n` after the switch's batch (counted around the batches there are). None past
+    the end (a topic with nothing past the hand-off, a single live batch): the stream ends."""
+    switch = phases.index("live") if "live" in phases else len(phases)
+    assert switch >= 1  # the archive holds a record: the stream begins there
+    if where == "before":
+        return switch - 1 - n % switch
+    if where == "at":
+        return switch if switch < len(phases) else None
+    after = len(phases) - switch - 1
+    return switch + 1 + n % after if after > 0 else None
+
+
+# Two partitions, part archived and part live each (a key in one partition, as Kafka puts it):
+# the explicit examples below restart at the switch, always.
+AT_THE_SWITCH = TopicArchive(
+    "events",
+    tuple(
+        tuple(Record(p, i, 2_500 * i + 300 * p, b"%d-%d" % (p, i % 3), b"v%d" % i) for i in range(12)) for p in range(2)
+    ),
+    5,
+)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     case=hand_overs(),
     seal_all=st.booleans(),
     slices=st.sampled_from([1, 3]),
     per_trigger=st.sampled_from([None, 7, 40]),
-    restarts=st.sets(st.integers(0, 12), max_size=3),
+    # restarts where the switch is (and "at" first: the simplest example restarts there)
+    restarts=st.lists(st.tuples(st.sampled_from(["at", "before", "after"]), st.integers(0, 6)), min_size=1, max_size=3),
 )
+@example(case=(AT_THE_SWITCH, [0.5, 0.3]), seal_all=True, slices=1, per_trigger=None, restarts=[("at", 0)])
+@example(case=(AT_THE_SWITCH, [0.5, 0.3]), seal_all=False, slices=3, per_trigger=7, restarts=[("at", 0)])
 def test_the_archive_then_the_topic_each_record_once_in_key_order(
     keyfill_kafka, tmp_path_factory, case, seal_all, slices, per_trigger, restarts
 ):
@@ -121,11 +164,17 @@ def test_the_archive_then_the_topic_each_record_once_in_key_order(
     opts["maxSlicesPerTrigger"] = str(slices)
     if per_trigger:
         opts["maxOffsetsPerTrigger"] = str(per_trigger)
-    batches = run_stream(opts, restarts)
+    phases = planned_phases(opts)
+    at = set()
+    for where, n in restarts:
+        batch = restart_batch(where, n, phases)
+        event(f"a restart {where} the switch" + (" (past the end: none)" if batch is None else ""))
+        at |= {batch} - {None}
+    batches = run_stream(opts, at)
+    assert [phase for phase, _ in batches] == phases  # as planned: a restart plans the same batches
 
     got = [r for _, rows in batches for r in as_records(rows)]
     assert sorted(got) == sorted(topic.records)  # each record once, as the topic holds it
-    phases = [phase for phase, _ in batches]
     assert phases == sorted(phases)  # every archive batch before the first live one ("archive" < "live")
     handed = handoff.offsets(compacted.load_manifest(open_storage(dest)))
     for phase, rows in batches:
