@@ -63,7 +63,7 @@ def run(spark, url: str, pushdown: bool, one_load: bool) -> tuple[int, list[int]
     import reader.spark
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", str(pushdown).lower())
-    reader.spark.register(spark)
+    reader.spark.register(spark, filter_pushdown=pushdown)
     q = join(spark, url, one_load)
     t = time.perf_counter()
     n = q.collect()[0][0]
@@ -75,7 +75,7 @@ def groups(spark, url: str, pushdown: bool) -> tuple[int, float]:
     import reader.spark
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", str(pushdown).lower())
-    reader.spark.register(spark)
+    reader.spark.register(spark, filter_pushdown=pushdown)
     q = spark.read.format("keyfill").load(url).where("key_group < 4").groupBy().count()
     t = time.perf_counter()
     q.collect()
@@ -87,7 +87,7 @@ def streaming(spark, url: str, tmp: str) -> list[tuple[int, int]]:
     import reader.spark
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    reader.spark.register(spark)
+    reader.spark.register(spark, filter_pushdown=True)
     a, b = (
         spark.readStream.format("keyfill").option("maxSlicesPerTrigger", 2).load(url).where(c).alias(n)
         for c, n in zip(SIDES, "ab")

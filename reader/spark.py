@@ -79,14 +79,21 @@ __all__ = [  # what users and the benchmarks take from here (the planner's parts
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def register(spark: Any) -> None:
+def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     """Make `format("keyfill")` available in this Spark session. The session's default
-    parallelism now (its cores) sizes the input partitions when `numPartitions` is not set;
-    with `spark.sql.python.filterPushdown.enabled` true now, batch reads take the filters
-    Spark pushes (PySpark refuses a reader that takes them while the setting is false:
-    register again after changing it)."""
+    parallelism now (its cores) sizes the input partitions when `numPartitions` is not set.
+    With `filter_pushdown=True` (and `spark.sql.python.filterPushdown.enabled` true, which
+    PySpark needs of a reader that takes filters), batch reads take the filters Spark pushes.
+    Opt-in, because PySpark 4.3 keeps a pushdown's read plan on the loaded DataFrame: a
+    DataFrame scanned twice with different filters reads the last ones both times
+    (docs/spark-source.md, "Filters")."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spark.dataSource.register(_portable(root, _session_cores(spark), _filter_pushdown(spark)))
+    if filter_pushdown and not _filter_pushdown(spark):
+        raise SourceOptionError(
+            f"register(spark, filter_pushdown=True) needs spark.conf.set({PUSHDOWN_CONF!r}, 'true') first: "
+            "PySpark refuses a Python reader that takes filters while it is false"
+        )
+    spark.dataSource.register(_portable(root, _session_cores(spark), filter_pushdown))
 
 
 def _session_cores(spark: Any) -> int | None:
