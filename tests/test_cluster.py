@@ -19,6 +19,7 @@ import zipfile
 
 import pytest
 
+from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.verify import verify
 from keyfill.cli import jobs
@@ -26,6 +27,7 @@ from keyfill.numba_warm import PACKAGES, build_seed
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from tests.records import canonical_files
 from tests.test_reader import source_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,6 +119,11 @@ def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_exe
     assert manifest.totals["records"] == 12_000 and manifest.groups == 4 and manifest.slices > 3
     report = verify(open_source(src), open_storage(dest))
     assert report.ok, report.violations
+    # invariant 6 across executors: the bytes the in-process compactor writes (tests/test_determinism.py
+    # varies local[1], local[2], shuffle partitions, chunk order and the hash seed)
+    here = str(tmp_path / "in-process")
+    compact(CompactConfig(source=src, dest=here, groups=4, slice_duration="1s", seal_all=True))
+    assert canonical_files(dest) == canonical_files(here)
 
     # the audit in Spark, a batch read and a streaming read of the source, on the executors
     job = os.path.join(ROOT, "tests", "cluster_job.py")
