@@ -10,10 +10,10 @@ them, a left semi join, both sides under a 1-minute watermark), runs as a stream
 with Trigger.AvailableNow to a noop sink over:
 
 - paced:     two keyfill sources with `maxEventTimePerTrigger` (--stride) and a common
-             `startingTimestamp` (the earlier archive's first slice), as jobs/fraud_join.py
-             runs them: under Spark's default `multipleWatermarkPolicy=min`;
-- paced-max: the same under `multipleWatermarkPolicy=max`. Spark counts an input that has
-             had no rows yet as watermark 0 under `min`, so while the paced logins source
+             `startingTimestamp` (the earlier archive's first slice), under Spark's default
+             `multipleWatermarkPolicy=min`;
+- paced-max: the same under `multipleWatermarkPolicy=max`, as jobs/fraud_join.py runs them.
+             Spark counts an input that has had no rows yet as watermark 0 under `min`, so while the paced logins source
              reads the week before its first login, the global watermark stays at 0 and
              every payment of that week stays in the join's state; `max` (safe with pacing:
              no source reads past the stride of the batch) lets it move with the payments;

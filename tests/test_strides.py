@@ -118,7 +118,8 @@ def test_paced_sources_read_one_stride_a_batch_and_drop_nothing_not_late_in_its_
     # Spark's watermark over the two inputs drops only records late in their own partition,
     # under either policy: `min` (the default: the least of the inputs' largest event time seen
     # minus the bound) and `max` (the greatest: where unpaced sources lose the slower one's
-    # rows). Inputs that have seen no rows take no part; the watermark never goes back.
+    # rows). As in Spark, an input that has seen no rows counts as 0; the watermark moves only
+    # once some input has rows, and never goes back.
     late = set().union(*(late_in_partition(t, bound) for t in topics))
     for policy in (min, max):
         largest: list[int | None] = [None, None]
@@ -130,9 +131,9 @@ def test_paced_sources_read_one_stride_a_batch_and_drop_nothing_not_late_in_its_
             for i, (_, _, rows) in enumerate(batch):
                 if rows:
                     largest[i] = max([r.timestamp for r in rows] + [x for x in [largest[i]] if x is not None])
-            seen = [x - bound for x in largest if x is not None]
-            if seen:
-                watermark = max(watermark if watermark is not None else policy(seen), policy(seen))
+            if any(x is not None for x in largest):
+                now = policy(0 if x is None else x - bound for x in largest)
+                watermark = now if watermark is None else max(watermark, now)
 
 
 def test_pacing_options_are_checked(tmp_path):
