@@ -317,7 +317,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         slices = self.planner.end_slice()
         first = self.planner.position(start)
         if self.strides is not None:
-            return self._paced_latest(start, first, slices)
+            return self.strides.latest(self.planner, start, first, slices)
         max_slices = max_bytes = max_rows = None
         if not isinstance(limit, ReadAllAvailable):
             o = self.opts
@@ -349,21 +349,6 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     taken, nbytes, rows = taken + 1, nbytes + b, rows + n
                 end += 1
         return self.planner.offset(end)
-
-    def _paced_latest(self, start: dict, first: int, slices: int) -> dict:
-        """The next stride's end: its slices, or none, but the stride moves on while the
-        archive has slices left to read, so every paced source stays in step."""
-        if "stride" not in start:
-            raise SourceOptionError(
-                f"option maxEventTimePerTrigger: the query's checkpoint holds offsets of an unpaced read of "
-                f"{self.planner.store.url} (no stride); restart it with a new checkpoint location to pace it"
-            )
-        if first >= slices:
-            return start
-        self.strides.check(self.planner.manifest, self.planner.store.url)
-        k = int(start["stride"])
-        end = max(first, self.strides.end_slice(self.planner.manifest, k))
-        return self.planner.offset(min(end, slices)) | {"stride": k + 1}
 
     def reportLatestOffset(self) -> dict:
         """The latest offset, with how far behind it the query is (PySpark gives a Python source

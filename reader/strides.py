@@ -45,6 +45,23 @@ class Strides:
                 "slice lengths)"
             )
 
+    def latest(self, planner, start: dict, first: int, slices: int) -> dict:
+        """The offset after the stride `start` names (a `reader.source_plan.SourcePlanner`'s):
+        the stride's slices, or none, but the stride moves on while the archive has slices
+        left to read, so every paced source stays in step. `first`: `start`'s slice; `slices`:
+        where the read ends."""
+        if "stride" not in start:
+            raise SourceOptionError(
+                f"option maxEventTimePerTrigger: the query's checkpoint holds offsets of an unpaced read of "
+                f"{planner.store.url} (no stride); restart it with a new checkpoint location to pace it"
+            )
+        if first >= slices:
+            return start
+        self.check(planner.manifest, planner.store.url)
+        k = int(start["stride"])
+        end = max(first, self.end_slice(planner.manifest, k))
+        return planner.offset(min(end, slices)) | {"stride": k + 1}
+
     def end_slice(self, manifest: compacted.Manifest, k: int) -> int:
         """The first slice of `manifest` past stride k (a position in 0..slices)."""
         first_after = (k + 1) * self.length_ms // manifest.slice_duration_ms
