@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from keygroups.errors import KeyfillError
 
@@ -42,3 +45,32 @@ def local_spark(
         .config("spark.sql.shuffle.partitions", "16")
         .getOrCreate()
     )
+
+
+@contextmanager
+def embedded_spark(
+    master: str, *, app: str, driver_memory: str = "4g", progress: bool = True, log_level: str = "WARN"
+) -> Iterator:
+    """The session a command runs on. Where this process already runs one (a notebook, a
+    pyspark shell, `keyfill.cli.main` called from a job or a test), that one, left running
+    as it was: stopping it would end the caller's work. Else a local one, stopped after."""
+    active = _active_session()
+    if active is not None:
+        log = logging.getLogger("keyfill")
+        log.info("%s runs on this process's Spark session (%s), not a new %s", app, active.sparkContext.master, master)
+        yield active
+        return
+    spark = local_spark(master, app=app, driver_memory=driver_memory, progress=progress)
+    spark.sparkContext.setLogLevel(log_level)
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def _active_session():
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return None  # local_spark says what to install
+    return SparkSession.getActiveSession()

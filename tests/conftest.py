@@ -7,7 +7,12 @@ pays for one; none is ever skipped: if one cannot start, the tests that need it 
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +86,25 @@ def spark(s3_server, gcs_server, azure_server):
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def seeded_packages(tmp_path_factory) -> tuple[Path, dict]:
+    """keyfill's packages copied out of the checkout with a numba seed built in them (what
+    `make wheel` ships), and the seed's manifest. Compiling every kernel takes most of a
+    minute, so the run builds it once: pytest-xdist's workers share it under a lock. Users
+    copy the tree; nobody changes it."""
+    from keyfill.numba_warm import PACKAGES, build_seed
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's, whichever worker
+    root, done = shared / "numba-seed", shared / "numba-seed.json"
+    with open(shared / "numba-seed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "_numba_cache")
+            shutil.rmtree(root, ignore_errors=True)
+            for package in PACKAGES:
+                shutil.copytree(Path(__file__).resolve().parents[1] / package, root / package, ignore=skip)
+            done.write_text(json.dumps(build_seed(root)))
+    return root, json.loads(done.read_text())

@@ -23,6 +23,7 @@ from compactor.slicing import NothingSealed
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.verify import verify
+from keyfill.cli import main
 from keygroups import compacted
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
@@ -442,7 +443,7 @@ def test_a_quiet_partition_holds_sealing_back_unless_declared_idle(spark, tmp_pa
     assert report.ok, report.violations
 
 
-def test_append_refuses_what_it_cannot_continue(spark, full_source, tmp_path):
+def test_append_refuses_what_it_cannot_continue(spark, full_source, tmp_path, capsys):
     src, dest = str(tmp_path / "src"), str(tmp_path / "c")
     copy_share(full_source, src, 0.5)
     compact(CompactConfig(source=src, dest=dest, groups=4, slice_duration="10s"), spark)
@@ -462,10 +463,9 @@ def test_append_refuses_what_it_cannot_continue(spark, full_source, tmp_path):
         compact(CompactConfig(source=src, dest=sealed, append=True), spark)
     assert compacted.versions(open_storage(dest)) == [1]
     copy_share(full_source, src, 1.0)
-    from test_cli import run as keyfill
-
-    out = keyfill("compact", src, dest, "--append", "--master", "local[2]")
-    assert out.returncode == 0 and "appended" in out.stdout, out.stderr
-    out = keyfill("compact", src, dest, "--append", "--master", "local[2]")  # nothing new since
-    assert out.returncode == 2 and "no new slice is sealed" in out.stderr
+    capsys.readouterr()
+    assert main(["compact", src, dest, "--append"]) == 0  # the command, on this session
+    assert "appended" in capsys.readouterr().out
+    assert main(["compact", src, dest, "--append"]) == 2  # nothing new since
+    assert "no new slice is sealed" in capsys.readouterr().err
     assert compacted.versions(open_storage(dest)) == [1, 2]

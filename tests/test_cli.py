@@ -150,7 +150,9 @@ def test_corrupt_chunk_is_named_by_inspect(tmp_path, capsys):
     assert victim.name in capsys.readouterr().err
 
 
-def test_compact_and_verify_commands_end_to_end(tmp_path):
+def test_compact_and_verify_commands_end_to_end(spark, tmp_path, capsys):
+    """The first compaction as users run it (`python -m keyfill`, its own Spark); the rest in
+    this process, where the commands run on the test's Spark session and leave it running."""
     src, dest = str(tmp_path / "src"), str(tmp_path / "c")
     assert (
         main(
@@ -176,9 +178,10 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
     result = json.loads(out.stdout)
     # only sealed slices are published: the rest waits at the hand-off offsets
     assert result["records"] + result["withheld"] == 4000 and result["withheld"] >= 1 and result["groups"] == 3
-    out = run("verify", src, dest, "--spark", "--master", "local[2]")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"verified: {result['records']:,} records" in out.stdout
+    capsys.readouterr()
+    assert main(["verify", src, dest, "--spark", "--master", "local[2]"]) == 0
+    assert f"verified: {result['records']:,} records" in capsys.readouterr().out
+    assert spark.range(3).count() == 3  # the session the command ran on is still running
     checkpoint = tmp_path / "replay.json"
     out = run("replay", dest, "--threads", "3", "--checkpoint-file", str(checkpoint), "--json")
     assert out.returncode == 0, out.stderr
@@ -209,29 +212,17 @@ def test_compact_and_verify_commands_end_to_end(tmp_path):
     out = run("replay", dest, "--no-progress")
     assert out.returncode == 2 and "format version 2; this keyfill reads version 3" in out.stderr
     # ... and replaced by a compaction with --overwrite, which removes its files
-    out = run("compact", src, dest, "--groups", "3", "--master", "local[2]", "--overwrite")
-    assert out.returncode == 0, out.stderr
-    assert not (tmp_path / "c" / "_manifest.json").exists() and run("verify", src, dest).returncode == 0
+    assert main(["compact", src, dest, "--groups", "3", "--master", "local[2]", "--overwrite"]) == 0
+    assert not (tmp_path / "c" / "_manifest.json").exists() and main(["verify", src, dest, "--no-progress"]) == 0
+    assert spark.range(3).count() == 3
 
 
-def test_compact_names_a_corrupt_chunk(tmp_path):
-    src = tmp_path / "src"
-    victim = truncated_chunk_archive(src)
-    out = run("compact", str(src), str(tmp_path / "c"), "--groups", "2", "--master", "local[2]")
-    assert out.returncode == 2
-    assert victim.name in out.stderr and "Traceback" not in out.stderr.split("error:")[-1]
-    assert not (tmp_path / "c" / "_versions").exists()
-
-
-def test_inspect_describes_a_compacted_archive(tmp_path, capsys):
+def test_inspect_describes_a_compacted_archive(spark, tmp_path, capsys):
     src, dest = str(tmp_path / "src"), str(tmp_path / "c")
     assert main(["generate", "--out", src, "--records", "3000", "--keys", "20", "--no-progress"]) == 0
-    out = run(
-        "compact", src, dest, "--groups", "2", "--slice-duration", "30s", "--seal-all", "--master", "local[2]", "--json"
-    )
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
     capsys.readouterr()
+    assert main(["compact", src, dest, "--groups", "2", "--slice-duration", "30s", "--seal-all", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
     assert main(["inspect", dest, "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["format_version"] == 3 and s["version"] == 1 and s["records"] == 3000 and s["groups"] == 2

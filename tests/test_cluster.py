@@ -23,7 +23,6 @@ from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.verify import verify
 from keyfill.cli import jobs
-from keyfill.numba_warm import PACKAGES, build_seed
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
@@ -34,16 +33,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> str:
+def wheel(seeded_packages, tmp_path_factory) -> str:
     """The wheel `make wheel` builds: numba's kernels compiled inside (keygroups/_numba_seed.py),
     so the executors' Python workers load them instead of compiling them."""
-    out, project = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("project")
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "_numba_cache")
-    for package in PACKAGES:
-        shutil.copytree(os.path.join(ROOT, package), project / package, ignore=skip)
+    built, manifest = seeded_packages
+    assert manifest["not_compiled"] == []
+    out, project = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("project") / "keyfill"
+    shutil.copytree(built, project)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), project / name)
-    assert build_seed(project)["not_compiled"] == []
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(project)],
         check=True,

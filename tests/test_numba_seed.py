@@ -14,10 +14,7 @@ from pathlib import Path
 import numba
 import pytest
 
-from keyfill.numba_warm import PACKAGES, build_seed
 from keygroups import _numba_seed
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHECK = """
 import json, os, sys, tempfile
@@ -32,13 +29,6 @@ print(json.dumps({"seeded": kn._generic, "cpu": numba.config.CPU_NAME, "replayed
 """
 
 
-def _copy_packages(dest: Path) -> Path:
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "_numba_cache")
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, dest / package, ignore=skip)
-    return dest
-
-
 def _run(code: Path, script: str, cache: Path, **env: str) -> dict:
     full = {**os.environ, "PYTHONPATH": str(code), "NUMBA_CACHE_DIR": str(cache), **env}
     for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "KEYFILL_NUMBA_SEED"):
@@ -50,15 +40,12 @@ def _run(code: Path, script: str, cache: Path, **env: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory) -> tuple[Path, dict]:
-    """Packages with a seed, built in one folder and then moved (copied, new mtimes) to
-    another, as a wheel built on one machine is installed on another."""
-    base = tmp_path_factory.mktemp("seed")
-    built = _copy_packages(base / "built")
-    manifest = build_seed(built)
-    installed = base / "installed"
+def seeded(seeded_packages, tmp_path_factory) -> tuple[Path, dict]:
+    """Packages with a seed, built in one folder and then copied (new mtimes) to another, as
+    a wheel built on one machine is installed on another."""
+    built, manifest = seeded_packages
+    installed = tmp_path_factory.mktemp("seed") / "installed"
     shutil.copytree(built, installed)
-    shutil.rmtree(built)
     return installed, manifest
 
 

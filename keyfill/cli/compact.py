@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from compactor import defaults
@@ -215,15 +216,14 @@ def add_embedded_spark_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from compactor.job import compact, prepare
-    from compactor.spark_session import local_spark
+    from compactor.spark_session import embedded_spark
 
     cfg = compact_config(args)
     prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
-    with prepared.abandoned_on_error():
-        spark = local_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
-    spark.sparkContext.setLogLevel("WARN")
-    try:
+    with contextlib.ExitStack() as session:
+        with prepared.abandoned_on_error():
+            spark = session.enter_context(
+                embedded_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
+            )
         print_compact_result(compact(cfg, spark, prepared), args.json)
-    finally:
-        spark.stop()
     return 0

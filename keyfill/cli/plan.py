@@ -25,16 +25,14 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from compactor.estimate import estimate
     from compactor.job import analyse, prepare
-    from compactor.spark_session import local_spark
+    from compactor.spark_session import embedded_spark
     from keyfill.cli.compact import compact_config
 
     prepared = prepare(compact_config(args), dry_run=True)
-    spark = local_spark(args.master, app="keyfill plan", driver_memory=args.driver_memory, progress=False)
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
+    with embedded_spark(
+        args.master, app="keyfill plan", driver_memory=args.driver_memory, progress=False, log_level="ERROR"
+    ) as spark:
         e = estimate(prepared, analyse(prepared, spark, {}, None))
-    finally:
-        spark.stop()
     if args.json:
         print(json.dumps(e.to_json(), indent=2))
     else:

@@ -44,15 +44,11 @@ def run(args: argparse.Namespace) -> int:
     source = source_from_args(args, args.source, threads=args.threads)
     dest = open_storage(args.dest, threads=args.threads)
     if args.spark:
-        from compactor.spark_session import local_spark
+        from compactor.spark_session import embedded_spark
         from compactor.verify_spark import verify_spark
 
-        spark = local_spark(args.master, app="keyfill verify")
-        spark.sparkContext.setLogLevel("WARN")
-        try:
+        with embedded_spark(args.master, app="keyfill verify") as spark:
             report = verify_spark(source, dest, spark)
-        finally:
-            spark.stop()
     else:
         report = verify(source, dest, threads=args.threads, progress=not (args.no_progress or args.json))
     print_verify_report(report, args.json)
