@@ -25,7 +25,7 @@ import pyarrow as pa
 from compactor.job import CompactConfig, compact
 from compactor.sources.envelope import build_index, read_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
-from keyfill.testing.archives import Record, TopicArchive, write_archive
+from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.kafka_broker import start_broker
 from keygroups.storage import open_storage
 

@@ -94,7 +94,7 @@ def _switch(spark, broker, root: str, trigger_s: float) -> tuple[float, float]:
     """Seconds from the end of the last archive batch to the start of the first live batch,
     and the trigger interval's median gap between archive batches for comparison."""
     from compactor.job import CompactConfig, compact
-    from keyfill.testing.archives import Record, TopicArchive, write_archive
+    from keyfill.synth.topic import Record, TopicArchive, write_archive
 
     name = f"switch-{int(time.time())}"
     parts = (tuple(Record(0, i, 1_700_000_000_000 + 100 * i, b"k%d" % (i % 97), b"v" * 100) for i in range(20_000)),)

@@ -54,7 +54,7 @@ def run_tasks(work: Path) -> int:
     from compactor.sources import open_source
     from compactor.verify import verify
     from keyfill.synth.generate import GeneratorConfig, generate
-    from keyfill.testing.archives import Record, TopicArchive, write_archive
+    from keyfill.synth.topic import Record, TopicArchive, write_archive
     from keygroups import compacted
     from keygroups.piece_index import PieceIndex, piece_list
     from keygroups.storage import open_storage

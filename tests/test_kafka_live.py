@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from compactor.job import CompactConfig, compact
 from compactor.slicing import NothingSealed
-from keyfill.testing.archives import Record, TopicArchive, write_archive
+from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage

@@ -31,7 +31,7 @@ from test_reader import hypothesis_settings
 from test_spark_source import archive, identity  # noqa: F401 (archive: the module's fixture)
 
 import reader.spark
-from keyfill.testing.archives import Record, TopicArchive
+from keyfill.synth.topic import Record, TopicArchive
 from keygroups import compacted
 from keygroups.storage import open_storage
 from reader.spark import PUSHDOWN_CONF, KeyfillBatchReader, KeyfillPushdownReader, Options, SourceOptionError

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_reader import hypothesis_settings
 from test_time_bounds import archive, as_record
 
-from keyfill.testing.archives import Record, TopicArchive
+from keyfill.synth.topic import Record, TopicArchive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage

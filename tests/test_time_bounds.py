@@ -18,7 +18,7 @@ from test_reader import hypothesis_settings
 import reader
 from compactor.job import CompactConfig, compact
 from compactor.slicing import NothingSealed
-from keyfill.testing.archives import Record, TopicArchive, write_archive
+from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.errors import OptionError

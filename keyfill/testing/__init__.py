@@ -12,7 +12,7 @@ For a Spark query, `check_spark_query` (needs keyfill[spark]). Pytest fixtures
 (`keyfill_spark`, `keyfill_s3`) come with the package's pytest plugin.
 """
 
-from keyfill.testing.archives import LAYOUTS, Record, TopicArchive, write_archive
+from keyfill.synth.topic import LAYOUTS, Record, TopicArchive, write_archive
 from keyfill.testing.differential import (
     Backfill,
     CheckResult,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from keyfill.testing.archives import Record, TopicArchive, write_archive
+from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.reference import MAX_WATERMARK, Watermark, late_in_partition, records_of, reference_stream
 from keyfill.testing.strategies import BackfillSettings
 

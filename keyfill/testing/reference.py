@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from keyfill.testing.archives import Record
+from keyfill.synth.topic import Record
 
 MAX_WATERMARK = 2**63 - 1  # the watermark at the end of a bounded stream (Flink's Long.MAX_VALUE)
 

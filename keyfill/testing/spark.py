@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keyfill.testing.archives import TopicArchive
+from keyfill.synth.topic import TopicArchive
 from keyfill.testing.differential import DifferentialError, compact_example, compare_outputs, scratch
 from keyfill.testing.reference import late_in_partition, live_order
 from keyfill.testing.strategies import BackfillSettings

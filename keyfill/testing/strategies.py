@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from keyfill.synth.kafka_partitioner import kafka_partition
-from keyfill.testing.archives import LAYOUTS, Record, TopicArchive
+from keyfill.synth.topic import LAYOUTS, Record, TopicArchive
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

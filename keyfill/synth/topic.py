@@ -1,9 +1,12 @@
-"""A topic as a test draws it, and its source archive written in a layout keyfill reads.
+"""A small topic of given records, and its source archive written in a layout keyfill reads:
+what `keyfill warm` compiles the decoders on, what the testing kit's drawn topics are, and
+what tests and benchmarks build archives from.
 
 A `TopicArchive` is the topic's records per partition in offset order, cut into chunk
 files of `chunk_records`. `write_archive` writes it as keyfill's envelope archive, as the
 Kafka Connect S3 sink writes (Avro values, keys and headers files), or as a broker's log
-segments, and returns the compaction options that read it back.
+segments (kafka-python's record batches: the testing extra), and returns the compaction
+options that read it back. The layouts are named as the source registry names them.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from compactor.sources.envelope import EnvelopeSource
+from compactor.sources.kafka_connect import KafkaConnectSource
+from compactor.sources.kafka_segments import KafkaSegmentsSource
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 
-LAYOUTS = ("envelope", "kafka-connect", "kafka-segments")
+LAYOUTS = (EnvelopeSource.format, KafkaConnectSource.format, KafkaSegmentsSource.format)
 
 # What the Connect layout stores as a record's value: Connect keeps no Kafka timestamp, so
 # the value carries it (`timestamp_field`), with the payload as text.
@@ -84,13 +90,13 @@ def write_archive(archive: TopicArchive, url: str | Storage, layout: str = "enve
     """Write `archive` under `url` in `layout`; returns the `CompactConfig` options that read
     it (`source`, `source_format` and, for Connect, `source_options`)."""
     store = open_storage(url) if isinstance(url, str) else url
-    if layout == "envelope":
+    if layout == EnvelopeSource.format:
         from compactor.sources.envelope import write_chunk
 
         for chunk in _chunks(archive):
             write_chunk(store, _envelope_batch(chunk), archive.topic, codec="null")
-        return {"source": store.url, "source_format": "envelope"}
-    if layout == "kafka-connect":
+        return {"source": store.url, "source_format": layout}
+    if layout == KafkaConnectSource.format:
         from keyfill.synth.kafka_connect import write_connect_archive
 
         def as_json(r: Record) -> bytes:
@@ -107,12 +113,12 @@ def write_archive(archive: TopicArchive, url: str | Storage, layout: str = "enve
             records_per_file=archive.chunk_records,
         )
         connect = {"timestamp_field": "timestamp"}
-        return {"source": store.url, "source_format": "kafka-connect", "source_options": connect}
-    if layout == "kafka-segments":
+        return {"source": store.url, "source_format": layout, "source_options": connect}
+    if layout == KafkaSegmentsSource.format:
         for chunk in _chunks(archive):
             base = chunk[0].offset
             store.write(f"{archive.topic}-{chunk[0].partition}/{base:020d}.log", _segment(chunk))
-        return {"source": store.url, "source_format": "kafka-segments"}
+        return {"source": store.url, "source_format": layout}
     raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
 
 
