@@ -194,6 +194,20 @@ def compact(cfg: CompactConfig, spark=None, prepared: Prepared | None = None) ->
     return result
 
 
+class PhaseClock:
+    """The time of each phase of a run, into `phases` (what `CompactResult.phases` reports):
+    each `done(name)` takes the time since the one before."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases = phases
+        self._since = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = now - self._since
+        self._since = now
+
+
 @dataclass
 class Analysis:
     """What a compaction settles from the statistics pass alone: the slice length, the slices,
@@ -219,15 +233,10 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
         prepared.chunks,
     )
 
-    def phase(name: str, t: float) -> float:
-        now = time.perf_counter()
-        phases[name] = now - t
-        return now
-
-    t = time.perf_counter()
+    clock = PhaseClock(phases)
     if grows is not None:
         check_history(spark, source, prepared.listed, grows, errors)
-        t = phase("history", t)
+        clock.done("history")
     derived = cfg.slice_duration is None
     stats_ms = slice_length.STATS_MS if derived else cfg.slice_duration_ms
     old = load_assignment(dest, grows.assignment) if grows is not None else None
@@ -251,7 +260,7 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
         return KeySplit(buckets=bucket_count(groups), threshold=heavy_threshold(payload, groups))
 
     stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors, split)
-    t = phase("statistics", t)
+    clock.done("statistics")
     groups = groups_for(stats.keys, stats.payload)
     if stats.buckets is not None:
         largest = int(pc.max(stats.buckets.column("bytes")).as_py() or 0)
@@ -292,18 +301,13 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
     else:
         assignment = packed_assignment(stats.totals, groups, stats.buckets)
         new_keys = assignment_keys(assignment)
-    t = phase("packing", t)
+    clock.done("packing")
     return Analysis(cfg, stats, plan, groups, assignment, new_keys)
 
 
 def _compact(prepared: Prepared, spark) -> CompactResult:
     started = time.perf_counter() - prepared.list_seconds
     phases: dict[str, float] = {"list": prepared.list_seconds}
-
-    def phase(name: str, t: float) -> float:
-        now = time.perf_counter()
-        phases[name] = now - t
-        return now
 
     cfg, source, dest, grows, start, run = (
         prepared.cfg,
@@ -320,7 +324,7 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
     prepared.lease.set_groups(groups)
     assignment_key = compacted.assignment_key(run)
     write_assignment(dest, assignment_key, assignment)
-    t = time.perf_counter()
+    clock = PhaseClock(phases)
 
     old_pieces, continued = None, {}
     if grows is not None:  # the rows of the index file the append rewrites, and the tails it may continue
@@ -341,7 +345,7 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         continued,
         errors,
     )
-    t = phase("rewrite", t)
+    clock.done("rewrite")
 
     manifest = write_manifest(
         dest,
@@ -361,7 +365,7 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         lease=prepared.lease,
     )
     remove_legacy(dest)
-    phase("commit", t)
+    clock.done("commit")
 
     group_bytes = np.asarray(manifest.group_payload_bytes)  # as the manifest sums them
     return CompactResult(
