@@ -1,8 +1,9 @@
 """One rewrite task per key group.
 
 `repartition(groups, "grp")` hashes the group ids (Murmur3, seed 42, then pmod), so groups
-collide: 64 groups land in 37 tasks, one holding 4 of them, and the stage that writes takes
-as long as its heaviest task, ~2.5x the heaviest group that the packing balanced. Spark's
+collide (64 groups land in 37 tasks), and the stage that writes takes as long as its
+heaviest task, well above the heaviest group that the packing balanced (measured:
+docs/packing.md#from-the-packing-to-the-tasks). Spark's
 hash partitioner cannot be replaced from Python, so each group gets a *slot*: a long whose
 hash lands in partition g. The rewrite shuffles on the slot, and task g receives group g
 alone. The slots are found by Spark itself (its `hash` function is the partitioner's

@@ -3,9 +3,9 @@ the statistics pass ships (`SUMS_SCHEMA`).
 
 The statistics pass adds up bytes and records per key in its map tasks and again in its
 reducers. With a key per record, pyarrow's `group_by` on the binary keys was most of the
-pass (about 75 ms per 200K keys, hashing every key's bytes again at each step), and the pass
-grew 5x from 10K to 12.5M distinct keys (`bench/bench_scale.py`). The keys' hashes are
-computed once (`keygroups.key_hash`) and travel with the sums, so a step here hashes
+pass, hashing every key's bytes again at each step, and the pass grew with the distinct
+keys (measured with `bench/bench_scale.py`: docs/performance.md#key-sums-by-hash). The
+keys' hashes are computed once (`keygroups.key_hash`) and travel with the sums, so a step here hashes
 nothing: an open-addressing table keyed by the hash, where a slot matches only when the key
 bytes match too, so two keys sharing a hash stay apart (exact, as pyarrow's is). No library
 offers a group-by over a hash the caller already has.
@@ -141,8 +141,8 @@ SUMS_SCHEMA = pa.schema(
 
 def to_blob(table: pa.Table, codec: str | None = None) -> bytes:
     """The sums as one IPC record-batch message, without its schema (SUMS_SCHEMA on both
-    sides; an IPC stream written into a growing buffer took 0.1 s per million sums), packed
-    for the shuffle (`compactor.shuffle_codec`)."""
+    sides; an IPC stream written into a growing buffer was slower, as measured in
+    docs/performance.md#key-sums-by-hash), packed for the shuffle (`compactor.shuffle_codec`)."""
     columns = [c.combine_chunks() for c in table.columns]
     return bytes(pack(pa.RecordBatch.from_arrays(columns, schema=SUMS_SCHEMA).serialize(), codec))
 

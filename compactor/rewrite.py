@@ -26,8 +26,9 @@ from keygroups.storage import Storage
 # What crosses the shuffle is not a record but a *run*: one map task's records of one group,
 # sorted in piece order and encoded (`envelope.encode_records`), one Arrow IPC message of
 # RUN_SCHEMA. Spark moves, sorts and hands to Python a few large values per group, not a row
-# per record (whose conversions and sort took more than decoding and writing: 6M records,
-# rewrite 11.2 -> 8.2 s, bench_scale). The write task merges a group's runs.
+# per record (whose conversions and sort took more than decoding and writing; measured with
+# bench_scale: docs/performance.md#runs-not-rows-through-the-rewrites-shuffle). The write
+# task merges a group's runs.
 RUN_SCHEMA = pa.schema(
     [
         ("slice", pa.int32()),
@@ -41,9 +42,9 @@ RUN_SCHEMA = pa.schema(
 _HELD = pa.schema([("grp", pa.int32()), *RUN_SCHEMA])
 RUNS_DDL = "slot long, grp int, lo int, run binary"  # lo: the run's first slice; run: packed (shuffle_codec)
 # Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
-# rarely carries less), between 2 and 64 MiB. A small flush sorts in cache: 6M records, 64
-# groups, the compaction with 2 MiB flushes took 0.95x the time with 8 MiB and 0.97x with
-# 64 MiB (best of 4), though each write task merges more runs.
+# rarely carries less), between 2 and 64 MiB. A small flush sorts in cache, and the
+# compaction was faster with it though each write task merges more runs (measured:
+# docs/performance.md#flush-size-of-the-rewrites-map-tasks).
 FLUSH_PER_GROUP = 32 << 10
 FLUSH_BYTES = (2 << 20, 64 << 20)
 

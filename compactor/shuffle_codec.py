@@ -2,10 +2,9 @@
 rewrite, a blob of the statistics' key sums), compressed on Spark.
 
 The JVM copies, sorts and compresses every byte it is handed; the messages compress ~5x
-(encoded records, key sums). 6M records, 64 groups: the rewrite's JVM CPU 7.4 -> 3.4 s, the
-compaction 9.0 -> 7.7 s; 20M records with 12.57M distinct keys: the statistics pass 10.4 ->
-7.6 s (`bench/bench_scale.py`). zstd (level 1) runs at ~650 MB/s compressing and ~1.6 GB/s
-back. In this process nothing moves, so the passes there pack with no codec.
+(encoded records, key sums), so zstd (level 1) leaves it fewer bytes and shortens both
+passes (measured with `bench/bench_scale.py`: docs/performance.md#shuffle-codec). In this
+process nothing moves, so the passes there pack with no codec.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 A slice is the watermark step and the unit of the barrier; each (slice, group) is a piece
 with an Avro block, an index row and, for the Spark source, a share of a micro-batch. Too
-short for the data, and a sparse archive turns into pieces of a few records: three months
-of a 0.031 records/s topic at 1 m slices made 133K slices, an archive 4x the source's size
-(small blocks compress badly) and a 13-hour backfill of 33K micro-batches. Too long, and
-the watermark moves in big steps, so a job holds more open windows at once.
+short for the data, and a sparse archive turns into pieces of a few records: many slices,
+an archive larger than its source (small blocks compress badly) and a backfill of as many
+micro-batches (seen on a sparse topic: docs/performance.md#derived-slice-length). Too long,
+and the watermark moves in big steps, so a job holds more open windows at once.
 
 Rule: the shortest length of `LADDER` whose slices hold, on average over the archive's
 event-time span, at least `MIN_PIECE_BYTES` of payload per group, capped at `MAX_DERIVED`

@@ -7,9 +7,10 @@ the keys whose hash is r mod R (null keys: their partition mod R), so it owns wh
 buckets too. A reducer sums its keys across chunks and returns what the driver asked for:
 every key while they are few, else the heavy keys and its share of the buckets. Spark moves
 a few large binary rows instead of a row per key: with as many keys as records, a row per
-key cost the JVM more than the rest of the pass together (2M records: statistics 3.1 s with
-860K keys, 1.2 s with 10K, `bench/bench_scale.py`). Every sum goes through the key's hash,
-computed once per record and carried with the sums (`compactor.key_sums`)"""
+key cost the JVM more than the rest of the pass together (measured with
+`bench/bench_scale.py`: docs/performance.md#key-sums-as-blobs-through-the-statistics-shuffle).
+Every sum goes through the key's hash, computed once per record and carried with the sums
+(`compactor.key_sums`)"""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="compile keyfill's numba kernels into this machine's cache (for an image build)",
         description="Run a small compaction, verify, read and replay so that numba compiles every kernel keyfill "
         "calls and caches it: a process started later (a Spark executor's Python worker) loads them instead of "
-        "compiling them on its first task (7-17 s). Run it where the cluster's Python runs, e.g. in the image "
-        "build. A wheel from `make wheel` needs none of this: it ships its kernels compiled.",
+        "compiling them on its first task (seconds, see docs/deploy.md). Run it where the cluster's Python runs, "
+        "e.g. in the image build. A wheel from `make wheel` needs none of this: it ships its kernels compiled.",
     )
     p.set_defaults(run=run)
 

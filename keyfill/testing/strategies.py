@@ -19,7 +19,8 @@ from keyfill.synth.topic import LAYOUTS, Record, TopicArchive
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 # The strategies drawn once per record, made once: a strategy built inside the loop is
-# validated and labelled again at every draw, which took half the time of a drawn topic.
+# validated and labelled again at every draw, a large share of a drawn topic's time
+# (measured: docs/performance.md#test-strategies-built-once).
 _STEP = st.sampled_from([0, 1, 100, 1_000, 1_000, 7_000, 600_000])  # 0 ms to a 10-minute idle stretch
 _NULL_ROLL = st.integers(0, 19)
 _LATE_ROLL = st.integers(0, 24)
