@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -117,7 +118,13 @@ class PieceColumns(Sequence[Piece]):
     def __len__(self) -> int:
         return self.a.shape[1]
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> Piece: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> PieceColumns: ...
+
+    def __getitem__(self, i: int | slice) -> Piece | PieceColumns:
         if isinstance(i, slice):
             a, b, step = i.indices(len(self))
             if step != 1:
