@@ -115,7 +115,8 @@ def load_assignment(store: Storage, key: str) -> pa.Table:
 
 
 def is_bucket(t: pa.Table) -> np.ndarray:
-    return t.column("bucket").is_valid().to_numpy(zero_copy_only=False)
+    valid: np.ndarray = t.column("bucket").is_valid().to_numpy(zero_copy_only=False)
+    return valid
 
 
 def assignment_keys(t: pa.Table) -> int:
@@ -187,7 +188,7 @@ class KeyAssignment:
         out = np.full(len(keys), MISSING, np.int32)
         null = keys.is_null().to_numpy(zero_copy_only=False)
         h = hash_keys(keys) if len(keys) and (len(self.hashes) or self.bucket_groups is not None) else None
-        if len(self.hashes) and len(keys):
+        if len(self.hashes) and len(keys) and h is not None:  # h is None only without keys or hashes
             pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
             candidate = self.keys.take(pa.array(pos))
             same = pc.fill_null(pc.equal(keys, candidate), False).to_numpy(zero_copy_only=False)
