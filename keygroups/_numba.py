@@ -33,6 +33,7 @@ _seed = _numba_seed.usable_seed()
 _generic = _numba_seed.prefer_generic(_seed)  # before numba starts compiling
 
 import numba  # noqa: E402  (must follow the cache-dir and CPU setup)
+import numpy as np  # noqa: E402
 
 # numba.config sets its names at import time, where mypy does not see them (attr-defined).
 if os.environ.get("NUMBA_CACHE_DIR") and numba.config.CACHE_DIR != os.environ["NUMBA_CACHE_DIR"]:  # type: ignore[attr-defined]
@@ -48,6 +49,7 @@ FROM_ZIP = not os.path.isfile(__file__)
 
 
 _Kernel = TypeVar("_Kernel", bound=Callable[..., Any])
+Int = int | np.integer[Any]  # an integer as compiled kernels see one: Python's, or a numpy scalar
 
 
 def njit(*args: Any, **kwargs: Any) -> Callable[[_Kernel], _Kernel]:

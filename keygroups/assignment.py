@@ -57,7 +57,8 @@ def heavy_threshold(payload: int, groups: int) -> int:
 
 
 def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    return (hashes & np.uint64(buckets - 1)).astype(np.int32)
+    bucket: np.ndarray = (hashes & np.uint64(buckets - 1)).astype(np.int32)
+    return bucket
 
 
 def exact_rows(totals: pa.Table, groups: np.ndarray | None = None) -> pa.Table:
