@@ -41,6 +41,7 @@ node_modules/.bin/azurite-blob: package.json package-lock.json
 test: $(BIN)/keyfill node_modules/.bin/azurite-blob
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2
 
 # A wheel that ships its numba kernels compiled (keygroups/_numba_seed.py): a fresh executor

@@ -5,6 +5,8 @@ Packing pulls in numba; it is imported on first use so that `import keygroups` s
 for Spark workers that only need storage.
 """
 
+from typing import Any
+
 from keygroups._from_zip import files_for
 
 __path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: the extracted copy (numba caches)
@@ -13,7 +15,7 @@ __path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: t
 _PACKING = ("pack", "place", "group_loads", "assign_threads")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _PACKING:
         from keygroups import packing
 

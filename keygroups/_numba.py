@@ -9,7 +9,9 @@ install the kernels the wheel ships precompiled, where they fit (`keygroups._num
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from keygroups import _numba_seed
 
@@ -31,10 +33,12 @@ _seed = _numba_seed.usable_seed()
 _generic = _numba_seed.prefer_generic(_seed)  # before numba starts compiling
 
 import numba  # noqa: E402  (must follow the cache-dir and CPU setup)
+import numpy as np  # noqa: E402
 
-if os.environ.get("NUMBA_CACHE_DIR") and numba.config.CACHE_DIR != os.environ["NUMBA_CACHE_DIR"]:
-    numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # numba was imported before us
-if _generic:
+# numba.config sets its names at import time, where mypy does not see them (attr-defined).
+if os.environ.get("NUMBA_CACHE_DIR") and numba.config.CACHE_DIR != os.environ["NUMBA_CACHE_DIR"]:  # type: ignore[attr-defined]
+    numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # type: ignore[attr-defined]  # numba was imported before us
+if _generic and _seed is not None:  # prefer_generic is False without a seed
     _numba_seed.install(_seed)  # before the first kernel looks for its cache
 
 # Imported from a zip that keygroups._from_zip could not extract: numba finds a cache only for
@@ -44,11 +48,19 @@ if _generic:
 FROM_ZIP = not os.path.isfile(__file__)
 
 
-def njit(*args, **kwargs):
-    """numba.njit, without `cache` when keyfill runs from a zip."""
+_Kernel = TypeVar("_Kernel", bound=Callable[..., Any])
+Int = int | np.integer[Any]  # an integer as compiled kernels see one: Python's, or a numpy scalar
+
+
+def njit(*args: Any, **kwargs: Any) -> Callable[[_Kernel], _Kernel]:
+    """numba.njit, without `cache` when keyfill runs from a zip.
+
+    Typed as keeping the kernel's signature: callers use only the call (`@njit(...)`), and a
+    numba dispatcher takes the same arguments as the Python function it compiles."""
     if FROM_ZIP:
         kwargs.pop("cache", None)
-    return numba.njit(*args, **kwargs)
+    decorate: Callable[[_Kernel], _Kernel] = numba.njit(*args, **kwargs)
+    return decorate
 
 
 __all__ = ["njit"]

@@ -27,6 +27,7 @@ import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 SEED_DIR = Path(__file__).resolve().parent / "_numba_cache"
 MANIFEST = "seed.json"
@@ -47,7 +48,7 @@ def target() -> dict[str, str]:
     return {"numba": version, "python": python_tag(), "machine": platform.machine(), "cpu": CPU}
 
 
-def usable_seed() -> dict | None:
+def usable_seed() -> dict[str, Any] | None:
     """The shipped seed's manifest, if it fits this process; None otherwise."""
     if os.environ.get("KEYFILL_NUMBA_SEED", "1") == "0":
         return None
@@ -62,7 +63,7 @@ def usable_seed() -> dict | None:
     return manifest
 
 
-def prefer_generic(manifest: dict | None) -> bool:
+def prefer_generic(manifest: dict[str, Any] | None) -> bool:
     """Compile for the seed's CPU from now on; False where numba has already compiled for
     another one in this process (its codegen is made once)."""
     if manifest is None:
@@ -86,7 +87,7 @@ def _cache_dir_for(py_file: Path) -> Path | None:
     user's NUMBA_CACHE_DIR, the source's __pycache__ if writable, the user-wide cache)."""
     from numba.core import caching
 
-    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in numba 0.61
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # type: ignore[attr-defined]  # its name before numba 0.61
     for cls in impl._locator_classes:
         locator = cls.from_function(_cache_dir_for, str(py_file))
         if locator is not None:
@@ -94,7 +95,7 @@ def _cache_dir_for(py_file: Path) -> Path | None:
     return None
 
 
-def install(manifest: dict) -> int:
+def install(manifest: dict[str, Any]) -> int:
     """Copy the seed's files where numba looks for them; the number of folders seeded.
     A marker named by the seed's digest makes later imports cost one stat per folder.
     Files are written under a temporary name and renamed: concurrent workers that seed the

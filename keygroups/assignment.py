@@ -57,7 +57,8 @@ def heavy_threshold(payload: int, groups: int) -> int:
 
 
 def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    return (hashes & np.uint64(buckets - 1)).astype(np.int32)
+    bucket: np.ndarray = (hashes & np.uint64(buckets - 1)).astype(np.int32)
+    return bucket
 
 
 def exact_rows(totals: pa.Table, groups: np.ndarray | None = None) -> pa.Table:
@@ -115,7 +116,8 @@ def load_assignment(store: Storage, key: str) -> pa.Table:
 
 
 def is_bucket(t: pa.Table) -> np.ndarray:
-    return t.column("bucket").is_valid().to_numpy(zero_copy_only=False)
+    valid: np.ndarray = t.column("bucket").is_valid().to_numpy(zero_copy_only=False)
+    return valid
 
 
 def assignment_keys(t: pa.Table) -> int:
@@ -187,7 +189,7 @@ class KeyAssignment:
         out = np.full(len(keys), MISSING, np.int32)
         null = keys.is_null().to_numpy(zero_copy_only=False)
         h = hash_keys(keys) if len(keys) and (len(self.hashes) or self.bucket_groups is not None) else None
-        if len(self.hashes) and len(keys):
+        if len(self.hashes) and len(keys) and h is not None:  # h is None only without keys or hashes
             pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
             candidate = self.keys.take(pa.array(pos))
             same = pc.fill_null(pc.equal(keys, candidate), False).to_numpy(zero_copy_only=False)

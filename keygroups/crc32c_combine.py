@@ -57,7 +57,7 @@ def _shift(crc: int, n: int, powers: np.ndarray) -> int:
 
 @njit(cache=True, nogil=True)
 def _combined(crcs: np.ndarray, lengths: np.ndarray, powers: np.ndarray) -> int:
-    out = crcs[0]
+    out: int = crcs[0]
     for i in range(1, len(crcs)):
         out = _shift(out, lengths[i], powers) ^ crcs[i]
     return out

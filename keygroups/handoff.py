@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
 from keygroups.compacted import Manifest
 from keygroups.errors import OptionError
@@ -37,7 +38,7 @@ def consumer_groups_csv(manifest: Manifest) -> str:
     return out.getvalue()
 
 
-def summary(manifest: Manifest, archive: str) -> dict:
+def summary(manifest: Manifest, archive: str) -> dict[str, Any]:
     """Everything about the hand-off, for scripts: offsets and the event time the archive ends at."""
     return {
         "archive": archive,

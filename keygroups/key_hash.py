@@ -23,7 +23,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 @njit(cache=True, nogil=True)
-def _hash_spans(offsets, data, out):
+def _hash_spans(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
     for i in range(out.shape[0]):
         h = _FNV_OFFSET
         for j in range(offsets[i], offsets[i + 1]):

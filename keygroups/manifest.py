@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,8 +26,8 @@ class Manifest:
     """One version of the archive (`_versions/<n>.json`): a few KB whatever the archive's
     length (slices are in the index)."""
 
-    source: dict  # url, format, options
-    config: dict  # groups, slice_duration_ms, codec, block_bytes, target_file_bytes, null_keys, allow_gaps
+    source: dict[str, Any]  # url, format, options
+    config: dict[str, Any]  # groups, slice_duration_ms, codec, block_bytes, target_file_bytes, null_keys, allow_gaps
     topic: str
     groups: int
     slice_duration_ms: int
@@ -35,15 +36,15 @@ class Manifest:
     group_records: list[int]
     group_payload_bytes: list[int]  # packing weights: the statistics pass's, an unsealed tail included
     group_file_bytes: list[int]  # bytes of each group's pieces
-    totals: dict  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
+    totals: dict[str, Any]  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
     handoff: dict[str, int]  # partition (as a JSON string key) -> first offset not in the archive
     # partition -> the largest timestamp below its hand-off: the running maximum an append continues from
     running_max: dict[str, int] = field(default_factory=dict)
     # partition -> {offset, timestamp, digest} of the last record archived: what an append
     # checks the source still holds (compactor.history)
-    last_records: dict[str, dict] = field(default_factory=dict)
+    last_records: dict[str, dict[str, Any]] = field(default_factory=dict)
     # index file key -> {bytes, footer_crc32c} of every index file the version names (keygroups.piece_index)
-    index_files: dict[str, dict] = field(default_factory=dict)
+    index_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     # partition -> records of slices not sealed yet when this version was committed (left for
     # a later append; `keyfill report` draws them). Not part of the content id: it says what
     # the source holds beyond the archive, not what the archive holds.
@@ -57,7 +58,7 @@ class Manifest:
     created_ms: int = 0
     run: str = ""  # the run that wrote this version's new files
     assignment: str = ""  # key of the key assignment
-    index_runs: list[list] = field(default_factory=list)  # [first slice, run]: who wrote the index from there on
+    index_runs: list[list[Any]] = field(default_factory=list)  # [first slice, run]: who wrote the index from there on
     runs: list[str] = field(default_factory=list)  # the runs whose segment files this version reads
     # segment files of those runs that this version stops reading (and no later one reads):
     # tails an append continued in a file of its own (keygroups.segments); vacuum deletes them
@@ -70,11 +71,11 @@ class Manifest:
         d = self.slice_duration_ms
         return (self.base + s) * d, (self.base + s + 1) * d
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict, *, name: str = "manifest") -> Manifest:
+    def from_json(cls, d: dict[str, Any], *, name: str = "manifest") -> Manifest:
         if d.get("format") != FORMAT:
             raise FormatError(f"{name}: not a keyfill compacted archive manifest")
         if d.get("format_version") != FORMAT_VERSION:
@@ -83,7 +84,7 @@ class Manifest:
                 "(compact the source again, with --overwrite)"
             )
         m = cls(**d)
-        numbers = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
+        numbers: list[object] = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
         numbers += list(m.running_max.values()) + list(m.held_back.values())
         numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
         numbers += [start for start, _ in m.index_runs]
@@ -99,7 +100,7 @@ class Manifest:
         return m
 
 
-def index_run(index_runs: list[list], first_slice: int) -> str:
+def index_run(index_runs: list[list[Any]], first_slice: int) -> str:
     """The run whose index files cover the slices from `first_slice` (an index file's first
     slice): the last entry of a manifest's `index_runs` starting at or before it."""
     run = ""
@@ -143,7 +144,7 @@ _VERSION_FIELDS = {
 _VERSION_KEY = re.compile(rf"{VERSIONS}/([0-9]{{20}})\.json")
 
 
-def version_numbers(keys) -> list[int]:
+def version_numbers(keys: Iterable[str]) -> list[int]:
     """The version numbers among these keys (a listing's), ascending."""
     return sorted(int(m[1]) for m in map(_VERSION_KEY.fullmatch, keys) if m)
 

@@ -12,8 +12,10 @@ when something needs its fields (an error names it, the drift-bound path reads p
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -109,16 +111,25 @@ class PieceColumns(Sequence[Piece]):
 
     @property
     def end(self) -> np.ndarray:
-        return self.offset + self.length
+        end: np.ndarray = self.offset + self.length
+        return end
 
     def file_of(self, i: int) -> str:
-        return self.files.names[self.a[0, i]]
+        name: str = self.files.names[self.a[0, i]]
+        return name
 
     def __len__(self) -> int:
-        return self.a.shape[1]
+        n: int = self.a.shape[1]
+        return n
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
+    @overload
+    def __getitem__(self, i: int) -> Piece: ...
+
+    @overload
+    def __getitem__(self, i: builtins.slice) -> PieceColumns: ...
+
+    def __getitem__(self, i: int | builtins.slice) -> Piece | PieceColumns:
+        if isinstance(i, builtins.slice):
             a, b, step = i.indices(len(self))
             if step != 1:
                 raise ValueError("PieceColumns slices take consecutive pieces")
@@ -133,7 +144,7 @@ class PieceColumns(Sequence[Piece]):
 def rows_fine(col: PieceColumns, groups: int) -> np.ndarray:
     """`Piece.check` column-wise, for a reader loading thousands of rows at once: which rows
     pass. Keep the two in step; `Piece.check` names what is wrong with a row that does not."""
-    return (
+    fine: np.ndarray = (
         (col.group >= 0)
         & (col.group < groups)
         & (col.file_header > 0)
@@ -142,3 +153,4 @@ def rows_fine(col: PieceColumns, groups: int) -> np.ndarray:
         & (col.offset + col.length <= col.file_bytes)
         & (col.records >= 1)
     )
+    return fine

@@ -72,7 +72,8 @@ def _whole(body: bytes, pieces: PieceColumns) -> bool:
     offsets, lengths = pieces.offset, pieces.length
     if len(body) != lengths.sum() or (offsets[1:] != offsets[:-1] + lengths[:-1]).any():
         return False
-    return google_crc32c.value(body) == crc32c_combine(pieces.crc32c, lengths)
+    crc: int = google_crc32c.value(body)
+    return crc == crc32c_combine(pieces.crc32c, lengths)
 
 
 def split_span(batch: pa.RecordBatch, pieces: Sequence[Piece]) -> list[pa.RecordBatch]:

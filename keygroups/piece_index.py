@@ -25,6 +25,7 @@ import io
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -96,7 +97,7 @@ def slice_table(metas: list[SliceMeta]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SLICE_SCHEMA)
 
 
-def _columns(table: pa.Table) -> list[list]:
+def _columns(table: pa.Table) -> list[list[Any]]:
     """A table's columns as Python lists: column by column, several times faster than
     row dicts (`to_pylist`), which made loading a short-slice index cost more than reading it."""
     return [
@@ -147,7 +148,7 @@ def _sorted(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys])
 
 
-def _write(store: Storage, key: str, table: pa.Table) -> dict:
+def _write(store: Storage, key: str, table: pa.Table) -> dict[str, int]:
     """One Parquet file whose row groups each hold SLICES_PER_ROW_GROUP slices, with page
     checksums; returns its check (`footer_check`)."""
     sink = pa.BufferOutputStream()
@@ -175,7 +176,7 @@ def _footer_length(tail: bytes) -> int:
     return int.from_bytes(tail[-8:-4], "little") + 8
 
 
-def footer_check(data: bytes) -> dict:
+def footer_check(data: bytes) -> dict[str, int]:
     """What the manifest keeps of an index file: its size and the CRC-32C of its footer. Page
     checksums (Parquet's own) cover the rows; the footer holds the row groups' places and
     slice statistics, whose damage would otherwise pass unseen (a row group skipped)."""
@@ -187,7 +188,7 @@ _MAGIC = b"PAR1"
 _TAIL_BYTES = 64 << 10  # one GET fetches the footer of any index file up to this size of footer
 
 
-def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) -> dict[str, dict]:
+def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) -> dict[str, dict[str, int]]:
     """Write the index files for these slices and pieces, named by `run` (slice numbers must
     cover whole index files except the last); returns each written file's key and check
     (`footer_check`), which the manifest keeps (`index_files`)."""
@@ -195,7 +196,7 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
     pieces = _sorted(pieces.cast(PIECE_SCHEMA), ["slice", "group"])
     if not slices.num_rows:
         return {}
-    written = {}
+    written: dict[str, dict[str, int]] = {}
     first = file_start(int(pc.min(slices.column("slice")).as_py()))
     last = int(pc.max(slices.column("slice")).as_py())
     for start in range(first, last + 1, SLICES_PER_FILE):
@@ -240,7 +241,7 @@ class _RangedObject(io.RawIOBase):
         self.pos = base + offset
         return self.pos
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer, as io.RawIOBase passes it
+    def readinto(self, buffer: Any) -> int:  # a writable buffer (memoryview, bytearray), as io.RawIOBase passes it
         n = max(0, min(len(buffer), self.length - self.pos))
         data = self.store.read_range(self.key, self.pos, n) if n else b""
         buffer[: len(data)] = data
@@ -259,8 +260,9 @@ class PieceIndex:
 
     store: Storage
     slices: int
-    runs: list[list]
-    checks: dict[str, dict] | None = None  # the manifest's `index_files` (None: an archive written before them)
+    runs: list[list[Any]]
+    # the manifest's `index_files` (None: an archive written before them)
+    checks: dict[str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self._files: dict[str, tuple[int, pq.FileMetaData]] = {}  # key -> (size, footer)
@@ -291,7 +293,7 @@ class PieceIndex:
                 known = self._files.setdefault(key, known)
         return key, *known
 
-    def _checked_footer(self, key: str, size: int, check: dict) -> pq.FileMetaData:
+    def _checked_footer(self, key: str, size: int, check: dict[str, Any]) -> pq.FileMetaData:
         """The file's footer, read in one GET and checked against the manifest before pyarrow
         trusts it: damage is named as the index file's, not blamed on a segment it misplaces."""
         url = self.store.url_for(key)
@@ -369,7 +371,8 @@ class PieceIndex:
         only these and the pieces); every slice must have its index row."""
         rows = self.slice_rows(first, end, ["slice", "start_ms"])  # not the per-partition lists: 3x faster
         self._all_listed(rows.column("slice").to_pylist(), first, end)
-        return rows.column("start_ms").to_numpy()
+        starts: np.ndarray = rows.column("start_ms").to_numpy()
+        return starts
 
     def _all_listed(self, slices: list[int], first: int, end: int) -> None:
         if slices != list(range(first, end)):

@@ -86,7 +86,8 @@ class SliceMeta:
 
 
 def crc32c_value(data: bytes) -> int:
-    return google_crc32c.value(data)
+    value: int = google_crc32c.value(data)
+    return value
 
 
 def crc32c(data: bytes) -> str:

@@ -11,6 +11,8 @@ On Spark, `reader.spark.register(spark)` adds `format("keyfill")` (batch and str
 see docs/spark-source.md). It is a submodule so that `import reader` never loads pyspark.
 """
 
+from typing import Any
+
 from keygroups._from_zip import files_for
 
 __path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: the extracted copy (numba caches)
@@ -32,7 +34,7 @@ _PUBLIC = {
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         import importlib
 

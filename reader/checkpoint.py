@@ -16,6 +16,7 @@ from keygroups import compacted
 from keygroups.errors import KeyfillError
 
 CHECKPOINT_VERSION = 2  # 2: the archive's fingerprint; 1 (slice count only) is refused
+State = dict[str, Any]  # a checkpoint as `Replay.checkpoint()` returns it and `resume=` takes it (JSON)
 
 
 class CheckpointError(KeyfillError, ValueError):

@@ -66,13 +66,13 @@ class PieceFetcher:
         self.headers = headers  # False: records are decoded without their `headers` column
         self._spans: dict[int, deque[FetchedSpan]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for spans
-        self._headers: dict[str, Future | bytes] = {}  # a file's Avro header, or its GET in flight
+        self._headers: dict[str, Future[bytes] | bytes] = {}  # a file's Avro header, or its GET in flight
         self._wake = 0  # prefetch has nothing to start before this slice (the look-ahead limit holds all back)
         self.gets = 0
         # called with the slice the thread is at before it waits for the budget (`ReadBudget.take`)
         self.on_wait: Callable[[int], object] | None = None
 
-    def _submit(self, key: str, start: int, length: int) -> Future:
+    def _submit(self, key: str, start: int, length: int) -> Future[bytes]:
         self.gets += 1
         return self.pool.submit(self.store.read_range, key, start, length)
 

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 # GETs in flight at once for one reader (a replay, or a Spark task), at most: reader threads
 # decode (CPU), and even a few of them need many GETs in flight to hide an object store's
@@ -21,11 +21,12 @@ from typing import Any
 GET_THREADS = 16
 
 _STOP = object()
+_T = TypeVar("_T")
 
 
 class FetchPool:
     def __init__(self, workers: int, name: str = "keyfill-read") -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (future, fn, args), or _STOP
         self._closed = False
         self._lock = threading.Lock()
         self._threads = [
@@ -33,8 +34,8 @@ class FetchPool:
         ]
         self._started = False
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
+    def submit(self, fn: Callable[..., _T], *args: Any) -> Future[_T]:
+        future: Future[_T] = Future()
         with self._lock:
             if self._closed:
                 future.cancel()

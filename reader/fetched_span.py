@@ -31,7 +31,7 @@ class FetchedSpan:
     (`charge`) until its last piece is decoded or it is dropped."""
 
     def __init__(
-        self, start: int, pieces: PieceColumns, futures: list[Future], budget: ReadBudget, charge: int
+        self, start: int, pieces: PieceColumns, futures: list[Future[bytes]], budget: ReadBudget, charge: int
     ) -> None:
         self.start, self.pieces, self.futures, self.budget = start, pieces, futures, budget
         self.last_slice = int(pieces.slice[-1])

@@ -255,7 +255,7 @@ def _key_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
         off_type = np.int64
     n = len(col)
     bufs = col.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=off_type, count=col.offset + n + 1)[col.offset :]
+    offsets: np.ndarray = np.frombuffer(bufs[1], dtype=off_type, count=col.offset + n + 1)[col.offset :]
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(0, np.uint8)
     if col.null_count and bufs[0] is not None:
         return offsets, data, np.frombuffer(bufs[0], dtype=np.uint8), col.offset
@@ -277,7 +277,8 @@ def _null_partitions(batch: pa.RecordBatch, null_keys: str) -> np.ndarray:
             col = col.cast(pa.int32())  # Kafka partitions are Java ints
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise ValueError(f"'partition' column must hold 32-bit integers, got {col.type}") from None
-    return col.to_numpy(zero_copy_only=False)
+    partitions: np.ndarray = col.to_numpy(zero_copy_only=False)
+    return partitions
 
 
 def consumer_indexes(
@@ -309,7 +310,8 @@ def consumer_indexes(
         partitions = _null_partitions(batch, null_keys)
     else:
         partitions = np.zeros(0, np.int32)
-    return _route(offsets, data, validity, bit0, partitions, key_type == "bytes", max_p, d)
+    dest: np.ndarray = _route(offsets, data, validity, bit0, partitions, key_type == "bytes", max_p, d)
+    return dest
 
 
 def partition_batches(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,11 +38,15 @@ class DataLoss(KeyfillError):
     """Offsets the query must read are no longer (or not yet) in the topic: names them."""
 
 
+# keys, partitions -> the key group of each record (`KeyAssignment.group_of`)
+GroupOf = Callable[[pa.Array, np.ndarray], np.ndarray]
+
+
 class KafkaReadError(KeyfillError):
     """The live phase could not read a range it planned: names topic, partition and offsets."""
 
 
-def client_module():
+def client_module() -> Any:
     try:
         import confluent_kafka
     except ImportError:
@@ -62,7 +67,7 @@ class KafkaOptions:
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
 
-    def config(self, **extra) -> dict:
+    def config(self, **extra: Any) -> dict[str, Any]:
         return {"group.id": "keyfill-live", **self.client, **_ALWAYS, **extra}
 
 
@@ -190,8 +195,8 @@ def plan_ranges(
 
 
 def read_range(
-    options: KafkaOptions, r: KafkaRange, batch_rows: int, schema: pa.Schema, group_of=None
-) -> Iterator[pa.RecordBatch]:
+    options: KafkaOptions, r: KafkaRange, batch_rows: int, schema: pa.Schema, group_of: GroupOf | None = None
+) -> Generator[pa.RecordBatch, None, None]:
     """The records of `r` in offset order, as batches of `schema` (the Spark source's), with
     slice null and key_group from `group_of(keys, partitions)` (None: null)."""
     ck = client_module()
@@ -233,7 +238,9 @@ def read_range(
         consumer.close()
 
 
-def _batch(messages: list, topic: str, partition: int, schema: pa.Schema, group_of) -> pa.RecordBatch:
+def _batch(
+    messages: list[Any], topic: str, partition: int, schema: pa.Schema, group_of: GroupOf | None
+) -> pa.RecordBatch:
     """Messages as a batch of the source's schema (`reader.spark_rows`): a column at a time
     (a comprehension per field costs less than appending each record's fields in turn)."""
     n = len(messages)

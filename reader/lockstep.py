@@ -28,7 +28,7 @@ from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import SLICES_PER_ROW_GROUP
 from keygroups.storage import Storage, open_storage
-from reader.checkpoint import Checkpoint
+from reader.checkpoint import Checkpoint, State
 from reader.fetch import PieceFetcher, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
@@ -78,7 +78,7 @@ class Replay:
         self,
         url: str,
         *,
-        resume: dict | None = None,
+        resume: State | None = None,
         store: Storage | None = None,
         options: ReplayOptions | None = None,
         **kwargs: Any,
@@ -150,7 +150,7 @@ class Replay:
         self._last_slice_spread = self.plan.slice_spread(s)
         self._max_slice_spread = max(self._max_slice_spread, self._last_slice_spread)
 
-    def checkpoint(self) -> dict:
+    def checkpoint(self) -> State:
         """JSON-serialisable position covering exactly the events yielded so far."""
         return Checkpoint(
             archive=self.fingerprint,
@@ -351,7 +351,7 @@ class Replay:
                             m = min(size, b - at)
                             emitted[g] = emitted.get(g, 0) + m  # positions in the piece, kept or not
                             part = batch.slice(at, m)
-                            if cut:
+                            if cut and bounds is not None:  # cut: there are bounds
                                 part = bounds.filter(part)
                                 if not part.num_rows:
                                     continue
@@ -389,7 +389,7 @@ class Replay:
         self.close()
 
 
-def replay(url: str, *, threads: int = ReplayOptions.threads, resume: dict | None = None, **options: Any) -> Replay:
+def replay(url: str, *, threads: int = ReplayOptions.threads, resume: State | None = None, **options: Any) -> Replay:
     """Replay the compacted archive at `url` with `threads` readers, resuming from a
     `checkpoint()` if given. Options: see `reader.options.ReplayOptions` (batch_size,
     watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms; docs/options.md)."""

@@ -45,7 +45,7 @@ class ReplayPlan:
         # block -> (group -> pieces, slice -> its event-time reach across threads)
         self._blocks: dict[int, tuple[dict[int, PieceColumns], dict[int, int]]] = {}
         self._by_thread: dict[int, list[dict[int, list[compacted.Piece]]]] = {}  # block -> thread -> slice -> pieces
-        self._loading: dict[int, Future] = {}  # blocks being loaded, by whichever thread started first
+        self._loading: dict[int, Future[None]] = {}  # blocks being loaded, by whichever thread started first
         self._ahead = -1  # preloads have been started up to this block
         self._lock = threading.Lock()
         self._files = Files()  # one numbering of files for all blocks: a span may cross two
@@ -163,8 +163,8 @@ class ReplayPlan:
         starts = self.index.slice_starts(first, end)
         want = (self.manifest.base + np.arange(first, end, dtype=np.int64)) * self.manifest.slice_duration_ms
         if (starts != want).any():
-            bad = first + int(np.flatnonzero(starts != want)[0])
-            raise FormatError(f"{self.store.url}: slice {bad} of the index does not match the manifest")
+            bad_slice = first + int(np.flatnonzero(starts != want)[0])
+            raise FormatError(f"{self.store.url}: slice {bad_slice} of the index does not match the manifest")
         pieces = PieceColumns.of_table(self.index.piece_rows(first, end), self._files)
         if len(pieces):
             sl = pieces.slice

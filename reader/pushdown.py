@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -69,18 +70,25 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _column(f: Filter) -> str | None:
-    path = getattr(f, "attribute", ())
+    path: tuple[str, ...] = getattr(f, "attribute", ())
     return path[0] if len(path) == 1 else None
 
 
-def _values(f: Filter) -> list:
-    return list(f.value) if isinstance(f, In) else [f.value]
+def _values(f: Filter) -> list[Any]:
+    return list(f.value) if isinstance(f, In) else [_value(f)]
+
+
+def _value(f: Filter) -> Any:
+    """The value of a comparison (a key of COMPARE), which pyspark's Filter base class lacks."""
+    return f.value  # type: ignore[attr-defined]  # callers pass only COMPARE's filters, which mypy cannot see
 
 
 def _exact(f: Filter) -> str | None:
     """The column of a filter the source can apply exactly, else None."""
     inner = f.child if isinstance(f, Not) else f
     column = _column(inner)
+    if column is None:
+        return None
     kind = EXACT.get(column)
     if kind is None:
         return None
@@ -105,7 +113,7 @@ def holds(f: Filter, values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunke
     if isinstance(inner, In):
         match = pc.is_in(values, value_set=pa.array(inner.value, values.type))
     else:
-        match = COMPARE[type(inner)](values, pa.scalar(inner.value, values.type))
+        match = COMPARE[type(inner)](values, pa.scalar(_value(inner), values.type))
     if inner is not f:
         match = pc.invert(match)
     return pc.fill_null(pc.and_(match, pc.is_valid(values)), False)
@@ -123,8 +131,9 @@ def _time_range(f: Filter) -> tuple[int | None, int | None] | None:
     filter can have; None: a filter this cannot bound."""
     if _column(f) != "timestamp" or not isinstance(f, (In, *COMPARE)):
         return None
-    us = [_micros(v) for v in _values(f)]
-    if not us or None in us:
+    found = [_micros(v) for v in _values(f)]
+    us = [u for u in found if u is not None]
+    if not us or len(us) < len(found):
         return None
     if isinstance(f, (GreaterThan, GreaterThanOrEqual)):
         return us[0] + isinstance(f, GreaterThan), None

@@ -10,7 +10,9 @@ so a Kafka query's option map carries over (docs/kafka-live.md). Names are case-
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from keygroups import bounds, compacted
 from keygroups.durations import parse_duration
@@ -66,8 +68,8 @@ class Options:
     starting_timestamp: int | None = None
     ending_timestamp: int | None = None
     # {"topic": {"partition": ms, ...}}: a time per partition, every partition named
-    starting_offsets_by_timestamp: dict | None = None
-    ending_offsets_by_timestamp: dict | None = None
+    starting_offsets_by_timestamp: dict[str, dict[int, int]] | None = None
+    ending_offsets_by_timestamp: dict[str, dict[int, int]] | None = None
     starting_offsets: str = "earliest"  # Spark's Kafka source's; the archive starts at its earliest
     ending_offsets: str = "latest"
     kafka: KafkaOptions | None = field(default=None, metadata=NOT_AN_OPTION)  # None: the archive alone
@@ -76,7 +78,7 @@ class Options:
     session_cores: int | None = field(default=None, metadata=NOT_AN_OPTION)
 
     @classmethod
-    def parse(cls, options: dict[str, str], *, session_cores: int | None = None) -> Options:
+    def parse(cls, options: Mapping[str, str], *, session_cores: int | None = None) -> Options:
         opts = {k.lower(): v for k, v in options.items()}
         known = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
         unknown = sorted(k for k in options if k.lower() not in known and not k.lower().startswith(KAFKA_PREFIX))
@@ -127,7 +129,7 @@ class Options:
                 fail_on_data_loss=flag("failOnDataLoss", True),
                 poll_timeout_ms=number("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
             )
-        given = {
+        given: dict[str, Any] = {
             "max_slices_per_trigger": number("maxSlicesPerTrigger"),
             "max_bytes_per_trigger": number("maxBytesPerTrigger"),
             "max_offsets_per_trigger": number("maxOffsetsPerTrigger"),
@@ -167,7 +169,7 @@ class Options:
         return cls(path=path, kafka=kafka, session_cores=session_cores, **given)
 
 
-def _check_paced(given: dict) -> None:
+def _check_paced(given: dict[str, Any]) -> None:
     """Pacing needs a start every paced source of the query shares, and takes no other
     admission limit: a source cannot see where the others' limits would cut a stride
     (docs/spark-source.md, "Joining topics")."""

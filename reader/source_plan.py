@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,8 @@ from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
 from reader.fetch import read_groups
 from reader.kafka_live import (
+    GroupOf,
+    KafkaOptions,
     KafkaRange,
     check_available,
     offsets_at_times,
@@ -70,7 +73,7 @@ class SourcePlanner:
         self._bounds: tuple[int, OffsetBounds | None] | None = None  # (version, bounds)
         self._found: dict[tuple[str, int], int] = {}  # ("start" | "end", partition) -> offset in the topic
 
-    def __getstate__(self) -> dict:  # read() needs only the options
+    def __getstate__(self) -> dict[str, Any]:  # read() needs only the options
         return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_bounds": None, "_found": {}}
 
     @property
@@ -99,7 +102,7 @@ class SourcePlanner:
         if latest and latest[-1] > current.version:
             self._manifest = compacted.load_manifest(self.store, latest[-1])
             self._index = None
-        return self._manifest
+        return self.manifest
 
     @property
     def index(self) -> PieceIndex:
@@ -113,10 +116,10 @@ class SourcePlanner:
         recompacted archive (equal inputs and config give equal ids)."""
         return self.manifest.archive
 
-    def offset(self, s: int) -> dict:
+    def offset(self, s: int) -> dict[str, Any]:
         return {"slice": s, "archive": self.fingerprint, "version": self.manifest.version}
 
-    def position(self, offset: dict) -> int:
+    def position(self, offset: dict[str, Any]) -> int:
         """The slice of an offset of this archive."""
         if offset.get("archive") != self.fingerprint:
             raise ArchiveChanged(
@@ -140,6 +143,22 @@ class SourcePlanner:
     @property
     def topic(self) -> str:
         return (self.opts.kafka and self.opts.kafka.topic) or self.manifest.topic
+
+    @property
+    def kafka(self) -> KafkaOptions:
+        """The live phase's settings: only a read with kafka.* options plans a live phase."""
+        if self.opts.kafka is None:
+            raise KeyfillError(f"{self.opts.path}: no kafka.* options, so no live phase to read")
+        return self.opts.kafka
+
+    def paced_start_ms(self) -> int:
+        """The earliest starting time of a paced read (`Options.parse` refuses pacing without one)."""
+        times = self.times("starting")
+        if times is None:
+            raise SourceOptionError(
+                "option maxEventTimePerTrigger needs startingTimestamp (or startingOffsetsByTimestamp)"
+            )
+        return min(times.values())
 
     @property
     def bounds(self) -> OffsetBounds | None:
@@ -181,17 +200,19 @@ class SourcePlanner:
         out = handoff.offsets(self.manifest_of(version))
         late = self.bounds.live_starts_ms if self.bounds else {}
         if late:
-            high = {p: h for p, (_, h) in partition_marks(self.opts.kafka, self.topic).items()}
+            high = {p: h for p, (_, h) in partition_marks(self.kafka, self.topic).items()}
             for p, o in self._found_at("start", late, out, high).items():
                 out[p] = max(out.get(p, 0), high.get(p, 0) if o is None else o)
         return out
 
-    def _found_at(self, kind: str, times: dict[int, int], starts: dict[int, int], high: dict[int, int]) -> dict:
+    def _found_at(
+        self, kind: str, times: dict[int, int], starts: dict[int, int], high: dict[int, int]
+    ) -> dict[int, int | None]:
         """`offsets_at_times` of the topic, each partition's answer kept once found (it never
         changes: records are only added after it)."""
         known = {p: self._found.get((kind, p)) for p in times}
         asked = {p: t for p, t in times.items() if known[p] is None}
-        for p, o in offsets_at_times(self.opts.kafka, self.topic, asked, starts, high).items():
+        for p, o in offsets_at_times(self.kafka, self.topic, asked, starts, high).items():
             if o is not None:
                 self._found[(kind, p)] = known[p] = o
         return known
@@ -212,7 +233,7 @@ class SourcePlanner:
                 end[p] = min(end[p], o)
         return end
 
-    def live_positions(self, offset: dict, end: dict | None = None) -> dict[int, int]:
+    def live_positions(self, offset: dict[str, Any], end: dict[str, Any] | None = None) -> dict[int, int]:
         """The Kafka offsets an offset stands for: its own in the live phase; at the switch,
         the hand-off of the version the first live offset (`end`) was planned on."""
         if "kafka" in offset:
@@ -223,10 +244,10 @@ class SourcePlanner:
             start[int(p)] = min(start.get(int(p), 0), int(o))
         return start
 
-    def live_ranges(self, start: dict, end: dict) -> list[KafkaRange]:
+    def live_ranges(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaRange]:
         """Input partitions for the live offsets between two offsets: one per Kafka partition
         (or more with minPartitions), each checked against what the topic still holds."""
-        k = self.opts.kafka
+        k = self.kafka
         first = self.live_positions(start, end)
         last = {int(p): int(o) for p, o in end["kafka"].items()}
         marks = partition_marks(k, self.topic)
@@ -234,7 +255,7 @@ class SourcePlanner:
         first = check_available(self.topic, wanted, marks, k.fail_on_data_loss)
         return plan_ranges(self.topic, first, last, k.min_partitions, self.manifest.assignment)
 
-    def group_of(self, assignment: str):
+    def group_of(self, assignment: str) -> GroupOf:
         """The key group of live records, by the assignment the range was planned with (a
         key it lacks: null)."""
         key = (self.opts.path, assignment)
@@ -245,7 +266,7 @@ class SourcePlanner:
 
     def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
         schema = arrow_schema(self.opts.include_headers)
-        return read_range(self.opts.kafka, r, self.opts.batch_size, schema, self.group_of(r.assignment))
+        return read_range(self.kafka, r, self.opts.batch_size, schema, self.group_of(r.assignment))
 
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""

@@ -32,7 +32,7 @@ parses options.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -120,7 +120,7 @@ def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> ty
 
     source_name = NAME
 
-    def load(options) -> DataSource:
+    def load(options: MutableMapping[str, str]) -> DataSource:
         import sys
 
         try:
@@ -140,13 +140,13 @@ def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> ty
         def name(cls) -> str:
             return source_name
 
-        def schema(self):
+        def schema(self) -> StructType | str:
             return load(self.options).schema()
 
-        def reader(self, schema):
+        def reader(self, schema: StructType) -> DataSourceReader:
             return load(self.options).reader(schema)
 
-        def streamReader(self, schema):
+        def streamReader(self, schema: StructType) -> DataSourceStreamReader:
             return load(self.options).streamReader(schema)
 
     return KeyfillSource
@@ -193,7 +193,7 @@ class KeyfillBatchReader(DataSourceReader):
             )
         if planner.goes_live() and pushed.live(planner.topic):
             at = planner.offset(planner.manifest.slices)
-            ends = planner.live_ends(partition_marks(planner.opts.kafka, planner.topic))
+            ends = planner.live_ends(partition_marks(planner.kafka, planner.topic))
             ranges = planner.live_ranges(at, at | {"kafka": {str(p): o for p, o in ends.items()}})
             out += [r for r in ranges if pushed.has_partition(r.partition)]
         return out
@@ -238,17 +238,17 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.available_now = False
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
-        self.reached: dict | None = None  # the end of the batch planned last, and the topic's marks then
+        self.reached: dict[str, Any] | None = None  # the end of the batch planned last, and the topic's marks then
         self.marks: dict[int, tuple[int, int]] = {}
         paced = opts.max_event_time_per_trigger
         self.strides = Strides(paced) if paced else None
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         first = self.planner.offset(self.planner.first_slice())
         if self.strides is None:
             return first
         self.strides.check(self.planner.manifest, self.planner.store.url)
-        return first | {"stride": self.strides.of(min(self.planner.times("starting").values()))}
+        return first | {"stride": self.strides.of(self.planner.paced_start_ms())}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.strides is not None:
@@ -266,14 +266,14 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             marks = partition_marks(self.opts.kafka, self.planner.topic)
             self.live_target = {p: high for p, (_, high) in marks.items()}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Whole slices while the archive lasts; with kafka.* options, once every slice has
         been read (a trigger later), the topic from the hand-off offsets on. A trigger reads
         the archive or the topic, never both."""
         self.reached = self._latest(start, limit)
         return self.reached
 
-    def _latest(self, start: dict, limit: ReadLimit) -> dict:
+    def _latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if "kafka" in start:
             self.planner.position(start)  # the same archive
             return self._live_latest(start, start, limit)
@@ -287,9 +287,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         switch = end | {"kafka": {str(p): o for p, o in switch_at.items()}}
         return self._live_latest(start, switch, limit)
 
-    def _live_latest(self, start: dict, at: dict, limit: ReadLimit) -> dict:
+    def _live_latest(self, start: dict[str, Any], at: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The next live offset from `at` (`start` itself when the topic has nothing new)."""
-        k = self.opts.kafka
+        k = self.planner.kafka
         marks = self.marks = partition_marks(k, self.planner.topic)
         positions = {int(p): int(o) for p, o in at["kafka"].items()}
         for p in marks:
@@ -311,7 +311,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start  # nothing live yet: stay at the archive's end, no empty batch
         return at | {"kafka": {str(p): o for p, o in sorted(end.items())}}
 
-    def _archive_latest(self, start: dict, limit: ReadLimit) -> dict:
+    def _archive_latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if not self.available_now:
             self.planner.refresh()
         slices = self.planner.end_slice()
@@ -350,7 +350,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end += 1
         return self.planner.offset(end)
 
-    def reportLatestOffset(self) -> dict:
+    def reportLatestOffset(self) -> dict[str, Any]:
         """The latest offset, with how far behind it the query is (PySpark gives a Python source
         no metrics of its own; Spark shows this in the source's `latestOffset` of each progress):
         slices behind and the event time reached, then in the live phase the Kafka source's
@@ -360,7 +360,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if at is None:
             return latest
         s = int(at["slice"])
-        progress: dict = {"slicesBehind": max(0, latest["slice"] - s)}
+        progress: dict[str, Any] = {"slicesBehind": max(0, latest["slice"] - s)}
         if s > 0:
             end_ms = self.planner.manifest_of(int(at["version"])).bounds(s - 1)[1]
             progress["eventTimeReached"] = datetime.fromtimestamp(end_ms / 1000, timezone.utc).isoformat()
@@ -373,7 +373,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             }
         return latest | {"progress": progress}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if "kafka" in end:
             self.planner.position(end)
             return list(self.planner.live_ranges(start, end))
@@ -386,7 +386,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, GroupsPartition)
         return self.planner.read(partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: offsets are positions in versions that never change (and Spark
         may skip this call for the last batch of an AvailableNow run)."""
 

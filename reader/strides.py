@@ -21,9 +21,13 @@ replayed in one lockstep, and invariant 3 (no new lateness) holds across the sou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from keygroups import compacted
 from reader.source_options import SourceOptionError
+
+if TYPE_CHECKING:
+    from reader.source_plan import SourcePlanner
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class Strides:
                 "slice lengths)"
             )
 
-    def latest(self, planner, start: dict, first: int, slices: int) -> dict:
+    def latest(self, planner: SourcePlanner, start: dict[str, Any], first: int, slices: int) -> dict[str, Any]:
         """The offset after the stride `start` names (a `reader.source_plan.SourcePlanner`'s):
         the stride's slices, or none, but the stride moves on while the archive has slices
         left to read, so every paced source stays in step. `first`: `start`'s slice; `slices`:

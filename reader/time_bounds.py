@@ -90,7 +90,7 @@ class OffsetBounds:
 
 
 def partition_times(
-    name: str, single: int | None, per: dict | None, topic: str, partitions: list[int]
+    name: str, single: int | None, per: dict[str, dict[int, int]] | None, topic: str, partitions: list[int]
 ) -> dict[int, int] | None:
     """Partition -> time in ms, from one time for all (`single`, which takes precedence, as in
     Spark's Kafka source) or `{"topic": {partition: ms}}` naming every partition."""

@@ -4,6 +4,7 @@ on. One builder for every decoder (envelope, Kafka Connect) and the generator.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,28 +42,30 @@ def arrow_binary(
     types; n + 1 of them, or more: the rest is ignored), `data`, and `valid` (None: no nulls). The buffers are used
     as they are, not copied."""
     nulls = 0 if valid is None else int(n - np.count_nonzero(valid[:n]))
-    validity = pa.py_buffer(np.packbits(valid[:n], bitorder="little")) if nulls else None
+    validity = pa.py_buffer(np.packbits(valid[:n], bitorder="little")) if nulls and valid is not None else None
     return pa.Array.from_buffers(
         typ, n, [validity, pa.py_buffer(offsets[: n + 1]), pa.py_buffer(data)], null_count=nulls
     )
 
 
+# numba's stub gives an intrinsic's call the parameters of its typing function, typingctx
+# included: compiled code passes one fewer, hence type: ignore[call-arg] where it is called.
 @intrinsic
-def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
+def copy_bytes(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, count: Any) -> Any:
     """dst[dst_at : dst_at + count] = src[src_at : src_at + count] as one memcpy, in compiled
     code. A numba slice assignment copies byte by byte: 3-4x slower for records of ~150
     bytes, and no library gathers byte strings into numba's arrays. Unchecked, as memcpy is:
     the caller keeps both ranges inside their arrays, and apart. (numba's cache does not see
     a change here: clear the callers' caches if this changes.)"""
 
-    def flat_bytes(a) -> bool:
+    def flat_bytes(a: Any) -> bool:
         return isinstance(a, types.Array) and a.dtype == types.uint8 and a.ndim == 1 and a.layout == "C"
 
     if not (flat_bytes(dst) and flat_bytes(src) and dst.mutable):
         return None  # a typing error where it is called: no copy into anything but flat, writable bytes
     sig = types.void(dst, types.int64, src, types.int64, types.int64)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         d, d_at, s, s_at, n = args
         d_arr = context.make_array(signature.args[0])(context, builder, d)
         s_arr = context.make_array(signature.args[2])(context, builder, s)
@@ -73,7 +76,7 @@ def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
 
 
 @njit(cache=True, nogil=True)
-def gather_spans(buf, pos, length):
+def gather_spans(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """buf[pos[i] : pos[i] + length[i]] for every i, concatenated: int64 offsets and data (a
     negative length, a null, gives an empty item)."""
     n = len(pos)
@@ -83,7 +86,7 @@ def gather_spans(buf, pos, length):
     data = np.empty(offsets[n], np.uint8)
     for i in range(n):
         if length[i] > 0:
-            copy_bytes(data, offsets[i], buf, pos[i], length[i])
+            copy_bytes(data, offsets[i], buf, pos[i], length[i])  # type: ignore[call-arg]  # numba stub: see copy_bytes
     return offsets, data
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, copy_bytes
 from keygroups.envelope.framing import (
     ERR_EOF,
@@ -36,21 +37,23 @@ from keygroups.errors import CorruptFile
 
 
 @njit(cache=True, nogil=True)
-def _put(dst, at, src, pos, length):
+def _put(dst: np.ndarray, at: Int, src: np.ndarray, pos: Int, length: Int) -> Int:
     """dst[at : at + length] = src[pos : pos + length]; 8-byte words where both arrays have
     room past the item (a libc memcpy call per item of ~20 bytes cost more than the copy)."""
     if pos + length + 8 <= src.shape[0] and at + length + 8 <= dst.shape[0]:
         j = 0
         while j < length:
-            _copy8(dst, at + j, src, pos + j)
+            _copy8(dst, at + j, src, pos + j)  # type: ignore[call-arg]  # numba stub: see snappy._copy8
             j += 8
     else:
-        copy_bytes(dst, at, src, pos, length)
+        copy_bytes(dst, at, src, pos, length)  # type: ignore[call-arg]  # numba stub: see buffers.copy_bytes
     return at + length
 
 
 @njit(cache=True, nogil=True)
-def _decode_records(buf, starts, ends, counts, headers):
+def _decode_records(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, counts: np.ndarray, headers: bool
+) -> tuple[Any, ...]:
     """Decode every record of the blocks [starts[b], ends[b]) of `buf` in one pass: each byte
     string is copied as it is read, into a scratch buffer as large as the blocks (no column
     can hold more), and each column's bytes are copied once more, whole, into a buffer of
@@ -76,7 +79,11 @@ def _decode_records(buf, starts, ends, counts, headers):
     hv_valid = np.zeros(cap, np.bool_)
     hk_data = np.empty(room if headers else 0, np.uint8)
     hv_data = np.empty(room if headers else 0, np.uint8)
-    kz = vz = hkz = hvz = 0  # bytes written to each data buffer
+    # bytes written to each data buffer
+    kz: Int = 0
+    vz: Int = 0
+    hkz: Int = 0
+    hvz: Int = 0
     i = 0
     j = 0
     err = 0

@@ -14,7 +14,7 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, binary_buffers
 from keygroups.envelope.framing import compress, put_bytes, put_varint, varint_bytes, varint_size
 from keygroups.envelope.schema import CODECS, DEFAULT_BLOCK_BYTES, PARSED_SCHEMA, conform
@@ -22,7 +22,19 @@ from keygroups.errors import OptionError
 
 
 @njit(cache=True, nogil=True)
-def _record_sizes(part, off, ts, k_off, k_valid, v_off, v_valid, h_off, hk_off, hv_off, hv_valid):
+def _record_sizes(
+    part: np.ndarray,
+    off: np.ndarray,
+    ts: np.ndarray,
+    k_off: np.ndarray,
+    k_valid: np.ndarray,
+    v_off: np.ndarray,
+    v_valid: np.ndarray,
+    h_off: np.ndarray,
+    hk_off: np.ndarray,
+    hv_off: np.ndarray,
+    hv_valid: np.ndarray,
+) -> np.ndarray:
     n = part.shape[0]
     sizes = np.empty(n, np.int64)
     for i in range(n):
@@ -49,26 +61,26 @@ def _record_sizes(part, off, ts, k_off, k_valid, v_off, v_valid, h_off, hk_off, 
 
 @njit(cache=True, nogil=True)
 def _encode_records(
-    out,
-    lo,
-    hi,
-    part,
-    off,
-    ts,
-    k_off,
-    k_data,
-    k_valid,
-    v_off,
-    v_data,
-    v_valid,
-    h_off,
-    hk_off,
-    hk_data,
-    hv_off,
-    hv_data,
-    hv_valid,
-):
-    pos = 0
+    out: np.ndarray,
+    lo: int,
+    hi: int,
+    part: np.ndarray,
+    off: np.ndarray,
+    ts: np.ndarray,
+    k_off: np.ndarray,
+    k_data: np.ndarray,
+    k_valid: np.ndarray,
+    v_off: np.ndarray,
+    v_data: np.ndarray,
+    v_valid: np.ndarray,
+    h_off: np.ndarray,
+    hk_off: np.ndarray,
+    hk_data: np.ndarray,
+    hv_off: np.ndarray,
+    hv_data: np.ndarray,
+    hv_valid: np.ndarray,
+) -> Int:
+    pos: Int = 0
     for i in range(lo, hi):
         pos = put_varint(out, pos, np.int64(part[i]))
         pos = put_varint(out, pos, off[i])

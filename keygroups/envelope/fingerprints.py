@@ -11,16 +11,17 @@ from keygroups.envelope.schema import conform
 
 
 @njit(cache=True, nogil=True)
-def _mix(h, x):
+def _mix(h: np.uint64, x: np.uint64) -> np.uint64:
     # splitmix64 finaliser over (h ^ x): cheap and well spread; wrap-around is intended
     z = (h ^ x) + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    out: np.uint64 = z ^ (z >> np.uint64(31))
+    return out
 
 
 @njit(cache=True, nogil=True)
-def _mix_bytes(h, data, start, end, valid):
+def _mix_bytes(h: np.uint64, data: np.ndarray, start: int, end: int, valid: bool) -> np.uint64:
     if not valid:
         return _mix(h, np.uint64(0xA5A5A5A5A5A5A5A5))
     f = np.uint64(0xCBF29CE484222325)  # FNV-1a 64 over the bytes, then mixed with the length
@@ -31,8 +32,22 @@ def _mix_bytes(h, data, start, end, valid):
 
 @njit(cache=True, nogil=True)
 def _fingerprints(
-    part, off, ts, k_off, k_data, k_valid, v_off, v_data, v_valid, h_off, hk_off, hk_data, hv_off, hv_data, hv_valid
-):
+    part: np.ndarray,
+    off: np.ndarray,
+    ts: np.ndarray,
+    k_off: np.ndarray,
+    k_data: np.ndarray,
+    k_valid: np.ndarray,
+    v_off: np.ndarray,
+    v_data: np.ndarray,
+    v_valid: np.ndarray,
+    h_off: np.ndarray,
+    hk_off: np.ndarray,
+    hk_data: np.ndarray,
+    hv_off: np.ndarray,
+    hv_data: np.ndarray,
+    hv_valid: np.ndarray,
+) -> np.ndarray:
     n = part.shape[0]
     out = np.empty(n, np.uint64)
     for i in range(n):

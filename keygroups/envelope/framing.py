@@ -25,7 +25,7 @@ from typing import Any
 import fastavro
 import numpy as np
 
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope import snappy
 from keygroups.envelope.schema import CODECS
 from keygroups.envelope.snappy import snappy_lengths
@@ -46,7 +46,7 @@ MAGIC = b"Obj\x01"
 
 
 @njit(cache=True, nogil=True)
-def varint_size(n):
+def varint_size(n: Int) -> int:
     z = (n << 1) ^ (n >> 63)  # zigzag
     size = 1
     while z >= 0x80 or z < 0:  # z is int64: treat as unsigned
@@ -56,7 +56,7 @@ def varint_size(n):
 
 
 @njit(cache=True, nogil=True)
-def put_varint(out, pos, n):
+def put_varint(out: np.ndarray, pos: Int, n: Int) -> Int:
     z = (n << 1) ^ (n >> 63)
     while z >= 0x80 or z < 0:
         out[pos] = (z & 0x7F) | 0x80
@@ -67,7 +67,7 @@ def put_varint(out, pos, n):
 
 
 @njit(cache=True, nogil=True)
-def put_bytes(out, pos, data, start, end):
+def put_bytes(out: np.ndarray, pos: Int, data: np.ndarray, start: Int, end: Int) -> Int:
     pos = put_varint(out, pos, end - start)
     out[pos : pos + end - start] = data[start:end]
     return pos + end - start
@@ -83,7 +83,7 @@ def varint_bytes(n: int) -> bytes:
     return bytes(out)
 
 
-def compress(codec: str, data) -> bytes:
+def compress(codec: str, data: Any) -> bytes:
     """One Avro block's bytes compressed; `data`: any contiguous buffer (bytes, a numpy view)."""
     if codec == "null":
         return bytes(data)
@@ -102,7 +102,7 @@ def compress(codec: str, data) -> bytes:
 
 
 @njit(cache=True, nogil=True)
-def read_varint(buf, pos, end):
+def read_varint(buf: np.ndarray, pos: Int, end: Int) -> tuple[np.int64, Int]:
     """(value, new pos); new pos -1 when the varint runs past `end` or is too long."""
     z = np.int64(0)
     shift = 0
@@ -119,7 +119,7 @@ def read_varint(buf, pos, end):
 
 
 @njit(cache=True, nogil=True)
-def read_block_count(buf, pos, end):
+def read_block_count(buf: np.ndarray, pos: Int, end: Int) -> tuple[np.int64, Int]:
     """An Avro array block's item count: (count, new pos), new pos -1 past `end`. A
     negative count is followed by the block's byte size, which readers do not need."""
     count, pos = read_varint(buf, pos, end)
@@ -130,7 +130,7 @@ def read_block_count(buf, pos, end):
 
 
 @njit(cache=True, nogil=True)
-def read_bytes(buf, pos, end, dst, dpos):
+def read_bytes(buf: np.ndarray, pos: Int, end: Int, dst: np.ndarray, dpos: Int) -> tuple[Int, Int, int]:
     """Copy one length-prefixed byte string into dst; (new pos, new dpos, error)."""
     length, pos = read_varint(buf, pos, end)
     if pos < 0:
@@ -144,7 +144,9 @@ def read_bytes(buf, pos, end, dst, dpos):
 
 
 @njit(cache=True, nogil=True)
-def _scan_blocks(buf, pos, sync, starts, ends, counts, fill):
+def _scan_blocks(
+    buf: np.ndarray, pos: Int, sync: np.ndarray, starts: np.ndarray, ends: np.ndarray, counts: np.ndarray, fill: bool
+) -> tuple[int, int, Int]:
     """Walk the container's data blocks from `pos` (each: record count, byte size, data, sync
     marker); with `fill`, record them. (blocks, error, byte position of the error)."""
     end = buf.shape[0]
@@ -175,7 +177,7 @@ def _scan_blocks(buf, pos, sync, starts, ends, counts, fill):
 
 
 @njit(cache=True, nogil=True)
-def frame_blocks(buf, pos, sync):
+def frame_blocks(buf: np.ndarray, pos: Int, sync: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, Int]:
     """(data starts, data ends, record counts, error, byte position of the error) of the
     container's blocks: counted first, then recorded."""
     none = np.empty(0, np.int64)
@@ -188,7 +190,7 @@ def frame_blocks(buf, pos, sync):
 
 
 @njit(cache=True, nogil=True)
-def skip_bytes(buf, pos, end):
+def skip_bytes(buf: np.ndarray, pos: Int, end: Int) -> tuple[Int, Int, Int]:
     """(start, length, new pos) of a length-prefixed byte string, or an error in new pos:
     -1 past the end, -2 negative length."""
     length, pos = read_varint(buf, pos, end)
@@ -202,7 +204,7 @@ def skip_bytes(buf, pos, end):
 
 
 @njit(cache=True, nogil=True)
-def grow(a, need):
+def grow(a: np.ndarray, need: Int) -> np.ndarray:
     if need <= a.shape[0]:
         return a
     b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
@@ -210,7 +212,7 @@ def grow(a, need):
     return b
 
 
-def _read_long(data, pos: int) -> tuple[int, int]:
+def _read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     z = shift = 0
     while True:
         b = data[pos]  # IndexError past the end
@@ -223,7 +225,7 @@ def _read_long(data, pos: int) -> tuple[int, int]:
             raise CorruptFile("varint too long")
 
 
-def read_header(data, name: str) -> tuple[dict[str, bytes], bytes, int]:
+def read_header(data: bytes | memoryview, name: str) -> tuple[dict[str, bytes], bytes, int]:
     """(metadata, sync marker, position of the first block) of an Avro object container.
     Raises CorruptFile when it is not one, HeaderTruncated when `data` ends inside the
     header (a caller that fetched only the first bytes then fetches more)."""
@@ -366,7 +368,7 @@ def _fastavro_blocks(data: bytes, meta: dict[str, bytes], name: str) -> Blocks:
     counts: list[int] = []
     try:
         for block in fastavro.block_reader(io.BytesIO(data)):
-            raw.append(block.bytes_.getvalue())
+            raw.append(block.bytes_.getvalue())  # type: ignore[attr-defined]  # fastavro's Block stub omits bytes_
             counts.append(block.num_records)
     except Exception as exc:  # fastavro raises several types on corrupt input or a missing library
         raise CorruptFile(f"{name}: not a readable Avro file: {type(exc).__name__}: {exc}") from None
@@ -378,7 +380,7 @@ def _fastavro_blocks(data: bytes, meta: dict[str, bytes], name: str) -> Blocks:
 
 def decompress(
     codec: str, view: memoryview, starts: np.ndarray, ends: np.ndarray, name: str, *, verified: bool = False
-):
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(buffer, starts, ends) of the decompressed blocks. snappy goes straight into one
     buffer sized from the blocks' own length prefixes, all blocks in one compiled call
     (`keygroups.envelope.snappy`); zlib, bz2 and lzma release the GIL per block.
@@ -405,7 +407,8 @@ def decompress(
             out = whole[: len(whole) - snappy.SLACK]
             if not verified:
                 for e, a, z in zip(ends.tolist(), (out_ends - sizes).tolist(), out_ends.tolist()):
-                    if zlib.crc32(out[a:z]) != int.from_bytes(view[e - 4 : e], "big"):
+                    # numpy's stubs give ndarray the buffer protocol only from Python 3.12
+                    if zlib.crc32(out[a:z]) != int.from_bytes(view[e - 4 : e], "big"):  # type: ignore[arg-type]
                         raise ValueError("snappy block checksum mismatch")
         elif codec in _WHOLE_BLOCK:
             unpack = _WHOLE_BLOCK[codec]

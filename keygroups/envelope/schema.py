@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import fastavro
 import numpy as np
 import pyarrow as pa
@@ -58,7 +60,7 @@ def empty_batch() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
 
 
-def batch_from_records(records: list[dict]) -> pa.RecordBatch:
+def batch_from_records(records: list[dict[str, Any]]) -> pa.RecordBatch:
     """Arrow batch from fastavro-style dicts (timestamp as int ms or aware datetime)."""
     return pa.RecordBatch.from_pylist(records, schema=ARROW_SCHEMA)
 
@@ -85,9 +87,10 @@ def record_bytes(batch: pa.RecordBatch) -> np.ndarray:
     import pyarrow.compute as pc
 
     def lengths(arr: pa.Array) -> np.ndarray:
-        return pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        out: np.ndarray = pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return out
 
-    total = lengths(batch.column("key")) + lengths(batch.column("value"))
+    total: np.ndarray = lengths(batch.column("key")) + lengths(batch.column("value"))
     headers = batch.column("headers")
     items = pc.list_flatten(headers)
     if len(items):
@@ -97,7 +100,7 @@ def record_bytes(batch: pa.RecordBatch) -> np.ndarray:
     return total
 
 
-def normal_type(t):
+def normal_type(t: Any) -> Any:
     """A schema with docs, defaults, namespaces and record names stripped, for comparison."""
     if isinstance(t, list):
         return [normal_type(x) for x in t]

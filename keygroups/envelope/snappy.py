@@ -19,23 +19,27 @@ past.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 
 SLACK = 16  # bytes past the last block's output that copies may write
 
 
+# numba's stub gives an intrinsic's call the parameters of its typing function, typingctx
+# included: compiled code passes one fewer, hence type: ignore[call-arg] where it is called.
 @intrinsic
-def _copy8(typingctx, dst, dpos, src, spos):
+def _copy8(typingctx: Any, dst: Any, dpos: Any, src: Any, spos: Any) -> Any:
     """dst[dpos:dpos + 8] = src[spos:spos + 8], as one unaligned 8-byte load and store
     (numba compiles a byte loop; a memcpy call per short copy was slower)."""
     sig = types.void(dst, dpos, src, spos)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         d, dp, s, sp = args
         da = context.make_array(signature.args[0])(context, builder, d)
         sa = context.make_array(signature.args[2])(context, builder, s)
@@ -48,7 +52,7 @@ def _copy8(typingctx, dst, dpos, src, spos):
 
 
 @njit(cache=True, nogil=True)
-def _preamble(src, pos, end):
+def _preamble(src: np.ndarray, pos: Int, end: Int) -> tuple[np.int64, Int]:
     """(uncompressed length, position after it) of a raw snappy block at `pos`: an unsigned
     LEB128 varint of at most 32 bits; (-1, -1) when it is cut short or too long."""
     n = np.int64(0)
@@ -64,7 +68,7 @@ def _preamble(src, pos, end):
 
 
 @njit(cache=True, nogil=True)
-def snappy_lengths(src, starts, ends):
+def snappy_lengths(src: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Each raw snappy block's uncompressed length, from its preamble; -1 for a block whose
     preamble is cut short or too long. One compiled pass instead of a library call per
     block: a run of short slices has thousands."""
@@ -75,7 +79,9 @@ def snappy_lengths(src, starts, ends):
 
 
 @njit(cache=True, nogil=True)
-def decompress_blocks(src, starts, ends, out, out_starts, out_ends):
+def decompress_blocks(
+    src: np.ndarray, starts: np.ndarray, ends: np.ndarray, out: np.ndarray, out_starts: np.ndarray, out_ends: np.ndarray
+) -> int:
     """Decompress raw snappy blocks src[starts[b]:ends[b]] into out[out_starts[b]:out_ends[b]]
     (slots in increasing order, `out` SLACK bytes longer than the last). Returns -1, or the
     first block that is not valid snappy of exactly its slot's length."""
@@ -113,7 +119,7 @@ def decompress_blocks(src, starts, ends, out, out_starts, out_ends):
                 if ip + n + 8 <= n_src:
                     j = 0
                     while j < n:
-                        _copy8(out, op + j, src, ip + j)
+                        _copy8(out, op + j, src, ip + j)  # type: ignore[call-arg]  # numba stub: see _copy8
                         j += 8
                 else:  # the input's last bytes: no 8-byte read past them
                     for j in range(n):
@@ -150,7 +156,7 @@ def decompress_blocks(src, starts, ends, out, out_starts, out_ends):
             if offset >= 8:  # each 8 bytes read were written before (by this copy or earlier)
                 j = 0
                 while j < n:
-                    _copy8(out, op + j, out, at + j)
+                    _copy8(out, op + j, out, at + j)  # type: ignore[call-arg]  # numba stub: see _copy8
                     j += 8
             else:  # a pattern shorter than 8 bytes repeats: byte by byte
                 for j in range(n):

@@ -58,14 +58,14 @@ def _as_count(k: Any, name: str) -> int:
     if isinstance(k, (bool, np.bool_)):
         raise OptionError(f"{name} must be an integer, got {k!r}")
     try:
-        k = operator.index(k)
+        count = operator.index(k)
     except TypeError:
         raise OptionError(f"{name} must be an integer, got {k!r}") from None
-    if k < 1:
-        raise OptionError(f"{name} must be at least 1, got {k}")
-    if k > _MAX_GROUPS:
-        raise OptionError(f"{name} must be below 2**31, got {k}")
-    return k
+    if count < 1:
+        raise OptionError(f"{name} must be at least 1, got {count}")
+    if count > _MAX_GROUPS:
+        raise OptionError(f"{name} must be below 2**31, got {count}")
+    return count
 
 
 def _sort_desc(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +103,7 @@ def _total(w: np.ndarray) -> int:
 def _solve(ws: np.ndarray, k: int, init: np.ndarray, lower_bound: int) -> np.ndarray:
     """LDM; if it misses the lower bound, greedy LPT when strictly better (LDM loses on
     ~0.5% of small instances), then exchanges that lower the heaviest group."""
-    groups = _ldm(ws, k, init)
+    groups: np.ndarray = _ldm(ws, k, init)
     best = _max_load(ws, groups, k, init)
     if best > lower_bound:
         alt = _greedy(ws, k, init)
@@ -175,7 +175,8 @@ def group_loads(weights: Any, groups: Any, k: int) -> np.ndarray:
     hi, lo = _split_sums(w, g, k, np.zeros(0, np.int64))
     if hi.size and int(hi.max()) >= 1 << (63 - SPLIT):
         raise OverflowError("a group load exceeds the int64 range")
-    return (hi << SPLIT) + lo
+    loads: np.ndarray = (hi << SPLIT) + lo
+    return loads
 
 
 def assign_threads(group_weights: Any, threads: int) -> np.ndarray:

@@ -25,11 +25,12 @@ _RENORM = 1 << 61
 @njit(cache=True, nogil=True)
 def _better(a: int, b: int, loads: Any, tmax: Any, seq: Any) -> bool:
     """Global heap order: larger spread first; on equal spread the newer tuple first."""
-    sa = tmax[a] - loads[a, 0]
-    sb = tmax[b] - loads[b, 0]
+    sa: int = tmax[a] - loads[a, 0]
+    sb: int = tmax[b] - loads[b, 0]
     if sa != sb:
         return sa > sb
-    return seq[a] > seq[b]
+    newer: bool = seq[a] > seq[b]
+    return newer
 
 
 @njit(cache=True, nogil=True)

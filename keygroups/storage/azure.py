@@ -10,6 +10,7 @@ how an append continues a segment atomically) and the credential types Azure use
 from __future__ import annotations
 
 import base64
+import builtins
 import logging
 import uuid
 from collections.abc import Iterator
@@ -98,12 +99,14 @@ class AzureStorage(ObjectStore):
     def read(self, key: str) -> bytes:
         name = self._name(key)
         with self._errors(key):
-            return self._blob(name).download_blob(max_concurrency=1).readall()
+            data: bytes = self._blob(name).download_blob(max_concurrency=1).readall()
+            return data
 
     def _get_range(self, key: str, start: int, length: int) -> bytes:
         name = self._name(key)
         with self._errors(key):
-            return self._blob(name).download_blob(offset=start, length=length, max_concurrency=1).readall()
+            data: bytes = self._blob(name).download_blob(offset=start, length=length, max_concurrency=1).readall()
+            return data
 
     def _past_end(self, cause: BaseException | None) -> bool:
         return error_code(cause) == "InvalidRange"
@@ -240,7 +243,7 @@ class AzureStorage(ObjectStore):
         except ObjectNotFound:
             pass  # a missing blob; a missing container raised StorageError above
 
-    def delete_many(self, keys: list[str]) -> int:
+    def delete_many(self, keys: builtins.list[str]) -> int:
         names = [self._name(k) for k in keys]
         for i in range(0, len(names), 256):  # a blob batch holds at most 256 requests
             batch = names[i : i + 256]

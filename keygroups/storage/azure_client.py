@@ -72,7 +72,7 @@ class AzureClient(LazyClient):
         self.suffix = suffix
         self.copy_from_url = True  # Put Block From URL, until the endpoint says it has none
 
-    def settings(self) -> tuple:
+    def settings(self) -> tuple[str, str]:
         return (self.account, self.suffix)
 
     def _make(self) -> Any:
@@ -98,8 +98,12 @@ class AzureClient(LazyClient):
             # The SDK's default waits 15 s before its first retry, longer than a whole request
             # may take here; this waits about 0.5, 2.5, 4.5 and 8.5 s (with jitter), as
             # botocore's standard mode does.
+            # The SDK annotates these two as int; it computes with floats (random.uniform).
             "retry_policy": ExponentialRetry(
-                initial_backoff=0.5, increment_base=2, retry_total=RETRY_TOTAL, random_jitter_range=0.5
+                initial_backoff=0.5,  # type: ignore[arg-type]
+                increment_base=2,
+                retry_total=RETRY_TOTAL,
+                random_jitter_range=0.5,  # type: ignore[arg-type]
             ),
             "raw_request_hook": _deadline_hook(self.limits),
             "max_single_put_size": BLOCK_BYTES,

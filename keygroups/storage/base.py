@@ -3,6 +3,7 @@ same thing on all of them."""
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,7 +112,7 @@ class Storage(ABC):
         """Remove the object; a missing key is not an error, so retries are safe."""
 
     @abstractmethod
-    def delete_many(self, keys: list[str]) -> int:
+    def delete_many(self, keys: builtins.list[str]) -> int:
         """Remove exactly these objects (missing ones are not an error); returns how many
         keys were given."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from keygroups.storage.limits import StoreLimits, environment
 
-_CLIENTS: dict[tuple, Any] = {}  # per process: (kind, settings, limits, environment) -> client
+_CLIENTS: dict[tuple[Any, ...], Any] = {}  # per process: (kind, settings, limits, environment) -> client
 _CLIENTS_LOCK = threading.Lock()
 
 
@@ -33,7 +33,7 @@ class LazyClient(ABC):
         self._lock = threading.Lock()
         self.limits = StoreLimits.from_env()
 
-    def settings(self) -> tuple:
+    def settings(self) -> tuple[Any, ...]:
         """What a copy needs besides the thread count to build the same client."""
         return ()
 
@@ -65,4 +65,4 @@ class LazyClient(ABC):
         return {"threads": self.threads, "settings": self.settings()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["threads"], *state["settings"], copied=True)
+        type(self).__init__(self, state["threads"], *state["settings"], copied=True)

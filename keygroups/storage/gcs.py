@@ -8,6 +8,7 @@ directly along with Application Default Credentials. See docs/storage.md.
 
 from __future__ import annotations
 
+import builtins
 import os
 import uuid
 from collections.abc import Iterator
@@ -142,14 +143,16 @@ class GcsStorage(ObjectStore):
     def read(self, key: str) -> bytes:
         name = self._name(key)
         with self._object(key) as opts:
-            return self._blob(name).download_as_bytes(raw_download=True, **opts)
+            data: bytes = self._blob(name).download_as_bytes(raw_download=True, **opts)
+            return data
 
     def _get_range(self, key: str, start: int, length: int) -> bytes:
         name = self._name(key)
         with self._object(key) as opts:
-            return self._blob(name).download_as_bytes(
+            data: bytes = self._blob(name).download_as_bytes(
                 start=start, end=start + length - 1, raw_download=True, checksum=None, **opts
             )
+            return data
 
     def _past_end(self, cause: BaseException | None) -> bool:
         from google.api_core import exceptions as gex
@@ -231,7 +234,7 @@ class GcsStorage(ObjectStore):
             if not isinstance(missing, ObjectNotFound):
                 raise missing from None
 
-    def delete_many(self, keys: list[str]) -> int:
+    def delete_many(self, keys: builtins.list[str]) -> int:
         for key in keys:
             check_key(key)
         if not keys:

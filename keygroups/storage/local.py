@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import BinaryIO
 
 from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import TMP_PREFIX, ObjectInfo, Storage, check_key, check_prefix
@@ -78,7 +80,9 @@ class LocalStorage(Storage):
 
         self._publish(key, data, link)
 
-    def _publish(self, key: str, data: bytes, place: Callable[[str, str], None], head: Callable | None = None) -> None:
+    def _publish(
+        self, key: str, data: bytes, place: Callable[[str, str], None], head: Callable[[BinaryIO], None] | None = None
+    ) -> None:
         """Write a temp file beside the key (`head` first writes what precedes `data`), then
         `place` it under the key's name."""
         path = self._path(key)
@@ -167,7 +171,7 @@ class LocalStorage(Storage):
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 pass  # no such object (a folder is not one): nothing to do, as on S3
 
-    def delete_many(self, keys: list[str]) -> int:
+    def delete_many(self, keys: builtins.list[str]) -> int:
         folders: set[str] = set()
         for key in keys:  # all checked before any is deleted
             self._inside(key)
@@ -191,7 +195,7 @@ class LocalStorage(Storage):
         return LocalStorage(self._path(prefix), fsync=self.fsync)
 
 
-def _copy_all(src, dst, size: int) -> None:
+def _copy_all(src: BinaryIO, dst: BinaryIO, size: int) -> None:
     """All `size` bytes of file `src` to the end of file `dst`, in the kernel."""
     dst.flush()
     out, done = dst.fileno(), 0

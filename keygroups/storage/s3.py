@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -89,7 +90,8 @@ class S3Storage(ObjectStore):
             while True:
                 body = self.client.get_object(Bucket=self.bucket, Key=full, **kw)["Body"]
                 try:
-                    return body.read()
+                    data: bytes = body.read()
+                    return data
                 except (IncompleteReadError, ResponseStreamingError):
                     # botocore retries requests, not a body cut off mid-stream. Each wait is
                     # bounded by the read timeout and each re-request by the deadline, so a
@@ -105,7 +107,8 @@ class S3Storage(ObjectStore):
         return self._get(key, Range=f"bytes={start}-{start + length - 1}")
 
     def _past_end(self, cause: BaseException | None) -> bool:
-        return getattr(cause, "response", {}).get("Error", {}).get("Code") == "InvalidRange"
+        code = getattr(cause, "response", {}).get("Error", {}).get("Code")
+        return bool(code == "InvalidRange")
 
     def write(self, key: str, data: bytes) -> None:
         full = self._name(key)
@@ -138,7 +141,7 @@ class S3Storage(ObjectStore):
         with self._errors(key):
             upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
             try:
-                parts = []
+                parts: list[str] = []
                 # the server copies base (ranges of at most 5 GiB each, all but the last part
                 # at least 5 MiB); data follows in parts of the managed transfer's size
                 n = -(-size // MAX_COPY_PART_BYTES)
@@ -228,7 +231,7 @@ class S3Storage(ObjectStore):
         with self._errors(key):
             self.client.delete_object(Bucket=self.bucket, Key=full)
 
-    def delete_many(self, keys: list[str]) -> int:
+    def delete_many(self, keys: builtins.list[str]) -> int:
         root = f"{self.prefix}/" if self.prefix else ""
         for key in keys:
             check_key(key)

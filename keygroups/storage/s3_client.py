@@ -25,7 +25,7 @@ def _deadline_hooks(events: Any, limits: StoreLimits) -> None:
     """
     from botocore.exceptions import BotoCoreError
 
-    class DeadlineExceeded(BotoCoreError):
+    class DeadlineExceeded(BotoCoreError):  # type: ignore[misc]  # botocore has no types: Any
         fmt = "gave up after {elapsed:.0f} s and {attempts} attempt(s) on endpoint {endpoint}: {last}"
 
     def before_send(request: Any, **_: Any) -> None:
