@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compact_config(args)
         prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
         with prepared.abandoned_on_error():
-            spark = SparkSession.builder.appName("keyfill compact").getOrCreate()
+            # a driver program that calls main() has its session running: it stays running
+            running = SparkSession.getActiveSession()
+            spark = running or SparkSession.builder.appName("keyfill compact").getOrCreate()
             ship_to_executors(spark)
     except BaseException:
         spark_log.release(held)
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print_compact_result(compact(cfg, spark, prepared), args.json)
     finally:
-        spark.stop()
+        if running is None:
+            spark.stop()
     return 0
 
 

@@ -26,14 +26,21 @@ def shipped_wheel() -> str | None:
     return found.group(1) if found and os.path.isfile(found.group(1)) else None
 
 
+_shipped: dict[str, str] = {}  # application id -> its copy: Spark refuses a second file of one name
+
+
 def ship_to_executors(spark) -> str | None:
-    """If keyfill runs from a wheel, add a .zip copy of it to the job's Python files; the
-    copy's path (None: nothing to do)."""
+    """If keyfill runs from a wheel, add a .zip copy of it to the job's Python files, once
+    per application (a driver program may run keyfill's jobs one after another); the copy's
+    path (None: nothing to do)."""
     wheel = shipped_wheel()
     if wheel is None:
         return None
-    name = os.path.basename(wheel)[: -len(".whl")] + ".zip"
-    copy = os.path.join(tempfile.mkdtemp(prefix="keyfill-ship-"), name)
-    shutil.copyfile(wheel, copy)
-    spark.sparkContext.addPyFile(copy)
-    return copy
+    app = spark.sparkContext.applicationId
+    if app not in _shipped:
+        name = os.path.basename(wheel)[: -len(".whl")] + ".zip"
+        copy = os.path.join(tempfile.mkdtemp(prefix="keyfill-ship-"), name)
+        shutil.copyfile(wheel, copy)
+        spark.sparkContext.addPyFile(copy)
+        _shipped[app] = copy
+    return _shipped[app]

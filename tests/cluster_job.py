@@ -1,14 +1,17 @@
 """Submitted by tests/test_cluster.py with `spark-submit --py-files keyfill-*.whl`: the
-audit in Spark (`verify_spark`) and the `format("keyfill")` source, batch and streaming, on
-executors apart from this driver. Prints one JSON line."""
+compaction job (the script `keyfill jobs compact` names, its `main` called with the options
+given), then the audit in Spark (`verify_spark`) and the `format("keyfill")` source, batch
+and streaming, on executors apart from this driver: one application, so the executors start
+once. Prints the compaction's result, then one JSON line."""
 
 from __future__ import annotations
 
 import json
+import runpy
 import sys
 
 
-def main(source_url: str, dest_url: str) -> None:
+def main(compact_script: str, source_url: str, dest_url: str, *compact_options: str) -> None:
     from pyspark.sql import SparkSession
 
     from compactor.sources import open_source
@@ -22,6 +25,8 @@ def main(source_url: str, dest_url: str) -> None:
     ship_to_executors(spark)
     register(spark)
     try:
+        compact_job = runpy.run_path(compact_script)  # as a module, not __main__: its main() is called
+        assert compact_job["main"]([source_url, dest_url, *compact_options]) == 0
         report = verify_spark(open_source(source_url), open_storage(dest_url), spark)
         rows = spark.read.format("keyfill").load(dest_url)
         batch = rows.groupBy().agg({"offset": "sum", "*": "count"}).collect()[0]
@@ -55,4 +60,4 @@ def main(source_url: str, dest_url: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

@@ -97,24 +97,16 @@ def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_exe
     generate(
         GeneratorConfig(out=src, records=12_000, keys=200, partitions=3, chunk_records=2_000, seed=5), progress=False
     )
-    # the job script where `keyfill jobs compact` says it is
-    done = spark_submit(
-        wheel,
-        tmp_path,
-        jobs.path("compact"),
-        src,
-        dest,
-        "--groups",
-        "4",
-        "--slice-duration",
-        "1s",
-        "--seal-all",
-        "--json",
-    )
+    # the job script where `keyfill jobs compact` says it is, run by a driver that then audits
+    # and reads the archive in the same application (one start of the executors)
+    job = os.path.join(ROOT, "tests", "cluster_job.py")
+    options = ("--groups", "4", "--slice-duration", "1s", "--seal-all", "--json")
+    done = spark_submit(wheel, tmp_path, job, jobs.path("compact"), src, dest, *options)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.lstrip().startswith("{")  # --json: the result alone on stdout, logs on stderr
+    printed, last = done.stdout.strip().rsplit("\n", 1)
+    result = json.loads(printed)  # --json: the compaction's result alone on stdout, logs on stderr
     manifest = compacted.load_manifest(open_storage(dest))
-    assert manifest.totals["records"] == 12_000 and manifest.groups == 4 and manifest.slices > 3
+    assert manifest.totals["records"] == result["records"] == 12_000 and manifest.groups == 4 and manifest.slices > 3
     report = verify(open_source(src), open_storage(dest))
     assert report.ok, report.violations
     # invariant 6 across executors: the bytes the in-process compactor writes (tests/test_determinism.py
@@ -124,10 +116,7 @@ def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_exe
     assert canonical_files(dest) == canonical_files(here)
 
     # the audit in Spark, a batch read and a streaming read of the source, on the executors
-    job = os.path.join(ROOT, "tests", "cluster_job.py")
-    done = spark_submit(wheel, tmp_path, job, src, dest)
-    assert done.returncode == 0, done.stderr[-4000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = json.loads(last)
     assert got["verified"], got["violations"]
     assert got["executors"] == 2
     assert got["records"] == 12_000
