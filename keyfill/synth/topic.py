@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from compactor.sources.envelope import EnvelopeSource
+from compactor.sources.envelope import EnvelopeSource, write_chunk
 from compactor.sources.kafka_connect import KafkaConnectSource
 from compactor.sources.kafka_segments import KafkaSegmentsSource
 from keygroups import envelope
@@ -86,13 +86,11 @@ def _chunks(archive: TopicArchive) -> list[list[Record]]:
     return [list(part[i : i + n]) for part in archive.partitions for i in range(0, len(part), n)]
 
 
-def write_archive(archive: TopicArchive, url: str | Storage, layout: str = "envelope") -> dict:
+def write_archive(archive: TopicArchive, url: str | Storage, layout: str = EnvelopeSource.format) -> dict:
     """Write `archive` under `url` in `layout`; returns the `CompactConfig` options that read
     it (`source`, `source_format` and, for Connect, `source_options`)."""
     store = open_storage(url) if isinstance(url, str) else url
     if layout == EnvelopeSource.format:
-        from compactor.sources.envelope import write_chunk
-
         for chunk in _chunks(archive):
             write_chunk(store, _envelope_batch(chunk), archive.topic, codec="null")
         return {"source": store.url, "source_format": layout}

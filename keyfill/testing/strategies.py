@@ -74,9 +74,8 @@ def topic_archives(
     clock = [START_MS + draw(st.integers(0, 3)) * 60_000 for _ in range(n_parts)]  # partitions start apart
     idle = draw(st.sets(st.integers(0, n_parts - 1), max_size=n_parts - 1))  # partitions that go quiet early
     parts: list[list[Record]] = [[] for _ in range(n_parts)]
-    roll_key, any_partition, behind_by = st.integers(0, hot + len(names) - 2), st.integers(0, n_parts - 1), None
-    if jitter:
-        behind_by = st.integers(0, jitter)
+    roll_key, any_partition = st.integers(0, hot + len(names) - 2), st.integers(0, n_parts - 1)
+    behind_by = st.integers(0, jitter) if jitter else None
     partition_of = {key: kafka_partition(key, n_parts) for key in names}
     for _ in range(draw(records)):
         roll = draw(roll_key)
