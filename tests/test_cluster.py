@@ -83,6 +83,7 @@ def spark_submit(wheel: str, folder, script: str, *args: str) -> subprocess.Comp
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     return subprocess.run(
         [submit, "--master", "local-cluster[2,1,1024]", "--conf", "spark.log.level=WARN", "--py-files", wheel]
+        + ["--conf", "spark.sql.shuffle.partitions=4"]  # as the README submits jobs on small data
         + [script, *args],
         capture_output=True,
         text=True,
