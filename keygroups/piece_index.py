@@ -25,7 +25,7 @@ import io
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import google_crc32c
 import numpy as np
@@ -39,6 +39,22 @@ from keygroups.storage import ObjectNotFound, Storage
 
 SLICES_PER_FILE = 4096
 SLICES_PER_ROW_GROUP = 64
+
+
+@overload
+def row_group_of(s: int) -> int: ...
+@overload
+def row_group_of(s: np.ndarray) -> np.ndarray: ...
+def row_group_of(s: int | np.ndarray) -> int | np.ndarray:
+    """The index row group that holds slice s (or each of an array of slices), counted from
+    the archive's first slice: readers load, cache and cut the index by it."""
+    return s // SLICES_PER_ROW_GROUP
+
+
+def row_group_start(rg: int) -> int:
+    """The first slice of index row group rg."""
+    return rg * SLICES_PER_ROW_GROUP
+
 
 PARTITION_RANGE = pa.struct(
     [
@@ -155,7 +171,7 @@ def _write(store: Storage, key: str, table: pa.Table) -> dict[str, int]:
     with pq.ParquetWriter(
         sink, table.schema, compression="zstd", write_statistics=["slice"], write_page_checksum=True
     ) as writer:
-        bucket = table.column("slice").to_numpy() // SLICES_PER_ROW_GROUP
+        bucket = row_group_of(table.column("slice").to_numpy())
         bounds = (np.flatnonzero(np.diff(bucket)) + 1).tolist() + [table.num_rows] if table.num_rows else []
         start = 0
         for end in bounds:
@@ -255,8 +271,8 @@ class PieceIndex:
     keeping the files it opened (the index of a committed version never changes). `runs`: the
     manifest's `index_runs`. Safe to share between threads, and threads read row groups at once: each
     read opens its own view of the file (a ParquetFile and the object under it keep a
-    position) with the footer read once, so a replay loading several blocks of the index
-    from S3 waits for one GET's latency, not one per block."""
+    position) with the footer read once, so a replay loading several row groups of the index
+    from S3 waits for one GET's latency, not one per row group."""
 
     store: Storage
     slices: int
@@ -335,7 +351,7 @@ class PieceIndex:
             if not wanted:
                 continue
             # one read for all of them: on S3 adjacent row groups are one GET, and a replay
-            # loading 4 blocks of 10 s slices spent a third of the time in per-read overhead
+            # loading 4 row groups of 10 s slices spent a third of the time in per-read overhead
             try:
                 table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_groups(
                     wanted, columns=columns

@@ -26,7 +26,7 @@ import pyarrow as pa
 from keygroups import compacted, envelope, handoff
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_columns import PieceColumns
-from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from keygroups.piece_index import row_group_of
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint, State
 from reader.fetch import PieceFetcher, span_bytes
@@ -174,7 +174,7 @@ class Replay:
                 self._stepped(t, fetcher, first)
                 return
             for s in range(first, plan.slices):  # under a drift bound every thread meets at every slice
-                own = plan.thread_pieces(s // SLICES_PER_ROW_GROUP, t).get(s, [])
+                own = plan.thread_pieces(row_group_of(s), t).get(s, [])
                 fetcher.prefetch(s)
                 # No thread declares where slice s starts before every thread has finished
                 # s - 1: the pacer would hold a thread of s - 1 back against it.
