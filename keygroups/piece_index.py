@@ -1,12 +1,10 @@
 """The piece index of the compacted archive (docs/compacted-archive.md, "The index").
 
-A group's records of one slice (a *piece*) are a run of whole Avro blocks inside a segment
-file that holds many consecutive slices of that group. Readers find pieces here:
-
-    <root>/index/<first slice:010d>-<run>.slices.parquet   one row per slice: bounds, records,
-                                                           bytes, per-partition offset ranges
-    <root>/index/<first slice:010d>-<run>.pieces.parquet   one row per piece: file, byte range,
-                                                           records, timestamps, CRC-32C
+A group's records of one slice (a *piece*) are consecutive whole Avro blocks inside a segment
+file that holds many consecutive slices of that group. Readers find pieces here, in
+two kinds of index file (named by `keygroups.layout.index_key`): "slices", one row per
+slice (bounds, records, bytes, per-partition offset ranges), and "pieces", one row per piece
+(file, byte range, records, timestamps, CRC-32C).
 
 Each pair covers `SLICES_PER_FILE` consecutive slices, so a file's name follows from a slice
 number and the run that wrote it; the manifest lists only where the writing run changes
@@ -33,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from keygroups.compacted import INDEX, Manifest, PartitionRange, Piece, SliceMeta, index_run
+from keygroups.compacted import Manifest, PartitionRange, Piece, SliceMeta, index_run
 from keygroups.errors import FormatError, IntegrityError, KeyfillError
+from keygroups.layout import INDEX_KINDS, index_key
 from keygroups.storage import ObjectNotFound, Storage
 
 SLICES_PER_FILE = 4096
@@ -150,11 +149,6 @@ def piece_list(pieces: pa.Table) -> list[Piece]:
     return list(map(Piece._make, zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA])))))
 
 
-def index_key(kind: str, first_slice: int, run: str) -> str:
-    """The index file ("slices" or "pieces") covering the slice range starting at `first_slice`."""
-    return f"{INDEX}/{first_slice:010d}-{run}.{kind}.parquet"
-
-
 def file_start(s: int) -> int:
     """The first slice of the index file that covers slice s."""
     return s - s % SLICES_PER_FILE
@@ -217,7 +211,7 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
     last = int(pc.max(slices.column("slice")).as_py())
     for start in range(first, last + 1, SLICES_PER_FILE):
         end = start + SLICES_PER_FILE
-        for kind, table in (("slices", slices), ("pieces", pieces)):
+        for kind, table in zip(INDEX_KINDS, (slices, pieces)):
             s = table.column("slice")
             part = table.filter(pc.and_(pc.greater_equal(s, start), pc.less(s, end)))
             written[index_key(kind, start, run)] = _write(store, index_key(kind, start, run), part)
