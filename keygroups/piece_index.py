@@ -31,9 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from keygroups.compacted import Manifest, PartitionRange, Piece, SliceMeta, index_run
 from keygroups.errors import FormatError, IntegrityError, KeyfillError
 from keygroups.layout import INDEX_KINDS, index_key
+from keygroups.manifest import Manifest, index_run
+from keygroups.pieces import PartitionRange, Piece, SliceMeta
 from keygroups.storage import ObjectNotFound, Storage
 
 SLICES_PER_FILE = 4096
