@@ -1,6 +1,6 @@
 """Multithreaded replay of a compacted archive, in slice lockstep for the consumer only.
 
-T threads share the G key groups (balanced by bytes: `reader.plan`). Every thread reads and
+T threads share the G key groups (balanced by bytes: `reader.replay_plan`). Every thread reads and
 decodes its groups' pieces a step of about a MiB at a time, the group that is furthest
 behind first (`reader.fetch`: spans of upcoming pieces are already in flight), and hands each
 step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
@@ -34,8 +34,8 @@ from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
-from reader.plan import ReplayPlan
 from reader.read_budget import ReadBudget, ReadStopped
+from reader.replay_plan import ReplayPlan
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds
 

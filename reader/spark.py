@@ -53,11 +53,11 @@ from keygroups.piece_index import row_group_of, row_group_start
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.pushdown import Pushdown, push
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
-from reader.source_plan import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
+from reader.spark_partitions import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
 from reader.spark_rows import arrow_schema, schema_ddl, to_spark_batches
 from reader.strides import Strides
 
-__all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.source_plan)
+__all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.spark_partitions)
     "DEFAULT_MAX_BYTES_PER_TRIGGER",
     "NAME",
     "ArchiveChanged",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import reader
 import reader.fetched_span
-import reader.plan
+import reader.replay_plan
 from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
 from compactor.sources.envelope import build_index, read_chunk, write_chunk
@@ -229,7 +229,7 @@ def test_threads_row_groups_apart_share_a_tiny_index_cache(archives, threads):
     """Threads never wait for each other, so they may read index row groups far apart: with
     room for one row group they reload what they need instead of failing, and the replay is whole."""
     dest, table, before = archives["short"]
-    with mock.patch.object(reader.plan, "CACHED_ROW_GROUPS", 1), reader.replay(dest, threads=threads) as events:
+    with mock.patch.object(reader.replay_plan, "CACHED_ROW_GROUPS", 1), reader.replay(dest, threads=threads) as events:
         got, _ = run(events)
     check_invariants(got, table, before, 0)
 
@@ -239,7 +239,7 @@ def test_row_groups_loaded_together_are_the_row_groups_loaded_one_by_one(archive
     as if read alone (pieces by group, slice spreads)."""
     store = open_storage(archives["short"][0])
     manifest = compacted.load_manifest(store)
-    plan = reader.plan.ReplayPlan(store, manifest, 3)
+    plan = reader.replay_plan.ReplayPlan(store, manifest, 3)
     row_groups = row_group_of(manifest.slices - 1) + 1
     assert row_groups >= 3
     together = plan._build(0, row_groups)
@@ -268,7 +268,7 @@ def test_a_damaged_row_group_in_a_preload_fails_only_the_threads_that_need_it(ar
     victim = next(p for m in reversed(metas) for p in m.pieces)  # in the last row group
     rows = [p if p != victim else p._replace(offset=p.file_bytes + 100) for m in metas for p in m.pieces]
     rewrite_index(store, piece_index.slice_table(metas), piece_index.piece_table(rows))
-    plan = reader.plan.ReplayPlan(store, compacted.load_manifest(store), 3)
+    plan = reader.replay_plan.ReplayPlan(store, compacted.load_manifest(store), 3)
     last = row_group_of(manifest.slices - 1)
     assert row_group_of(victim.slice) == last >= 2
     with plan._lock:

@@ -32,6 +32,9 @@ PRELOAD_ROW_GROUPS = 4  # the fetchers look LOOKAHEAD_SLICES (256) = 4 row group
 
 
 class ReplayPlan:
+    """A replay's plan, decided from the manifest and the index before any piece is read:
+    which thread reads which groups, and each index row group's pieces by group and by thread."""
+
     def __init__(self, store: Storage, manifest: compacted.Manifest, threads: int) -> None:
         self.store = store
         self.manifest = manifest

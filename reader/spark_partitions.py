@@ -1,7 +1,8 @@
-"""The Spark source without Spark's reader classes: the driver-side planner (whole slices of
-the archive per micro-batch, then the live topic's offset ranges) and what a task runs to
-read a partition, through the replay's group reader (`reader.fetch.read_groups`).
-`reader.spark` adapts it to PySpark's Data Source API."""
+"""The Spark source's input partitions, without Spark's reader classes: planned on the
+driver (`SourcePlanner`: whole slices of the archive per micro-batch, their pieces bundled
+by group into `GroupsPartition`s, then the live topic's offset ranges) and read in a task,
+through the replay's group reader (`reader.fetch.read_groups`). `reader.spark` adapts it to
+PySpark's Data Source API."""
 
 from __future__ import annotations
 
