@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from keygroups import layout
 from keygroups import piece_index as ix
 from keygroups.storage import open_storage
 
@@ -135,7 +136,7 @@ def main() -> None:
                     got = 0
                     for kind in ("pieces", "slices"):
                         table = pq.read_table(
-                            pa.BufferReader(counting.read(ix.index_key(kind, ix.file_start(first), RUN)))
+                            pa.BufferReader(counting.read(layout.index_key(kind, ix.file_start(first), RUN)))
                         )
                         col = table.column("slice")
                         got += table.filter(pc.and_(pc.greater_equal(col, first), pc.less(col, end))).num_rows

@@ -54,7 +54,7 @@ def named_files(m: compacted.Manifest) -> tuple[set[str], set[str]]:
     keys = {compacted.version_key(m.version), m.assignment}
     for start in range(0, m.slices, piece_index.SLICES_PER_FILE):
         run = compacted.index_run(m.index_runs, start)
-        keys |= {piece_index.index_key(kind, start, run) for kind in ("slices", "pieces")}
+        keys |= {compacted.index_key(kind, start, run) for kind in compacted.INDEX_KINDS}
     return keys, set(m.runs)
 
 

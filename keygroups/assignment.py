@@ -207,3 +207,19 @@ class KeyAssignment:
         for p in np.unique(partitions[null]).tolist():
             out[null & (partitions == p)] = self.null_groups.get(p, MISSING)
         return out
+
+
+_cached: dict[str, KeyAssignment] = {}  # assignment file URL -> its lookup: the last one asked for, per process
+
+
+def cached_assignment(store: Storage, key: str) -> KeyAssignment:
+    """The lookup of the assignment file `key`, built once per process and kept until another
+    file is asked for: a Spark worker runs many tasks over one archive, and building the
+    lookup reads and sorts every key."""
+    url = store.url_for(key)
+    found = _cached.get(url)
+    if found is None:
+        found = KeyAssignment.from_table(load_assignment(store, key))
+        _cached.clear()
+        _cached[url] = found
+    return found

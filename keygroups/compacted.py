@@ -1,7 +1,10 @@
 """The compacted archive format, version 3: one namespace for what its modules define.
 
 Written by the compactor, read by the reader, so it lives here, in the package both
-depend on. The on-disk layout is documented in docs/compacted-archive.md:
+depend on. A facade for code outside `keygroups` (the compactor, the reader, the command
+line, the worked examples and users' own programs: `compacted.load_manifest(store)`);
+modules of `keygroups` import from the defining module instead, so the facade sits on top
+of the package and defines nothing itself. The on-disk layout is documented in docs/compacted-archive.md:
 
     <root>/_versions/<version:020d>.json                  one per commit, created once: the
                                                           latest makes that version visible
@@ -35,11 +38,13 @@ from keygroups.layout import (
     GET_BYTES,
     GROUPS,
     INDEX,
+    INDEX_KINDS,
     LEGACY_MANIFEST,
     RUNS,
     TRIGGER_BYTES,
     VERSIONS,
     assignment_key,
+    index_key,
     is_archive_key,
     is_legacy_key,
     lease_key,
@@ -73,6 +78,7 @@ __all__ = [
     "GET_BYTES",
     "GROUPS",
     "INDEX",
+    "INDEX_KINDS",
     "LEGACY_MANIFEST",
     "RUNS",
     "TRIGGER_BYTES",
@@ -90,6 +96,7 @@ __all__ = [
     "crc32c",
     "crc32c_value",
     "dumps",
+    "index_key",
     "index_run",
     "is_archive_key",
     "is_legacy_key",

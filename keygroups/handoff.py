@@ -13,8 +13,8 @@ import io
 import json
 from typing import Any
 
-from keygroups.compacted import Manifest
 from keygroups.errors import OptionError
+from keygroups.manifest import Manifest
 
 FORMATS = ("spark", "csv", "json")
 

@@ -17,6 +17,7 @@ RUNS = "_runs"  # a running compaction's lease (compactor.lease): vacuum leaves 
 LEGACY_MANIFEST = "_manifest.json"  # format versions 1 and 2: one unversioned manifest
 ASSIGNMENTS = "assignments"
 INDEX = "index"
+INDEX_KINDS = ("slices", "pieces")  # an index file's kind: per slice rows, per piece rows (keygroups.piece_index)
 GROUPS = "groups"
 # The largest ranged GET readers make by default: AWS's guidance for S3 throughput is 8-16 MB
 # per request; shuffle through object storage pays off from 8 MiB (BlobShuffle). 16 MiB keeps
@@ -36,19 +37,20 @@ def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
 
 
 _RUN = "[0-9a-f]{16}"
+_INDEX_KIND = "(?:" + "|".join(INDEX_KINDS) + ")"
 # Every object this layout writes, and nothing else: what vacuum may delete.
 _ARCHIVE_KEY = re.compile(
     rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet|{RUNS}/{_RUN}(?:\.error)?\.json"
-    rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.(?:slices|pieces)\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
+    rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.{_INDEX_KIND}\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
 )
 # The run id in the name of a run's file (assignment, index, segment, lease), and a segment's group.
 _RUN_OF_KEY = re.compile(
     rf"(?:{ASSIGNMENTS}/|{RUNS}/|{INDEX}/[0-9]{{10}}-|{GROUPS}/(?P<group>[0-9]{{5,}})/[0-9]{{10}}-)"
-    rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|slices\.parquet|pieces\.parquet|avro)"
+    rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|{_INDEX_KIND}\.parquet|avro)"
 )
 # What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
 _LEGACY_KEY = re.compile(
-    rf"{re.escape(LEGACY_MANIFEST)}|assignment\.parquet|{INDEX}/[0-9]{{10}}\.(?:slices|pieces)\.parquet"
+    rf"{re.escape(LEGACY_MANIFEST)}|assignment\.parquet|{INDEX}/[0-9]{{10}}\.{_INDEX_KIND}\.parquet"
     rf"|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}\.avro|slices/[0-9]{{6,}}/(?:_slice\.json|group-[0-9]{{5,}}\.avro)"
 )
 
@@ -100,6 +102,12 @@ def segment_key(group: int, first_slice: int, run: str) -> str:
 def segment_first_slice(key: str) -> int:
     """The first slice of a segment file, from its name (`segment_key`)."""
     return int(key.rpartition("/")[2][:10])
+
+
+def index_key(kind: str, first_slice: int, run: str) -> str:
+    """An index file of `kind` (one of INDEX_KINDS) covering the slices from `first_slice`,
+    named by the run that wrote it: listings sort by slice."""
+    return f"{INDEX}/{first_slice:010d}-{run}.{kind}.parquet"
 
 
 def assignment_key(run: str) -> str:

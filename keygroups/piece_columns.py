@@ -5,7 +5,7 @@ A replay of 10 s slices goes through ~6,000 pieces a second per million records.
 object per piece (`pieces.Piece`), building them, walking them to plan GETs and decode
 steps, and the garbage collections they set off took ~40 ms of a 0.3 s replay of 2M records,
 all of it holding the GIL the replay threads share. As columns, that is a few numpy calls
-per block of slices, per run and per decode step. A `Piece` is still built for one piece
+per index row group, per span and per decode step. A `Piece` is still built for one piece
 when something needs its fields (an error names it, the drift-bound path reads per piece):
 `PieceColumns` is a sequence of Pieces, built on access.
 """
@@ -29,7 +29,7 @@ FIELDS = ("file_id", *NUMBERS)  # rows of `PieceColumns.a`; a piece's file is an
 
 class Files:
     """File names by id, shared by all the columns a reader builds, so that joining the
-    pieces of two index blocks needs no renumbering. Ids are only ever added."""
+    pieces of two index row groups needs no renumbering. Ids are only ever added."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -93,7 +93,7 @@ class PieceColumns(Sequence[Piece]):
 
     @classmethod
     def concat(cls, parts: list[PieceColumns]) -> PieceColumns:
-        """Parts one after another (a run that crosses index blocks)."""
+        """Parts one after another (a span that crosses index row groups)."""
         if len(parts) == 1:
             return parts[0]
         files = parts[0].files

@@ -1,12 +1,10 @@
 """The piece index of the compacted archive (docs/compacted-archive.md, "The index").
 
-A group's records of one slice (a *piece*) are a run of whole Avro blocks inside a segment
-file that holds many consecutive slices of that group. Readers find pieces here:
-
-    <root>/index/<first slice:010d>-<run>.slices.parquet   one row per slice: bounds, records,
-                                                           bytes, per-partition offset ranges
-    <root>/index/<first slice:010d>-<run>.pieces.parquet   one row per piece: file, byte range,
-                                                           records, timestamps, CRC-32C
+A group's records of one slice (a *piece*) are consecutive whole Avro blocks inside a segment
+file that holds many consecutive slices of that group. Readers find pieces here, in
+two kinds of index file (named by `keygroups.layout.index_key`): "slices", one row per
+slice (bounds, records, bytes, per-partition offset ranges), and "pieces", one row per piece
+(file, byte range, records, timestamps, CRC-32C).
 
 Each pair covers `SLICES_PER_FILE` consecutive slices, so a file's name follows from a slice
 number and the run that wrote it; the manifest lists only where the writing run changes
@@ -25,7 +23,7 @@ import io
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import google_crc32c
 import numpy as np
@@ -33,12 +31,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from keygroups.compacted import INDEX, Manifest, PartitionRange, Piece, SliceMeta, index_run
 from keygroups.errors import FormatError, IntegrityError, KeyfillError
+from keygroups.layout import INDEX_KINDS, index_key
+from keygroups.manifest import Manifest, index_run
+from keygroups.pieces import PartitionRange, Piece, SliceMeta
 from keygroups.storage import ObjectNotFound, Storage
 
 SLICES_PER_FILE = 4096
 SLICES_PER_ROW_GROUP = 64
+
+
+@overload
+def row_group_of(s: int) -> int: ...
+@overload
+def row_group_of(s: np.ndarray) -> np.ndarray: ...
+def row_group_of(s: int | np.ndarray) -> int | np.ndarray:
+    """The index row group that holds slice s (or each of an array of slices), counted from
+    the archive's first slice: readers load, cache and cut the index by it."""
+    return s // SLICES_PER_ROW_GROUP
+
+
+def row_group_start(rg: int) -> int:
+    """The first slice of index row group rg."""
+    return rg * SLICES_PER_ROW_GROUP
+
 
 PARTITION_RANGE = pa.struct(
     [
@@ -134,11 +150,6 @@ def piece_list(pieces: pa.Table) -> list[Piece]:
     return list(map(Piece._make, zip(*_columns(pieces.select([f.name for f in PIECE_SCHEMA])))))
 
 
-def index_key(kind: str, first_slice: int, run: str) -> str:
-    """The index file ("slices" or "pieces") covering the slice range starting at `first_slice`."""
-    return f"{INDEX}/{first_slice:010d}-{run}.{kind}.parquet"
-
-
 def file_start(s: int) -> int:
     """The first slice of the index file that covers slice s."""
     return s - s % SLICES_PER_FILE
@@ -155,7 +166,7 @@ def _write(store: Storage, key: str, table: pa.Table) -> dict[str, int]:
     with pq.ParquetWriter(
         sink, table.schema, compression="zstd", write_statistics=["slice"], write_page_checksum=True
     ) as writer:
-        bucket = table.column("slice").to_numpy() // SLICES_PER_ROW_GROUP
+        bucket = row_group_of(table.column("slice").to_numpy())
         bounds = (np.flatnonzero(np.diff(bucket)) + 1).tolist() + [table.num_rows] if table.num_rows else []
         start = 0
         for end in bounds:
@@ -201,7 +212,7 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
     last = int(pc.max(slices.column("slice")).as_py())
     for start in range(first, last + 1, SLICES_PER_FILE):
         end = start + SLICES_PER_FILE
-        for kind, table in (("slices", slices), ("pieces", pieces)):
+        for kind, table in zip(INDEX_KINDS, (slices, pieces)):
             s = table.column("slice")
             part = table.filter(pc.and_(pc.greater_equal(s, start), pc.less(s, end)))
             written[index_key(kind, start, run)] = _write(store, index_key(kind, start, run), part)
@@ -255,8 +266,8 @@ class PieceIndex:
     keeping the files it opened (the index of a committed version never changes). `runs`: the
     manifest's `index_runs`. Safe to share between threads, and threads read row groups at once: each
     read opens its own view of the file (a ParquetFile and the object under it keep a
-    position) with the footer read once, so a replay loading several blocks of the index
-    from S3 waits for one GET's latency, not one per block."""
+    position) with the footer read once, so a replay loading several row groups of the index
+    from S3 waits for one GET's latency, not one per row group."""
 
     store: Storage
     slices: int
@@ -335,7 +346,7 @@ class PieceIndex:
             if not wanted:
                 continue
             # one read for all of them: on S3 adjacent row groups are one GET, and a replay
-            # loading 4 blocks of 10 s slices spent a third of the time in per-read overhead
+            # loading 4 row groups of 10 s slices spent a third of the time in per-read overhead
             try:
                 table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_groups(
                     wanted, columns=columns

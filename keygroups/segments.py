@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from keygroups import compacted, envelope
-from keygroups.compacted import Piece, segment_key
+from keygroups import envelope
 from keygroups.envelope.framing import read_header
-from keygroups.errors import KeyfillError, OptionError
+from keygroups.errors import FormatError, KeyfillError, OptionError
+from keygroups.layout import segment_key
+from keygroups.pieces import Piece, crc32c_value
 from keygroups.storage import Storage
 
 SEGMENT_FORMAT = "keyfill.segment/1"
@@ -115,7 +116,7 @@ class SegmentWriter:
                 records=len(records),
                 min_timestamp=int(np.min(ts)),
                 max_timestamp=int(np.max(ts)),
-                crc32c=compacted.crc32c_value(blob),
+                crc32c=crc32c_value(blob),
                 file_header=self._header,
                 file_bytes=0,  # known when the file is closed
             )
@@ -132,14 +133,14 @@ class SegmentWriter:
         name = self.store.url_for(tail.key)
         size = self.store.size(tail.key)
         if size != tail.file_bytes:
-            raise compacted.FormatError(f"{name}: {size} bytes, the index says {tail.file_bytes}")
+            raise FormatError(f"{name}: {size} bytes, the index says {tail.file_bytes}")
         try:
             meta, sync, end = read_header(self.store.read_range(tail.key, 0, tail.file_header), name)
         except KeyfillError as exc:
-            raise compacted.FormatError(str(exc)) from None
+            raise FormatError(str(exc)) from None
         codec = meta.get("avro.codec", b"null").decode(errors="replace")
         if end != tail.file_header or sync != self.sync or codec != self.codec:
-            raise compacted.FormatError(
+            raise FormatError(
                 f"{name}: not a segment file of group {self.group} with codec {self.codec} "
                 "(its header or sync marker differ)"
             )

@@ -16,7 +16,7 @@ import pyarrow as pa
 from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError, KeyfillError
 from keygroups.piece_columns import PieceColumns
-from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from keygroups.piece_index import row_group_of, row_group_start
 from keygroups.storage import Storage
 from reader.coalesce import parts, span
 from reader.fetch_pool import GET_THREADS, FetchPool
@@ -77,16 +77,16 @@ class PieceFetcher:
         return self.pool.submit(self.store.read_range, key, start, length)
 
     def _plan(self, g: int, limit: int) -> tuple[PieceColumns | None, int]:
-        """Group g's next span, looking at its pieces up to slice `limit` (a block's pieces by
-        group come from the plan, as columns: no walk over every slice or piece), and the
-        first slice past what was looked at."""
+        """Group g's next span, looking at its pieces up to slice `limit` (an index row group's
+        pieces by group come from the plan, as columns: no walk over every slice or piece),
+        and the first slice past what was looked at."""
         s = self._frontier[g]
         found: list[PieceColumns] = []
         file, start, end = "", 0, 0  # the span so far: its file and bytes [start, end)
         while s < limit:
-            block = s // SLICES_PER_ROW_GROUP
-            mine = self.group_pieces(block, g)
-            stop = min(limit, (block + 1) * SLICES_PER_ROW_GROUP)
+            rg = row_group_of(s)
+            mine = self.group_pieces(rg, g)
+            stop = min(limit, row_group_start(rg + 1))
             a, z = np.searchsorted(mine.slice, [s, stop]).tolist()
             if a < z:
                 if not found:
@@ -154,7 +154,7 @@ class PieceFetcher:
     def _joining(self, mine: PieceColumns, a: int, z: int, file: str, start: int, end: int) -> int:
         """How many of pieces a..z-1 carry on the span of `file` bytes [start, end): each must
         begin in that file where the one before it ends, and the span stay within span_bytes."""
-        cut = mine.rows(a, z)  # one view, its rows read once: this happens per block per span
+        cut = mine.rows(a, z)  # one view, its rows read once: this happens per row group per span
         ids, offsets = cut.file_id, cut.offset
         ends = cut.end
         if mine.file_of(a) != file or offsets[0] != end:
@@ -304,13 +304,13 @@ def read_groups(
         return
     cols = PieceColumns.of(list(pieces))
     order = list(dict.fromkeys(cols.group.tolist()))
-    blocks: dict[tuple[int, int], PieceColumns] = {}
+    row_groups: dict[tuple[int, int], PieceColumns] = {}  # (group, index row group) -> its pieces
     for g in order:
         mine = cols.take(np.flatnonzero(cols.group == g))
-        block = mine.slice // SLICES_PER_ROW_GROUP
-        cuts = [0, *(np.flatnonzero(np.diff(block)) + 1).tolist(), len(mine)]
+        rg = row_group_of(mine.slice)
+        cuts = [0, *(np.flatnonzero(np.diff(rg)) + 1).tolist(), len(mine)]
         for a, z in zip(cuts, cuts[1:]):
-            blocks[(g, int(block[a]))] = mine.rows(a, z)
+            row_groups[(g, int(rg[a]))] = mine.rows(a, z)
     none = cols.rows(0, 0)
     first, end = int(cols.slice.min()), int(cols.slice.max()) + 1
     # GETs in flight: two spans per group, within 4..GET_THREADS threads (a span's parts share them)
@@ -319,7 +319,7 @@ def read_groups(
     fetcher = PieceFetcher(
         store,
         pool,
-        lambda block, g: blocks.get((g, block), none),
+        lambda rg, g: row_groups.get((g, rg), none),
         end,
         set(order),
         span_bytes=span_bytes(read_ahead_bytes, len(order), part_bytes),

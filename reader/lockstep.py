@@ -1,6 +1,6 @@
 """Multithreaded replay of a compacted archive, in slice lockstep for the consumer only.
 
-T threads share the G key groups (balanced by bytes: `reader.plan`). Every thread reads and
+T threads share the G key groups (balanced by bytes: `reader.replay_plan`). Every thread reads and
 decodes its groups' pieces a step of about a MiB at a time, the group that is furthest
 behind first (`reader.fetch`: spans of upcoming pieces are already in flight), and hands each
 step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
@@ -26,7 +26,7 @@ import pyarrow as pa
 from keygroups import compacted, envelope, handoff
 from keygroups.errors import KeyfillError, OptionError
 from keygroups.piece_columns import PieceColumns
-from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from keygroups.piece_index import row_group_of
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint, State
 from reader.fetch import PieceFetcher, span_bytes
@@ -34,8 +34,8 @@ from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
-from reader.plan import ReplayPlan
 from reader.read_budget import ReadBudget, ReadStopped
+from reader.replay_plan import ReplayPlan
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds
 
@@ -174,7 +174,7 @@ class Replay:
                 self._stepped(t, fetcher, first)
                 return
             for s in range(first, plan.slices):  # under a drift bound every thread meets at every slice
-                own = plan.thread_pieces(s // SLICES_PER_ROW_GROUP, t).get(s, [])
+                own = plan.thread_pieces(row_group_of(s), t).get(s, [])
                 fetcher.prefetch(s)
                 # No thread declares where slice s starts before every thread has finished
                 # s - 1: the pacer would hold a thread of s - 1 back against it.

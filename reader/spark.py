@@ -49,15 +49,15 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from keygroups import worker_gc
-from keygroups.piece_index import SLICES_PER_ROW_GROUP
+from keygroups.piece_index import row_group_of, row_group_start
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.pushdown import Pushdown, push
 from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
-from reader.source_plan import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
+from reader.spark_partitions import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
 from reader.spark_rows import arrow_schema, schema_ddl, to_spark_batches
 from reader.strides import Strides
 
-__all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.source_plan)
+__all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.spark_partitions)
     "DEFAULT_MAX_BYTES_PER_TRIGGER",
     "NAME",
     "ArchiveChanged",
@@ -336,8 +336,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self.planner.offset(slices)
         end, taken, nbytes, rows = first, 0, 0, 0
         while end < slices:
-            block = min(slices, end - end % SLICES_PER_ROW_GROUP + SLICES_PER_ROW_GROUP)
-            for n, b in zip(*(x.tolist() for x in self.planner.slice_sizes(end, block))):
+            row_group_end = min(slices, row_group_start(row_group_of(end) + 1))  # sizes a row group at a time
+            for n, b in zip(*(x.tolist() for x in self.planner.slice_sizes(end, row_group_end))):
                 if n:
                     over = (
                         (max_slices is not None and taken + 1 > max_slices)

@@ -81,3 +81,21 @@ def test_hashes_spread_and_depend_on_every_byte():
     assert np.array_equal(large, h)
     chunked = hash_keys(pa.chunked_array([keys.slice(0, 7), keys.slice(7)]))
     assert np.array_equal(chunked, h)
+
+
+def test_the_cached_lookup_is_built_once_per_assignment_file(tmp_path, monkeypatch):
+    """`cached_assignment` (the Spark source's live phase, per worker process) builds a lookup
+    once, and another assignment file replaces it."""
+    from keygroups.storage import open_storage
+
+    store = open_storage(str(tmp_path))
+    assignment_module.write_assignment(store, "a.parquet", table({b"k": 3}, {}))
+    assignment_module.write_assignment(store, "b.parquet", table({b"k": 5}, {}))
+    built = []
+    original = KeyAssignment.from_table
+    monkeypatch.setattr(KeyAssignment, "from_table", lambda t: built.append(t) or original(t))
+    a = assignment_module.cached_assignment(store, "a.parquet")
+    assert assignment_module.cached_assignment(store, "a.parquet") is a and len(built) == 1
+    b = assignment_module.cached_assignment(store, "b.parquet")
+    assert len(built) == 2 and b.group_of(pa.array([b"k"]), np.zeros(1, np.int32)).tolist() == [5]
+    assert a.group_of(pa.array([b"k"]), np.zeros(1, np.int32)).tolist() == [3]

@@ -42,6 +42,26 @@ def test_package_imports_only_downstream(package: str) -> None:
     assert not bad, "layering broken:\n" + "\n".join(bad)
 
 
+def test_keygroups_modules_do_not_import_the_compacted_facade() -> None:
+    """`keygroups.compacted` re-exports the format's modules for code outside the package;
+    a module of the package going through it would make the facade a layer the format
+    depends on (and a cycle as soon as a defining module did)."""
+    bad = [
+        f"{f.relative_to(ROOT)}:{node.lineno}"
+        for f in sorted((ROOT / "keygroups").rglob("*.py"))
+        if f.name != "compacted.py"
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f)))
+        if (isinstance(node, ast.ImportFrom) and node.module == "keygroups.compacted")
+        or (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "keygroups"
+            and any(a.name == "compacted" for a in node.names)
+        )
+        or (isinstance(node, ast.Import) and any(a.name == "keygroups.compacted" for a in node.names))
+    ]
+    assert not bad, "import from the defining module instead:\n" + "\n".join(bad)
+
+
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from compactor.job import compact\n    import reader.spark\n")

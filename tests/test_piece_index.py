@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keygroups import layout
 from keygroups import piece_index as ix
 from keygroups.errors import FormatError
 from keygroups.storage import open_storage
@@ -126,10 +127,10 @@ def test_a_range_outside_the_archive_and_a_missing_file_are_named(tmp_path):
     ix.write_index(store, sl, pieces, run)
     with pytest.raises(FormatError, match="outside"):
         ix.PieceIndex(store, 3, [[0, run]]).piece_rows(2, 5)
-    store.delete(ix.index_key("pieces", 0, run))
+    store.delete(layout.index_key("pieces", 0, run))
     with pytest.raises(FormatError, match="index file missing") as err:
         ix.PieceIndex(store, 3, [[0, run]]).piece_rows(0, 1)
     assert f"0000000000-{run}.pieces.parquet" in str(err.value)
-    store.write(ix.index_key("pieces", 0, run), b"not parquet")
+    store.write(layout.index_key("pieces", 0, run), b"not parquet")
     with pytest.raises(FormatError, match="unreadable index file"):
         ix.PieceIndex(store, 3, [[0, run]]).piece_rows(0, 1)

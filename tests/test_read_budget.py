@@ -13,8 +13,8 @@ import pytest
 
 import reader
 import reader.fetch
-import reader.source_plan
 import reader.spark
+import reader.spark_partitions
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups.storage import open_storage
@@ -109,7 +109,7 @@ def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage
             budgets.append(self)
 
     monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
-    monkeypatch.setattr(reader.source_plan, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
+    monkeypatch.setattr(reader.spark_partitions, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
     opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(BUDGET), "numPartitions": "1"})
     planner = reader.spark.SourcePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)

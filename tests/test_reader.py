@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 import reader
 import reader.fetched_span
-import reader.plan
+import reader.replay_plan
 from compactor.job import CompactConfig, compact
 from compactor.slicing import SlicingError
 from compactor.sources.envelope import build_index, read_chunk, write_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope
+from keygroups.piece_index import row_group_of
 from keygroups.storage import open_storage
 from tests.records import archive_metas, below_handoff, copy_archive, rewrite_index
 
@@ -224,26 +225,26 @@ def test_checkpoint_and_resume_any_number_of_times_is_exactly_once(archives, nam
 
 
 @pytest.mark.parametrize("threads", [3, 16])
-def test_threads_blocks_apart_share_a_tiny_index_cache(archives, threads):
-    """Threads never wait for each other, so they may read index blocks far apart: with room
-    for one block they reload what they need instead of failing, and the replay is whole."""
+def test_threads_row_groups_apart_share_a_tiny_index_cache(archives, threads):
+    """Threads never wait for each other, so they may read index row groups far apart: with
+    room for one row group they reload what they need instead of failing, and the replay is whole."""
     dest, table, before = archives["short"]
-    with mock.patch.object(reader.plan, "CACHED_BLOCKS", 1), reader.replay(dest, threads=threads) as events:
+    with mock.patch.object(reader.replay_plan, "CACHED_ROW_GROUPS", 1), reader.replay(dest, threads=threads) as events:
         got, _ = run(events)
     check_invariants(got, table, before, 0)
 
 
-def test_blocks_loaded_together_are_the_blocks_loaded_one_by_one(archives):
-    """A preload reads several index blocks at once and cuts them apart: each comes out as if
-    read alone (pieces by group, slice spreads)."""
+def test_row_groups_loaded_together_are_the_row_groups_loaded_one_by_one(archives):
+    """A preload reads several index row groups at once and cuts them apart: each comes out
+    as if read alone (pieces by group, slice spreads)."""
     store = open_storage(archives["short"][0])
     manifest = compacted.load_manifest(store)
-    plan = reader.plan.ReplayPlan(store, manifest, 3)
-    blocks = -(-manifest.slices // reader.plan.SLICES_PER_ROW_GROUP)
-    assert blocks >= 3
-    together = plan._build(0, blocks)
-    assert sorted(together) == list(range(blocks))
-    for b in range(blocks):
+    plan = reader.replay_plan.ReplayPlan(store, manifest, 3)
+    row_groups = row_group_of(manifest.slices - 1) + 1
+    assert row_groups >= 3
+    together = plan._build(0, row_groups)
+    assert sorted(together) == list(range(row_groups))
+    for b in range(row_groups):
         by_group, spreads = plan._build(b, b + 1)[b]
         assert together[b][1] == spreads
         assert together[b][0].keys() == by_group.keys() and by_group
@@ -251,9 +252,9 @@ def test_blocks_loaded_together_are_the_blocks_loaded_one_by_one(archives):
             assert np.array_equal(together[b][0][g].a, pieces.a)
 
 
-def test_a_damaged_block_in_a_preload_fails_only_the_threads_that_need_it(archives, tmp_path):
-    """A preload reads several blocks at once; when one of them is damaged, a thread waiting
-    for a sound block of the same read gets that block, and the damaged one fails with its
+def test_a_damaged_row_group_in_a_preload_fails_only_the_threads_that_need_it(archives, tmp_path):
+    """A preload reads several index row groups at once; when one of them is damaged, a thread
+    waiting for a sound row group of the same read gets it, and the damaged one fails with its
     own error naming the piece."""
     import shutil
 
@@ -264,22 +265,22 @@ def test_a_damaged_block_in_a_preload_fails_only_the_threads_that_need_it(archiv
     store = open_storage(dest)
     manifest = compacted.load_manifest(store)
     metas = archive_metas(store)
-    victim = next(p for m in reversed(metas) for p in m.pieces)  # in the last block
+    victim = next(p for m in reversed(metas) for p in m.pieces)  # in the last row group
     rows = [p if p != victim else p._replace(offset=p.file_bytes + 100) for m in metas for p in m.pieces]
     rewrite_index(store, piece_index.slice_table(metas), piece_index.piece_table(rows))
-    plan = reader.plan.ReplayPlan(store, compacted.load_manifest(store), 3)
-    last = (manifest.slices - 1) // reader.plan.SLICES_PER_ROW_GROUP
-    assert victim.slice // reader.plan.SLICES_PER_ROW_GROUP == last >= 2
+    plan = reader.replay_plan.ReplayPlan(store, compacted.load_manifest(store), 3)
+    last = row_group_of(manifest.slices - 1)
+    assert row_group_of(victim.slice) == last >= 2
     with plan._lock:
         claimed = plan._claim(range(1, last + 1))  # as a preload does
     waited: list = []
     waiting = threading.Thread(target=lambda: waited.append(plan._load(1)))
     waiting.start()
-    time.sleep(0.2)  # the thread waits for the preload's claim on block 1
+    time.sleep(0.2)  # the thread waits for the preload's claim on row group 1
     with pytest.raises(compacted.FormatError, match=f"slice {victim.slice}, group {victim.group}"):
         plan._fill(claimed)
     waiting.join(timeout=10)
-    assert waited and waited[0][0], "the sound block was not loaded"
+    assert waited and waited[0][0], "the sound row group was not loaded"
     with pytest.raises(compacted.FormatError, match=f"slice {victim.slice}, group {victim.group}"):
         plan._load(last)
 

@@ -349,7 +349,7 @@ def test_by_default_a_batch_has_a_partition_per_core(archive, cores, monkeypatch
     total = sum(planner.manifest.group_file_bytes)
     assert len(planner.plan(0, planner.manifest.slices)) == (groups if cores is None else min(cores, groups))
     task = max(1, total // 5)
-    monkeypatch.setattr("reader.source_plan.TASK_BYTES", task)  # the batch is 5 TASK_BYTES or more
+    monkeypatch.setattr("reader.spark_partitions.TASK_BYTES", task)  # the batch is 5 TASK_BYTES or more
     if cores is not None:
         waves = -(-total // (cores * task))
         assert planner.partitions_for(total, groups) == cores * waves

@@ -1,7 +1,8 @@
-"""The Spark source without Spark's reader classes: the driver-side planner (whole slices of
-the archive per micro-batch, then the live topic's offset ranges) and what a task runs to
-read a partition, through the replay's group reader (`reader.fetch.read_groups`).
-`reader.spark` adapts it to PySpark's Data Source API."""
+"""The Spark source's input partitions, without Spark's reader classes: planned on the
+driver (`SourcePlanner`: whole slices of the archive per micro-batch, their pieces bundled
+by group into `GroupsPartition`s, then the live topic's offset ranges) and read in a task,
+through the replay's group reader (`reader.fetch.read_groups`). `reader.spark` adapts it to
+PySpark's Data Source API."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pyspark.sql.datasource import InputPartition
 
 import keygroups
 from keygroups import compacted, handoff
-from keygroups.assignment import KeyAssignment, load_assignment
+from keygroups.assignment import cached_assignment
 from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
@@ -58,7 +59,6 @@ class GroupsPartition(InputPartition):
 # read of a whole archive): a failed task re-reads about this much. A streaming micro-batch
 # (512 MiB by default) stays at one task per core.
 TASK_BYTES = 1 << 30
-_assignments: dict[tuple[str, str], KeyAssignment] = {}  # (archive URL, assignment file) -> lookup; per process
 
 
 class SourcePlanner:
@@ -258,11 +258,7 @@ class SourcePlanner:
     def group_of(self, assignment: str) -> GroupOf:
         """The key group of live records, by the assignment the range was planned with (a
         key it lacks: null)."""
-        key = (self.opts.path, assignment)
-        if key not in _assignments:
-            _assignments.clear()
-            _assignments[key] = KeyAssignment.from_table(load_assignment(self.store, assignment))
-        return _assignments[key].group_of
+        return cached_assignment(self.store, assignment).group_of
 
     def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
         schema = arrow_schema(self.opts.include_headers)
