@@ -5,6 +5,9 @@ that loses or repeats a record."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
@@ -24,6 +27,7 @@ from keyfill.testing import (
     reference_stream,
     topic_archives,
 )
+from keyfill.testing.differential import memory_scratch, scratch
 from keygroups.durations import parse_duration
 from tests.records import sealed_slices
 
@@ -102,6 +106,14 @@ def test_a_job_of_each_keys_records_gives_the_same_outputs_backfilled(archive, s
 @given(archive=topic_archives(), settings=backfill_settings())
 def test_a_windowed_job_under_watermarks_gives_the_same_windows(archive, settings):
     check_job(tumbling_windows, archive, settings, watermarks=True)
+
+
+def test_scratch_archives_go_to_memory_where_the_os_has_room_and_are_removed():
+    with scratch(None) as where:
+        assert os.path.isdir(where)
+        assert os.path.dirname(where) == (memory_scratch() or tempfile.gettempdir())
+    assert not os.path.exists(where)
+    assert memory_scratch() in (None, "/dev/shm")
 
 
 def minimal_failure(check, examples: int = 200):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import tempfile
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -58,7 +59,8 @@ def compact_example(archive: TopicArchive, settings: BackfillSettings, url: str 
     from keygroups import compacted
     from keygroups.storage import open_storage
 
-    root = (url or tempfile.mkdtemp(prefix="keyfill-testing-")).rstrip("/") + f"/{uuid.uuid4().hex[:10]}"
+    url = url or tempfile.mkdtemp(prefix="keyfill-testing-", dir=memory_scratch())
+    root = url.rstrip("/") + f"/{uuid.uuid4().hex[:10]}"
     source = write_archive(archive, root + "/source", settings.layout)
     dest = root + "/compacted"
     if not archive.records:  # nothing to compact (keyfill refuses an empty source): nothing to replay
@@ -196,6 +198,23 @@ def compare_outputs(reference: dict, backfill: dict, *, order: list | None = Non
             )
 
 
+# A search compacts hundreds of tiny topics, and on a disk that other processes write to
+# (Spark's shuffles beside a test run) each file's fsync costs more than its compaction.
+MEMORY_FS = "/dev/shm"
+MEMORY_FS_ROOM = 1 << 30  # free bytes it must have: a container's default 64 MB is too tight
+
+
+def memory_scratch() -> str | None:
+    """Where temporary archives go: the memory filesystem where the OS mounts one with room
+    to spare, else None (the system's temporary folder)."""
+    try:
+        fs = os.statvfs(MEMORY_FS)
+    except OSError:
+        return None
+    roomy = fs.f_bavail * fs.f_frsize >= MEMORY_FS_ROOM and os.access(MEMORY_FS, os.W_OK)
+    return MEMORY_FS if roomy else None
+
+
 @contextlib.contextmanager
 def scratch(url: str | None) -> Iterator[str]:
     """`url`, or a temporary folder removed afterwards (a test session runs hundreds of
@@ -203,7 +222,7 @@ def scratch(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    with tempfile.TemporaryDirectory(prefix="keyfill-testing-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="keyfill-testing-", dir=memory_scratch()) as tmp:
         yield tmp
 
 
