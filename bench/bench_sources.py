@@ -74,8 +74,8 @@ def tiered_row(segment: bytes, n: int, rounds: int) -> tuple[str, int, float]:
 
     import zstandard
 
-    from compactor.sources.kafka_batches import decode_segment
-    from compactor.sources.kafka_tiered import parse_manifest, segment_bytes
+    from compactor.sources.kafka_segments.record_batches import decode_segment
+    from compactor.sources.kafka_segments.tiered import parse_manifest, segment_bytes
 
     size = 4 << 20
     z = zstandard.ZstdCompressor(write_content_size=True)
@@ -155,8 +155,8 @@ def connect_files(recs) -> dict[str, tuple[bytes, bytes, bytes]]:
 
 
 def connect_decode(ext: str, files: tuple[bytes, bytes, bytes]) -> int:
-    from compactor.sources.kafka_connect_files import EXTENSIONS
-    from compactor.sources.kafka_connect_records import timestamps_ms
+    from compactor.sources.kafka_connect.file_formats import EXTENSIONS
+    from compactor.sources.kafka_connect.records import timestamps_ms
 
     fmt = EXTENSIONS[ext]
     v = fmt.values(files[0], "v", 0, "ts", None)
@@ -244,7 +244,7 @@ def main() -> None:
 
     from kafka.record.memory_records import MemoryRecords
 
-    from compactor.sources.kafka_batches import decode_segment
+    from compactor.sources.kafka_segments.record_batches import decode_segment
     from keygroups import envelope
 
     recs = records(args.records)

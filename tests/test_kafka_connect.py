@@ -601,7 +601,7 @@ def _user_key(value: bytes) -> bytes | None:
 
 def test_base64_is_what_connect_json_would_write():
     """Sanity of the bytes rule against the standard library's base64 (no padding games)."""
-    from compactor.sources.kafka_connect_avro import encode_json
+    from compactor.sources.kafka_connect.avro import encode_json
 
     assert encode_json({"b": b"\x00\x01\xfe"}) == '{"b":"' + base64.b64encode(b"\x00\x01\xfe").decode() + '"}'
 
@@ -609,7 +609,7 @@ def test_base64_is_what_connect_json_would_write():
 @pytest.mark.parametrize("codec", ["null", "deflate", "snappy", "bzip2", "xz"])
 def test_keys_files_of_every_codec_decode_in_the_compiled_path(codec):
     """The connector may compress with any codec of the Avro spec (avro.codec)."""
-    from compactor.sources.kafka_connect_fast import fast_keys
+    from compactor.sources.kafka_connect.avro_keys_headers import fast_keys
 
     keys = ["a", None, "bé", ""] * 40
     out = io.BytesIO()

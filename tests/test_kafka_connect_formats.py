@@ -30,7 +30,7 @@ from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.sources.base import ArchiveError
 from compactor.sources.kafka_connect import KafkaConnectSource
-from compactor.sources.kafka_connect_json import json_values
+from compactor.sources.kafka_connect.json_lines import json_values
 from keygroups import compacted
 from keygroups.envelope import CorruptFile
 from keygroups.errors import OptionError
@@ -546,7 +546,7 @@ def test_json_and_parquet_archives_compact_verify_and_replay_exactly_once(spark,
 def test_json_keys_plain_and_escaped_strings_read_alike(keys, ascii_only):
     """A key line is read unparsed when it has no escapes, else by json.loads: either way a
     string key is its UTF-8 text, null is null, a number keeps its bytes."""
-    from compactor.sources.kafka_connect_json import json_keys
+    from compactor.sources.kafka_connect.json_lines import json_keys
 
     data = b"".join(json.dumps(k, ensure_ascii=ascii_only).encode() + b"\n" for k in keys)
     want = [None if k is None else k.encode() if isinstance(k, str) else str(k).encode() for k in keys]

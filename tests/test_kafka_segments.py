@@ -22,8 +22,8 @@ from kafka.record.memory_records import MemoryRecords
 from compactor.chunks import chunks_from, read_checked
 from compactor.job import CompactConfig, compact
 from compactor.sources import ArchiveError, open_source
-from compactor.sources.kafka_batches import decode_segment
-from compactor.sources.kafka_tiered import chunk_sizes_codec
+from compactor.sources.kafka_segments.record_batches import decode_segment
+from compactor.sources.kafka_segments.tiered import chunk_sizes_codec
 from compactor.verify import verify
 from keygroups.envelope import CorruptFile
 from keygroups.storage import open_storage
@@ -537,7 +537,7 @@ def test_bad_tiered_segments_are_named(tmp_path):
         rf"\.log: \d+ bytes, but its manifest's chunk index lists {-(-len(whole.segment) // 500)} chunks",
     )
     store.write(stem + ".log", store.read(stem + ".log")[:100])
-    from compactor.sources.kafka_tiered import parse_manifest, segment_bytes
+    from compactor.sources.kafka_segments.tiered import parse_manifest, segment_bytes
 
     m = parse_manifest(store.read(stem + ".rsm-manifest"), "x.rsm-manifest")
     with pytest.raises(CorruptFile, match=r"seg\.log: 100 bytes, .*: chunk 0 \(bytes 0\.\.\d+\) is missing"):

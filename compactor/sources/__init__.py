@@ -1,11 +1,11 @@
-"""Source archives, one module per layout, chosen by `--format` from the registry `FORMATS`:
+"""Source archives, chosen by `--format` from the registry `FORMATS`; a format that needs
+more than one module is a package of its own, so its helpers sit with it:
 
 - `envelope`: keyfill's own partition-ordered archive (`compactor.sources.envelope`);
 - `kafka-connect`: the Kafka Connect S3 sink's layout, Avro, JSON or Parquet files
   (`compactor.sources.kafka_connect`);
-- `kafka-segments`: Kafka's own log segments, a broker's log directory
-  (`compactor.sources.kafka_segments`), or tiered storage as the Aiven
-  RemoteStorageManager uploads it (`compactor.sources.kafka_tiered`);
+- `kafka-segments`: Kafka's own log segments, a broker's log directory or tiered storage as
+  the Aiven RemoteStorageManager uploads it (`compactor.sources.kafka_segments`);
 - `iceberg`: a topic materialised as an Iceberg table, Redpanda Iceberg Topics' schema
   (`compactor.sources.iceberg`).
 

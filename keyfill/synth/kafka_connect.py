@@ -23,7 +23,7 @@ import fastavro
 import pyarrow as pa
 
 from compactor.sources.base import SourceArchive
-from compactor.sources.kafka_connect import HEADERS_SUFFIX, KEYS_SUFFIX, TOPICS_DIR
+from compactor.sources.kafka_connect.source import HEADERS_SUFFIX, KEYS_SUFFIX, TOPICS_DIR
 from keygroups.envelope import conform
 from keygroups.storage import Storage, open_storage
 

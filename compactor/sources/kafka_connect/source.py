@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk, SourceOptions, option
-from compactor.sources.kafka_connect_files import EXTENSIONS, FileFormat
-from compactor.sources.kafka_connect_records import check_count, timestamps_ms
+from compactor.sources.kafka_connect.file_formats import EXTENSIONS, FileFormat
+from compactor.sources.kafka_connect.records import check_count, timestamps_ms
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE
 from keygroups.errors import OptionError
 from keygroups.storage import Storage

@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
-from compactor.sources.iceberg_columns import RP, binary, json_values, millis, needed, parquet_paths, slim, struct_field
-from compactor.sources.iceberg_ranges import DataFileBounds, Extent, cut_ranges
-from compactor.sources.iceberg_table import io_properties, sql_catalog_table, static_table
+from compactor.sources.iceberg.columns import RP, binary, json_values, millis, needed, parquet_paths, slim, struct_field
+from compactor.sources.iceberg.ranges import DataFileBounds, Extent, cut_ranges
+from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
 

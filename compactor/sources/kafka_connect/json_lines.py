@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from compactor.sources.kafka_connect_avro import binary_array, header_array
-from compactor.sources.kafka_connect_records import Values
+from compactor.sources.kafka_connect.avro import binary_array, header_array
+from compactor.sources.kafka_connect.records import Values
 from keygroups.envelope import HEADER_TYPE, CorruptFile
 from keygroups.errors import OptionError
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from compactor.sources.kafka_connect_avro import (
+from compactor.sources.kafka_connect.avro import (
     Avro,
     binary_array,
     branches,
@@ -22,10 +22,15 @@ from compactor.sources.kafka_connect_avro import (
     short_schema,
     unwrap,
 )
-from compactor.sources.kafka_connect_fast import fast_headers, fast_keys, header_null_branch, key_null_branch
-from compactor.sources.kafka_connect_json import gunzip, json_headers, json_keys, json_values
-from compactor.sources.kafka_connect_parquet import parquet_headers, parquet_keys, parquet_values
-from compactor.sources.kafka_connect_records import Values
+from compactor.sources.kafka_connect.avro_keys_headers import (
+    fast_headers,
+    fast_keys,
+    header_null_branch,
+    key_null_branch,
+)
+from compactor.sources.kafka_connect.json_lines import gunzip, json_headers, json_keys, json_values
+from compactor.sources.kafka_connect.parquet import parquet_headers, parquet_keys, parquet_values
+from compactor.sources.kafka_connect.records import Values
 from keygroups.envelope import CorruptFile
 from keygroups.errors import OptionError
 

@@ -8,7 +8,7 @@ Two layouts, told apart by their names:
       <root>/<topic>-<partition>/<base offset, 20 digits>.txnindex aborted transactions (optional)
 
 - KIP-405 tiered storage as the Aiven RemoteStorageManager uploads it (zstd chunk
-  compression on or off; encryption refused), see `compactor.sources.kafka_tiered`:
+  compression on or off; encryption refused), see `compactor.sources.kafka_segments.tiered`:
 
       <root>/<topic>-<topic id>/<partition>/<start offset, 20 digits>-<segment id>.log
       <root>/<topic>-<topic id>/<partition>/<start offset, 20 digits>-<segment id>.indexes
@@ -23,7 +23,7 @@ its data).
 
 Tiered segments are listed from their manifests (every one read at listing time: start and
 end offsets, chunk index, encryption, where the transaction index sits). Uploads that cover
-the same offsets are cut so each offset is read once (`kafka_tiered.cover`): a chunk's
+the same offsets are cut so each offset is read once (`tiered.cover`): a chunk's
 `first_offset` is where its reading starts, its `last_offset` the manifest's end offset.
 """
 
@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from compactor.sources import kafka_tiered as tiered
 from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
-from compactor.sources.kafka_batches import Aborted, decode_segment
+from compactor.sources.kafka_segments import tiered
+from compactor.sources.kafka_segments.record_batches import Aborted, decode_segment
 from keygroups.envelope import CorruptFile
 from keygroups.storage import Storage
 
@@ -117,7 +117,7 @@ class KafkaSegmentsSource(SourceArchive):
         return chunks
 
     def _list_tiered(self, remote: dict[str, dict[str, int]]):
-        """Chunks of the tiered segments (overlaps cut, see `kafka_tiered.cover`) and their
+        """Chunks of the tiered segments (overlaps cut, see `tiered.cover`) and their
         aborted transactions. A `.log` without a manifest is an upload that never finished
         (the plugin writes the manifest last, and Kafka references a segment only after it):
         skipped, and the offsets only it would hold are caught as missing by `cover`."""

@@ -1,6 +1,6 @@
 """Compiled decoders for the Kafka Connect sink's keys and headers files of the common
 fixed shapes, straight into Arrow buffers (GIL released); other shapes take the generic
-path in `kafka_connect_avro`."""
+path in `kafka_connect.avro`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from compactor.sources.kafka_connect_avro import is_record
+from compactor.sources.kafka_connect.avro import is_record
 from keygroups import envelope
 from keygroups._numba import njit
 from keygroups.envelope import HEADER_TYPE, CorruptFile, framing

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from compactor.sources.kafka_connect_avro import encode_json
-from compactor.sources.kafka_connect_parquet import _UNIT_DIVISOR, _plain
+from compactor.sources.kafka_connect.avro import encode_json
+from compactor.sources.kafka_connect.parquet import _UNIT_DIVISOR, _plain
 
 RP = "redpanda"
 
@@ -81,7 +81,7 @@ def binary(a: pa.Array) -> pa.Array:
 
 def json_values(table: pa.Table) -> pa.Array:
     """Value-schema mode: each row's value columns as the compact JSON object the Kafka
-    Connect source writes (compactor.sources.kafka_connect_avro.encode_json)."""
+    Connect source writes (compactor.sources.kafka_connect.avro.encode_json)."""
     cols = {name: _plain(table.column(name).combine_chunks()) for name in table.column_names}
     rows = pa.table(cols).to_pylist()
     return pa.array([encode_json(r).encode() for r in rows], pa.binary())

@@ -1,7 +1,7 @@
 """Reading the Kafka Connect S3 sink's ParquetFormat files (parquet-avro writing AvroData's
 translation of the Connect schema; `parquet.codec` picks the compression) with pyarrow.
 
-A value becomes compact JSON by the rules of the Avro path (`kafka_connect_avro`): columns
+A value becomes compact JSON by the rules of the Avro path (`kafka_connect.avro`): columns
 in file order, logical types as their underlying value (timestamps as epoch integers in
 their own unit, dates as days, times as ms/µs of day), decimals as exact strings, bytes as
 base64, maps as objects. Arrow columns are first cast to those plain types, so no datetime
@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from compactor.sources.kafka_connect_avro import binary_array, encode_json, header_array
-from compactor.sources.kafka_connect_records import Values
+from compactor.sources.kafka_connect.avro import binary_array, encode_json, header_array
+from compactor.sources.kafka_connect.records import Values
 from keygroups.envelope import HEADER_TYPE, CorruptFile
 from keygroups.errors import OptionError
 
