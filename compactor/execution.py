@@ -40,7 +40,8 @@ class Execution(Protocol):
     def where(self, rows: Any, column: str, values: Sequence[int], columns: Sequence[str]) -> Any:
         """The rows whose `column` is one of `values`, with `columns` only."""
 
-    def collect(self, name: str, rows: Any) -> pa.Table: ...
+    def collect(self, name: str, rows: Any) -> pa.Table:
+        """The rows, in an action (a job) called `name`."""
 
     def shuffle(
         self,
@@ -52,9 +53,9 @@ class Execution(Protocol):
         sort: Sequence[str] = (),
         batch_bytes: int | None = None,
     ) -> pa.Table:
-        """The rows moved to partition `slots`' index of their `slot`, sorted by `sort` within
-        it, `task` run over each partition, and its rows collected. `batch_bytes`: what a
-        task is handed at once at most."""
+        """`task` over `partitions` partitions, each holding the rows whose `slot` is its
+        entry of `slots(partitions)`, sorted by `sort`; its rows collected. `name`: the
+        action's job; `batch_bytes`: what a task is handed at once at most."""
 
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """`task` of every item, a task per item."""
