@@ -1,5 +1,5 @@
-"""Source chunks as the Spark passes see them: a small DataFrame of chunk indexes (the
-chunks themselves travel in the task closure), and a read that refuses empty chunks and,
+"""Source chunks as the passes' tasks see them: a small table of chunk indexes (the chunks
+themselves travel in the task closure), and a read that refuses empty chunks and,
 for an append, drops what the archive already holds."""
 
 from __future__ import annotations
@@ -10,43 +10,20 @@ import pyarrow.compute as pc
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope
 
-CHUNK_COLUMNS = "idx int, prefix_max long, from_offset long"
-
-
-def chunk_frame(
-    spark, chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
-):
-    """One row per chunk: its index, the running maximum timestamp of its partition before it
-    (the rewrite pass needs it to slice the chunk's records), and the first offset to read
-    (an append's hand-off; 0 for a full compaction)."""
-    sc = spark.sparkContext
-    parallel = max(1, min(len(chunks), sc.defaultParallelism * 4))
-    rows = chunk_rows(chunks, prefix_max, handoff)
-    return spark.createDataFrame(sc.parallelize([tuple(r.values()) for r in rows], parallel), CHUNK_COLUMNS)
-
-
-def spark_ddl(schema: pa.Schema) -> str:
-    """The Spark DDL of a flat Arrow schema: what a mapInArrow task declares it yields."""
-    names = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.binary(): "binary"}
-    return ", ".join(f"`{f.name}` {names[f.type]}" for f in schema)
+CHUNK_COLUMNS = pa.schema([("idx", pa.int32()), ("prefix_max", pa.int64()), ("from_offset", pa.int64())])
 
 
 def chunk_rows(
     chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
-) -> list[dict[str, int]]:
-    """The rows of `chunk_frame`, as dicts (what the tasks see of them)."""
-    return [
+) -> pa.Table:
+    """One row per chunk: its index, the running maximum timestamp of its partition before it
+    (the rewrite pass needs it to slice the chunk's records), and the first offset to read
+    (an append's hand-off; 0 for a full compaction)."""
+    rows = [
         {"idx": i, "prefix_max": (prefix_max or {}).get(c.key, 0), "from_offset": (handoff or {}).get(c.partition, 0)}
         for i, c in enumerate(chunks)
     ]
-
-
-def chunk_batches(
-    chunks: list[SourceChunk], prefix_max: dict[str, int] | None = None, handoff: dict[int, int] | None = None
-) -> list[pa.RecordBatch]:
-    """The rows of `chunk_frame` as one Arrow batch: a task's input when the passes run in
-    this process instead of on Spark (`spark=None`)."""
-    return [pa.RecordBatch.from_pylist(chunk_rows(chunks, prefix_max, handoff))]
+    return pa.Table.from_pylist(rows, CHUNK_COLUMNS)
 
 
 def read_checked(source: SourceArchive, chunk: SourceChunk, from_offset: int = 0) -> pa.RecordBatch:

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.config import CompactionError
+from compactor.execution import Execution
 from compactor.slicing import SlicePlan
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.task_errors import TaskErrors
 from keygroups import compacted
 
 log = logging.getLogger("keyfill.compact")
@@ -108,11 +108,7 @@ def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
 
 
 def check_history(
-    spark,
-    source: SourceArchive,
-    chunks: list[SourceChunk],
-    manifest: compacted.Manifest,
-    errors: TaskErrors | None = None,
+    execution: Execution, source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest
 ) -> None:
     """Refuse an append whose source no longer holds, at each partition's last archived
     offset, the record the archive holds there. `chunks`: the topic's chunks as listed (not
@@ -126,19 +122,8 @@ def check_history(
         )
         return
     items = [(e.chunk, e.offset) for e in wanted if e.chunk is not None]
-    found = {}
-    if items:
-
-        def task(part):
-            return map(_found_task(source, chunks), part)
-
-        if spark is None:  # in this process (`compactor.job.compact`)
-            rows = task(items)
-        else:
-            sc = spark.sparkContext
-            rdd = sc.parallelize(items, len(items)).mapPartitions(errors.guard(task) if errors else task)
-            rows = errors.run(sc, "history check", rdd.collect) if errors else rdd.collect()
-        found = {idx: (ts, digest) for idx, ts, digest in rows}
+    rows = execution.each("history check", _found_task(source, chunks), items)
+    found = {idx: (ts, digest) for idx, ts, digest in rows}
     handoff = {int(p): o for p, o in manifest.handoff.items()}
     for e in wanted:
         if e.chunk is None:

@@ -33,6 +33,7 @@ from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
 from compactor.config import CompactConfig, CompactionError, CompactResult, HeldBack
 from compactor.destination import check_destination, remove_legacy
+from compactor.execution import Execution, for_session
 from compactor.history import check_history
 from compactor.lease import Lease
 from compactor.rewrite import run_rewrite
@@ -221,7 +222,7 @@ class Analysis:
     new_keys: int
 
 
-def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErrors | None) -> Analysis:
+def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) -> Analysis:
     """The history check of an append, the statistics pass, the slice length, the slices
     and the packing; `phases` gets their times."""
     cfg, source, dest, grows, start, chunks = (
@@ -235,7 +236,7 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
 
     clock = PhaseClock(phases)
     if grows is not None:
-        check_history(spark, source, prepared.listed, grows, errors)
+        check_history(execution, source, prepared.listed, grows)
         clock.done("history")
     derived = cfg.slice_duration is None
     stats_ms = slice_length.STATS_MS if derived else cfg.slice_duration_ms
@@ -259,7 +260,7 @@ def analyse(prepared: Prepared, spark, phases: dict[str, float], errors: TaskErr
             return KeySplit(limit=limit)
         return KeySplit(buckets=bucket_count(groups), threshold=heavy_threshold(payload, groups))
 
-    stats = run_statistics(spark, source, chunks, stats_ms, start.handoff if start else None, errors, split)
+    stats = run_statistics(execution, source, chunks, stats_ms, start.handoff if start else None, split)
     clock.done("statistics")
     groups = groups_for(stats.keys, stats.payload)
     if stats.buckets is not None:
@@ -318,8 +319,8 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         prepared.run,
     )
     topic, chunks, parent = prepared.topic, prepared.chunks, prepared.parent
-    errors = TaskErrors(dest, run)
-    found = analyse(prepared, spark, phases, errors)
+    execution = for_session(spark, TaskErrors(dest, run))
+    found = analyse(prepared, execution, phases)
     cfg, plan, groups, assignment, new_keys = found.cfg, found.plan, found.groups, found.assignment, found.new_keys
     prepared.lease.set_groups(groups)
     assignment_key = compacted.assignment_key(run)
@@ -332,7 +333,7 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         old_pieces = PieceIndex.of(dest, grows).piece_rows(index_start, plan.first)
         continued = tails(old_pieces, index_start, cfg.target_file_bytes)
     pieces = run_rewrite(
-        spark,
+        execution,
         cfg,
         groups,
         source,
@@ -343,7 +344,6 @@ def _compact(prepared: Prepared, spark) -> CompactResult:
         assignment_key,
         start.handoff if start else None,
         continued,
-        errors,
     )
     clock.done("rewrite")
 

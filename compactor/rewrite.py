@@ -5,19 +5,17 @@ tasks. Returns the pieces written, for the index."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
 
-from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
+from compactor.chunks import chunk_rows, read_checked
 from compactor.config import CompactConfig, CompactionError
-from compactor.group_partitioning import group_slots
-from compactor.shuffle_codec import CODEC, pack, unpack
+from compactor.execution import Execution
+from compactor.shuffle_codec import pack, unpack
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.task_errors import TaskErrors
-from keygroups import envelope, piece_index, worker_gc
+from keygroups import envelope, piece_index
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.segments import SegmentWriter, Tail
@@ -40,7 +38,8 @@ RUN_SCHEMA = pa.schema(
     ]
 )
 _HELD = pa.schema([("grp", pa.int32()), *RUN_SCHEMA])
-RUNS_DDL = "slot long, grp int, lo int, run binary"  # lo: the run's first slice; run: packed (shuffle_codec)
+# lo: the run's first slice; run: packed (shuffle_codec)
+RUNS = pa.schema([("slot", pa.int64()), ("grp", pa.int32()), ("lo", pa.int32()), ("run", pa.binary())])
 # Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
 # rarely carries less), between 2 and 64 MiB. A small flush sorts in cache, and the
 # compaction was faster with it though each write task merges more runs (measured:
@@ -81,13 +80,12 @@ def _runs_task(
 ):
     """Tags each record with its slice and group, drops records of slices past the
     `published` ones (unsealed: left for a later compaction), and yields the records as runs
-    (RUNS_DDL rows) every `flush_bytes(groups)`, each addressed to its group's shuffle slot
+    (RUNS rows) every `flush_bytes(groups)`, each addressed to its group's shuffle slot
     (`compactor.group_partitioning`)."""
 
     flush = flush_bytes(len(slots))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker_gc.settle()
         assignment = _load_assignment(dest, assignment_key)
         held: list[pa.RecordBatch] = []
         size = 0
@@ -138,7 +136,7 @@ def _runs_task(
 def _runs(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -> Iterator[pa.RecordBatch]:
     """The held records sorted by group and piece order, cut at group changes and every
     RUN_BYTES, each run one Arrow IPC record batch message (RUN_SCHEMA, not repeated in
-    each): RUNS_DDL rows, in batches of about RUN_BYTES (a binary column's offsets are
+    each): RUNS rows, in batches of about RUN_BYTES (a binary column's offsets are
     32-bit; Spark converts a batch at a time)."""
     table = _sorted(pa.Table.from_batches(held).combine_chunks(), ("grp", *_PIECE_ORDER))
     grp, slices = table.column("grp").to_numpy(), table.column("slice").to_numpy()
@@ -171,7 +169,7 @@ def _run_rows(rows: list[tuple[int, int, int]], messages: list) -> pa.RecordBatc
         pa.binary(), len(rows), [None, pa.py_buffer(bounds.astype(np.int32)), pa.py_buffer(data)]
     )
     cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32()))]
-    return pa.RecordBatch.from_arrays([*cols, runs], names=["slot", "grp", "lo", "run"])
+    return pa.RecordBatch.from_arrays([*cols, runs], schema=RUNS)
 
 
 class _Pending:
@@ -241,7 +239,6 @@ def _write_task(
     pieces written."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker_gc.settle()
         writer: SegmentWriter | None = None
         pending = _Pending()
         finished: set[int] = set()  # groups this task has begun
@@ -311,11 +308,10 @@ def _message(run: pa.Buffer, codec: str | None) -> pa.Buffer:
 
 # The index rows as Spark carries them: Spark has no unsigned integers.
 _SPARK_PIECES = pa.schema([f.with_type(pa.int64()) if f.type == pa.uint32() else f for f in piece_index.PIECE_SCHEMA])
-_SPARK_DDL = spark_ddl(_SPARK_PIECES)
 
 
 def run_rewrite(
-    spark,
+    execution: Execution,
     cfg: CompactConfig,
     groups: int,
     source: SourceArchive,
@@ -326,7 +322,6 @@ def run_rewrite(
     assignment_key: str,
     handoff: dict[int, int] | None = None,
     tails: dict[int, Tail] | None = None,
-    errors: TaskErrors | None = None,
 ) -> pa.Table:
     """The pieces written (PIECE_SCHEMA rows), in files named by `run`.
 
@@ -335,60 +330,19 @@ def run_rewrite(
     exactly the sizes the layout promises, no small tails from split groups). A task holds
     one file, one piece and the unwritten ends of the runs that straddle it (`_write_task`).
     `handoff`: for an append, each partition's first offset to write; `tails`: the groups'
-    last files it continues (`compactor.append.tails`). `spark=None`: the same tasks run in
-    this process (`compactor.job.compact`)."""
-    if spark is None:
-        write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {})
-        slots = np.zeros(groups, np.int64)  # no shuffle to steer
-        ship = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots)
-        return _rewrite_in_process(ship(iter(chunk_batches(chunks, plan.prefix_max, handoff))), write)
-    frame = chunk_frame(spark, chunks, plan.prefix_max, handoff)
-    slots = group_slots(spark, groups)
-    ship = _runs_task(source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, CODEC)
-    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, CODEC)
-    guard = errors.guard if errors else lambda task: task
-    action = (
-        frame.mapInArrow(guard(ship), RUNS_DDL)
-        .repartition(groups, "slot")  # task g holds group g alone
-        .sortWithinPartitions("grp", "lo")
-        .mapInArrow(guard(write), _SPARK_DDL)  # an append's tail cut short or missing: the archive's error
-        .toArrow
+    last files it continues (`compactor.append.tails`). In one process a task holds every
+    group, one after another."""
+    slots = execution.slots(groups)  # task g holds group g alone
+    ship = _runs_task(
+        source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, execution.codec
     )
-    with _arrow_batches_of(spark, RUN_BATCH_BYTES):
-        written = errors.run(spark.sparkContext, "rewrite", action) if errors else action()
+    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, execution.codec)
+    runs = execution.map(chunk_rows(chunks, plan.prefix_max, handoff), ship, RUNS)
+    # an append's tail cut short or missing: the archive's error
+    written = execution.shuffle("rewrite", runs, groups, write, _SPARK_PIECES, ("grp", "lo"), RUN_BATCH_BYTES)
     return written.cast(piece_index.PIECE_SCHEMA)
 
 
 # What Spark hands a write task at once: Spark cuts its Arrow batches at 10,000 rows, which
 # for runs (up to RUN_BYTES each) could reach its 2 GiB ceiling per batch.
 RUN_BATCH_BYTES = 64 << 20
-_MAX_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
-
-
-@contextmanager
-def _arrow_batches_of(spark, size: int):
-    """The session's Arrow batch byte limit lowered to `size` while the rewrite runs (a
-    session setting: other queries of the session running meanwhile see it too)."""
-    before = spark.conf.get(_MAX_BATCH_BYTES, None)
-    spark.conf.set(_MAX_BATCH_BYTES, str(size))
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(_MAX_BATCH_BYTES)
-        else:
-            spark.conf.set(_MAX_BATCH_BYTES, before)
-
-
-def _rewrite_in_process(runs: Iterator[pa.RecordBatch], write) -> pa.Table:
-    """The shuffle and sort of `run_rewrite` without Spark: every run in memory at once,
-    handed in the order the Spark tasks sort theirs to one task (it takes groups one after
-    another, as a Spark task holding several would)."""
-    batches = [b for b in runs if b.num_rows]
-    if not batches:
-        return piece_index.PIECE_SCHEMA.empty_table()
-    rows = [(b, i) for b in batches for i in range(b.num_rows)]
-    grp = np.concatenate([b.column("grp").to_numpy() for b in batches])
-    lo = np.concatenate([b.column("lo").to_numpy() for b in batches])
-    ordered = (rows[i][0].slice(rows[i][1], 1) for i in np.lexsort((lo, grp)).tolist())  # views, not copies
-    return pa.Table.from_batches(list(write(ordered)), _SPARK_PIECES).cast(piece_index.PIECE_SCHEMA)

@@ -17,38 +17,49 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from enum import IntEnum
 from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor import shuffle_codec
-from compactor.chunks import chunk_batches, chunk_frame, read_checked, spark_ddl
-from compactor.group_partitioning import group_slots
+from compactor.chunks import chunk_rows, read_checked
+from compactor.execution import Execution
 from compactor.history import batch_digests
 from compactor.key_sums import by_key, from_blobs, record_sums, to_blob
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.task_errors import TaskErrors
-from keygroups import envelope, worker_gc
+from keygroups import envelope
 from keygroups.assignment import BUCKETS_PER_GROUP
 
-# What a map task yields: kind 0, a blob of key sums (SUMS_SCHEMA) for reducer `part` (the
-# shuffle slot that sends it there); kind 1, a chunk's summary (payload, its ChunkStats);
-# kind 2, the distinct keys of the records summed at once (at least as many in all).
+
+class Mapped(IntEnum):
+    """What a row of a map task holds (its `output`; an int: rows are many, names repeated)."""
+
+    SUMS = 0  # a blob of key sums (SUMS_SCHEMA) for the reducer its `slot` reaches
+    CHUNK_SUMMARY = 1  # a chunk's payload (`bytes`) and its ChunkStats (`chunk`)
+    DISTINCT_KEYS = 2  # the distinct keys of the records summed at once (`records`): at least as many in all
+
+
 _MAP_ARROW = pa.schema(
-    [("kind", pa.int32()), ("slot", pa.int64()), ("blob", pa.binary()), ("bytes", pa.int64()),
+    [("output", pa.int32()), ("slot", pa.int64()), ("blob", pa.binary()), ("bytes", pa.int64()),
      ("records", pa.int64()), ("chunk", pa.string())]
 )  # fmt: skip
-MAP_SCHEMA = spark_ddl(_MAP_ARROW)
-# What a reducer yields: kind 0, a key's totals; kind 2, a bucket's; kind 3, its distinct
-# keys (in `keys`), so the driver learns the count even where the keys stayed behind.
+
+
+class Reduced(IntEnum):
+    """What a row of a reducer holds."""
+
+    KEY_TOTALS = 0  # a key's totals
+    BUCKET_TOTALS = 2  # a bucket's
+    DISTINCT_KEYS = 3  # the reducer's distinct keys (`keys`): the driver learns the count where the keys stay behind
+
+
 _REDUCED_ARROW = pa.schema(
-    [("kind", pa.int32()), ("key", pa.binary()), ("null_part", pa.int32()), ("bucket", pa.int32()),
+    [("output", pa.int32()), ("key", pa.binary()), ("null_part", pa.int32()), ("bucket", pa.int32()),
      ("bytes", pa.int64()), ("records", pa.int64()), ("keys", pa.int64())]
 )  # fmt: skip
-REDUCED_SCHEMA = spark_ddl(_REDUCED_ARROW)
 _BUCKETS_ARROW = pa.schema(
     [("bucket", pa.int32()), ("bytes", pa.int64()), ("records", pa.int64()), ("keys", pa.int64())]
 )
@@ -108,7 +119,6 @@ def _map_task(
     shuffle a row per record for a while, no more than `reducers_for` plans for.)"""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker_gc.settle()
         pending: list[pa.Table] = []
         held = 0
         unsummed = 0  # flushes to ship without summing
@@ -124,7 +134,9 @@ def _map_task(
                 return
             sums = by_key(rows, len(slots), expect=last)
             last = sums.num_rows
-            yield _map_rows([(2, None, None, None, sums.num_rows, None)])  # distinct keys: at least these
+            yield _map_rows(
+                [(Mapped.DISTINCT_KEYS, None, None, None, sums.num_rows, None)]
+            )  # distinct keys: at least these
             if sums.num_rows > 0.75 * rows.num_rows:
                 unsummed = UNSUMMED
             if sums.num_rows > FLUSH_ROWS // 2:
@@ -155,7 +167,9 @@ def _map_task(
                     max_timestamp=int(ts.max()),
                     stretches=chunk_stretches(offsets, ts, duration_ms, partial(batch_digests, batch)),
                 )
-                yield _map_rows([(1, None, None, int(weights.sum()), None, json.dumps(asdict(stats)))])
+                yield _map_rows(
+                    [(Mapped.CHUNK_SUMMARY, None, None, int(weights.sum()), None, json.dumps(asdict(stats)))]
+                )
                 if held >= FLUSH_ROWS:
                     yield from combined()
         if pending:
@@ -182,7 +196,7 @@ def _shipped(sums: pa.Table, slots: np.ndarray, codec: str | None = None) -> pa.
         share = [sums.slice(a, int(ends[r]) - a)]
         if (null_r == r).any():
             share.append(sums.slice(keyed).filter(pa.array(null_r == r)))
-        blobs.append((0, int(slots[r]), to_blob(pa.concat_tables(share), codec), None, None, None))
+        blobs.append((Mapped.SUMS, int(slots[r]), to_blob(pa.concat_tables(share), codec), None, None, None))
     return _map_rows(blobs)
 
 
@@ -198,14 +212,19 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     entry one by one and the rest by bucket."""
     per_key = by_key(sums, expect=sums.num_rows // 4)  # keys repeat across map tasks, or few do
     n = per_key.num_rows
-    count = _reduced(3, 1, keys=[n])
+    count = _reduced(Reduced.DISTINCT_KEYS, 1, keys=[n])
     key, null_part = per_key.column("key"), per_key.column("null_part").to_numpy()
     size, records = per_key.column("bytes").to_numpy(), per_key.column("records").to_numpy()
     if how.buckets is None:
         if how.limit is not None and n > how.limit:
             return count  # the driver switches to buckets: these keys are not needed
         return pa.concat_tables(
-            [count, _reduced(0, n, key=key.cast(pa.binary()), null_part=null_part, bytes=size, records=records)]
+            [
+                count,
+                _reduced(
+                    Reduced.KEY_TOTALS, n, key=key.cast(pa.binary()), null_part=null_part, bytes=size, records=records
+                ),
+            ]
         )
     exact = null_part >= 0
     if how.threshold is not None:
@@ -224,25 +243,25 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
         [
             count,
             _reduced(
-                0,
+                Reduced.KEY_TOTALS,
                 int(exact.sum()),
                 key=key.filter(pa.array(exact)).cast(pa.binary()),
                 null_part=null_part[exact],
                 bytes=size[exact],
                 records=records[exact],
             ),
-            _reduced(2, len(at), bucket=at, keys=keys_in[at], **in_bucket),
+            _reduced(Reduced.BUCKET_TOTALS, len(at), bucket=at, keys=keys_in[at], **in_bucket),
         ]
     )
 
 
-def _reduced(kind: int, n: int, **columns) -> pa.Table:
-    """n rows of _REDUCED_ARROW of one kind: the columns given (Arrow arrays as they are,
+def _reduced(output: Reduced, n: int, **columns) -> pa.Table:
+    """n rows of _REDUCED_ARROW of one output: the columns given (Arrow arrays as they are,
     numpy ones converted), nulls in the others."""
 
     def column(f: pa.Field):
-        if f.name == "kind":
-            return pa.repeat(kind, n).cast(f.type)
+        if f.name == "output":
+            return pa.repeat(int(output), n).cast(f.type)
         value = columns.get(f.name)
         if value is None:
             return pa.nulls(n, f.type)
@@ -253,7 +272,6 @@ def _reduced(kind: int, n: int, **columns) -> pa.Table:
 
 def _reduce_task(how: KeySplit, codec: str | None = None):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker_gc.settle()
         blobs = [b for batch in batches for b in batch.column("blob").to_pylist()]
         if blobs:  # a reducer that received nothing has no keys to report
             yield from _reduce(from_blobs(blobs, codec), how).to_batches()
@@ -262,51 +280,33 @@ def _reduce_task(how: KeySplit, codec: str | None = None):
 
 
 def run_statistics(
-    spark,
+    execution: Execution,
     source: SourceArchive,
     chunks: list[SourceChunk],
     duration_ms: int,
     handoff: dict[int, int] | None = None,
-    errors: TaskErrors | None = None,
     split: Split = lambda keys, payload: KeySplit(),
 ) -> Statistics:
     """`handoff`: for an append, each partition's first offset to count (the archive holds the
-    rest); `errors`: the run's channel for bad input found in a task (raised here, at once);
-    `split`: given the distinct keys (or a lower bound) and the payload, which keys come one
-    by one.
-    `spark=None`: the same tasks run in this process (`compactor.job.compact`), with one reducer."""
-    if spark is None:
-        mapped = pa.Table.from_batches(
-            _map_task(source, chunks, duration_ms, np.zeros(1, np.int64))(iter(chunk_batches(chunks, handoff=handoff))),
-            _MAP_ARROW,
+    rest); `split`: given the distinct keys (or a lower bound) and the payload, which keys
+    come one by one."""
+    slots = execution.slots(reducers_for(execution.parallelism, chunks))
+    task = _map_task(source, chunks, duration_ms, slots, execution.codec)
+    with execution.persisted(execution.map(chunk_rows(chunks, handoff=handoff), task, _MAP_ARROW)) as mapped:
+        summaries = execution.collect(
+            "chunk summaries",
+            execution.where(
+                mapped, "output", [Mapped.CHUNK_SUMMARY, Mapped.DISTINCT_KEYS], ["chunk", "bytes", "records"]
+            ),
         )
-        kind = mapped.column("kind").to_numpy()
-        summaries = mapped.filter(pa.array(kind != 0))
-        sums = from_blobs(mapped.filter(pa.array(kind == 0)).column("blob").to_pylist())
-        return _settle(summaries, lambda how: _reduce(sums, how), split)
-
-    sc = spark.sparkContext
-    slots = group_slots(spark, reducers_for(sc.defaultParallelism, chunks))
-    task = _map_task(source, chunks, duration_ms, slots, shuffle_codec.CODEC)
-    mapped = (
-        chunk_frame(spark, chunks, handoff=handoff)
-        .mapInArrow(errors.guard(task) if errors else task, MAP_SCHEMA)
-        .persist()
-    )
-
-    def run(name: str, action):
-        return errors.run(sc, name, action) if errors else action()
-
-    try:
-        summaries = run("chunk summaries", mapped.filter("kind != 0").select("chunk", "bytes", "records").toArrow)
-        blobs = mapped.filter("kind = 0").select("slot", "blob").repartition(len(slots), "slot")
+        blobs = execution.where(mapped, "output", [Mapped.SUMS], ["slot", "blob"])
 
         def reduce(how: KeySplit) -> pa.Table:
-            return run("key totals", blobs.mapInArrow(_reduce_task(how, shuffle_codec.CODEC), REDUCED_SCHEMA).toArrow)
+            return execution.shuffle(
+                "key totals", blobs, len(slots), _reduce_task(how, execution.codec), _REDUCED_ARROW
+            )
 
         return _settle(summaries, reduce, split)
-    finally:
-        mapped.unpersist()
 
 
 def _settle(summaries: pa.Table, reduce: Callable[[KeySplit], pa.Table], split: Split) -> Statistics:
@@ -318,16 +318,17 @@ def _settle(summaries: pa.Table, reduce: Callable[[KeySplit], pa.Table], split: 
     how = split(at_least, payload)
     while True:
         rows = reduce(how)
-        kind = rows.column("kind").to_numpy()
-        keys = int(rows.column("keys").to_numpy(zero_copy_only=False)[kind == 3].sum())
+        output = rows.column("output").to_numpy()
+        keys = int(rows.column("keys").to_numpy(zero_copy_only=False)[output == Reduced.DISTINCT_KEYS].sum())
         if how.buckets is None and how.limit is not None and keys > how.limit:
             how = split(keys, payload)  # more keys than any map task summed at once
             continue
-        totals = rows.filter(pa.array(kind == 0)).select(["key", "null_part", "bytes", "records"])
+        totals = rows.filter(pa.array(output == Reduced.KEY_TOTALS)).select(["key", "null_part", "bytes", "records"])
         buckets = None
         if how.buckets is not None:
             buckets = _every_bucket(
-                rows.filter(pa.array(kind == 2)).select(["bucket", "bytes", "records", "keys"]), how.buckets
+                rows.filter(pa.array(output == Reduced.BUCKET_TOTALS)).select(["bucket", "bytes", "records", "keys"]),
+                how.buckets,
             )
         chunk_rows = [c for c in summaries.column("chunk").to_pylist() if c is not None]
         return Statistics(totals, _chunk_stats(chunk_rows), keys, payload, buckets)

@@ -3,9 +3,13 @@ with the record-level checks done by Spark, for archives too large for one proce
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from enum import IntEnum
+
 import numpy as np
 import pyarrow as pa
 
+from compactor.execution import OnSpark
 from compactor.sources import SourceArchive
 from compactor.verify import (
     MAX_REPORTED,
@@ -16,16 +20,27 @@ from compactor.verify import (
     plan_audit,
 )
 from compactor.verify_file import FileChecker
-from keygroups import envelope, worker_gc
+from keygroups import envelope
 from keygroups.storage import Storage
 
-_SRC_SCHEMA = "partition int, offset long, ts long, fp long"
-_DST_SCHEMA = "kind int, partition int, offset long, slice_start long, fp long, check string, message string"
+_SOURCE_ROWS = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("ts", pa.int64()), ("fp", pa.int64())])
+
+
+class Archived(IntEnum):
+    """What a row of an archive file's check holds (its `output`)."""
+
+    RECORD = 0  # a record: partition, offset, the start of its slice and its fingerprint
+    PROBLEM = 1  # a failed check of the file: check, message
+
+
+_ARCHIVED_ROWS = pa.schema(
+    [("output", pa.int32()), ("partition", pa.int32()), ("offset", pa.int64()), ("slice_start", pa.int64()),
+     ("fp", pa.int64()), ("check", pa.string()), ("message", pa.string())]
+)  # fmt: skip
 
 
 def _source_task(source: SourceArchive, chunks: list):
     def run(batches):
-        worker_gc.settle()
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 b = source.read(chunks[i])
@@ -44,7 +59,6 @@ def _source_task(source: SourceArchive, chunks: list):
 
 def _archive_task(checker: FileChecker, files: list, ranges: dict):
     def run(batches):
-        worker_gc.settle()
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 key, pieces = files[i]
@@ -52,7 +66,7 @@ def _archive_task(checker: FileChecker, files: list, ranges: dict):
                 n = b.num_rows
                 yield pa.RecordBatch.from_pydict(
                     {
-                        "kind": pa.array(np.zeros(n, np.int32)),
+                        "output": pa.repeat(int(Archived.RECORD), n).cast(pa.int32()),
                         "partition": b.column("partition"),
                         "offset": b.column("offset"),
                         "slice_start": pa.array(starts),
@@ -65,7 +79,7 @@ def _archive_task(checker: FileChecker, files: list, ranges: dict):
                     k = len(problems)
                     yield pa.RecordBatch.from_pydict(
                         {
-                            "kind": pa.array(np.ones(k, np.int32)),
+                            "output": pa.repeat(int(Archived.PROBLEM), k).cast(pa.int32()),
                             "partition": pa.nulls(k, pa.int32()),
                             "offset": pa.nulls(k, pa.int64()),
                             "slice_start": pa.nulls(k, pa.int64()),
@@ -81,7 +95,6 @@ def _archive_task(checker: FileChecker, files: list, ranges: dict):
 def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
     """`verify` with the record-level checks done by Spark: files are checked in tasks, and
     source and archive are joined on (partition, offset), so no process holds the archive."""
-    from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -89,29 +102,29 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
     if plan is None:
         return report
     manifest, chunks, metas, files = plan.manifest, plan.chunks, plan.metas, plan.files
-    sc = spark.sparkContext
+    execution = OnSpark(spark, description="keyfill verify")
 
-    def indices(n: int):
-        return spark.createDataFrame(
-            sc.parallelize([(i,) for i in range(n)], max(1, min(n, sc.defaultParallelism * 4))), "idx int"
-        )
+    def indices(n: int) -> pa.Table:
+        return pa.table({"idx": pa.array(range(n), pa.int32())})
 
-    sc.setJobDescription("keyfill verify")
-    src = indices(len(chunks)).mapInArrow(_source_task(source, chunks), _SRC_SCHEMA)
-    dst = indices(len(files)).mapInArrow(_archive_task(FileChecker(dest, manifest), files, plan.ranges), _DST_SCHEMA)
-    dst = dst.persist(StorageLevel.MEMORY_AND_DISK)
-    joined = None
-    try:
-        for r in dst.filter("kind = 1").select("check", "message").toArrow().to_pylist():
+    src = execution.map(indices(len(chunks)), _source_task(source, chunks), _SOURCE_ROWS)
+    dst = execution.map(
+        indices(len(files)), _archive_task(FileChecker(dest, manifest), files, plan.ranges), _ARCHIVED_ROWS
+    )
+    with ExitStack() as kept:
+        dst = kept.enter_context(execution.persisted(dst, serialized=True))
+        problems = execution.where(dst, "output", [Archived.PROBLEM], ["check", "message"])
+        for r in execution.collect("file checks", problems).to_pylist():
             report.fail(r["check"], r["message"])
-        records = dst.filter("kind = 0").select("partition", "offset", "slice_start", F.col("fp").alias("afp"))
+        records = execution.where(dst, "output", [Archived.RECORD], ["partition", "offset", "slice_start", "fp"])
+        records = records.withColumnRenamed("fp", "afp")
         # The source below each partition's hand-off is what the archive must hold (sealing).
         handoffs = spark.createDataFrame(
             [(int(p), int(o)) for p, o in manifest.handoff.items()], "partition int, handoff long"
         )
         d = manifest.slice_duration_ms
         w = Window.partitionBy("partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, 0)
-        src = src.withColumn("runmax", F.max("ts").over(w)).persist(StorageLevel.MEMORY_AND_DISK)
+        src = kept.enter_context(execution.persisted(src.withColumn("runmax", F.max("ts").over(w)), serialized=True))
         expected = (
             src.groupBy("partition")
             .agg(
@@ -127,7 +140,7 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
             F.col("handoff").isNull() | (F.col("offset") < F.col("handoff"))
         )
         joined = below.drop("handoff", "runmax").join(records, on=["partition", "offset"], how="full_outer")
-        joined = joined.persist(StorageLevel.MEMORY_AND_DISK)
+        joined = kept.enter_context(execution.persisted(joined, serialized=True))
         runmax = joined.filter("ts IS NOT NULL AND slice_start IS NOT NULL").withColumn("runmax", F.max("ts").over(w))
         own = F.floor(F.col("runmax") / d) * d
         # Each check's violations counted in one job per frame; the rows that name them are
@@ -162,11 +175,6 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
                     report.fail(check, message(r))
                 report.counts[check] += count - min(count, MAX_REPORTED)
         made_late = found["made_late"]
-    finally:
-        dst.unpersist()
-        src.unpersist()
-        if joined is not None:
-            joined.unpersist()
     late_check(report, manifest, made_late)
     metadata_checks(report, manifest, metas)
     firsts = {r["partition"]: r["after"] if r["unpublished"] is None else r["unpublished"] for r in expected}

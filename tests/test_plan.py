@@ -10,6 +10,7 @@ import os
 import pytest
 
 from compactor.estimate import estimate
+from compactor.execution import for_session
 from compactor.job import CompactConfig, analyse, compact, prepare
 from keyfill.cli.plan import print_estimate
 from keyfill.synth.generate import GeneratorConfig, generate
@@ -30,7 +31,7 @@ def test_the_plan_matches_what_the_compaction_makes(spark, source, tmp_path, sli
     dest = str(tmp_path / "c")
     cfg = CompactConfig(source=source, dest=dest, groups=8, slice_duration=slice_duration)
     prepared = prepare(cfg, dry_run=True)
-    e = estimate(prepared, analyse(prepared, spark, {}, None))
+    e = estimate(prepared, analyse(prepared, for_session(spark), {}))
     assert not os.path.exists(dest) or not os.listdir(dest)  # a plan writes nothing, not even a lease
 
     result = compact(cfg, spark)
@@ -61,6 +62,6 @@ def test_a_plan_recommends_the_derived_length_when_slices_are_short(spark, sourc
     prepared = prepare(
         CompactConfig(source=source, dest=str(tmp_path / "c"), groups=64, slice_duration="1s"), dry_run=True
     )
-    e = estimate(prepared, analyse(prepared, spark, {}, None))
+    e = estimate(prepared, analyse(prepared, for_session(spark), {}))
     assert e.records / e.pieces < 50
     assert any("--slice-duration" in r for r in e.recommendations), e.recommendations

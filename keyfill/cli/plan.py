@@ -24,6 +24,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from compactor.estimate import estimate
+    from compactor.execution import for_session
     from compactor.job import analyse, prepare
     from compactor.spark_session import embedded_spark
     from keyfill.cli.compact import compact_config
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     with embedded_spark(
         args.master, app="keyfill plan", driver_memory=args.driver_memory, progress=False, log_level="ERROR"
     ) as spark:
-        e = estimate(prepared, analyse(prepared, spark, {}, None))
+        e = estimate(prepared, analyse(prepared, for_session(spark), {}))
     if args.json:
         print(json.dumps(e.to_json(), indent=2))
     else:

@@ -1,0 +1,198 @@
+"""Where the compaction's tasks run: on Spark, or in this process (`compactor.job.compact`
+with no session: small inputs and tests). The phases are written once over `Execution`, so
+both backends run the same task functions and write the same bytes; what only Spark needs
+(the error channel, the worker's garbage collector, job names, persisting, the Arrow batch
+size) stays here.
+
+Rows a backend hands between its operations are opaque to the phases: a Spark DataFrame, or
+an Arrow table in this process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compactor.group_partitioning import group_slots
+from compactor.shuffle_codec import CODEC
+from compactor.task_errors import TaskErrors
+from keygroups import worker_gc
+
+Task = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Execution(Protocol):
+    codec: str | None  # how a shuffle's values are packed (`compactor.shuffle_codec`)
+    parallelism: int  # tasks that run at once
+
+    def slots(self, partitions: int) -> np.ndarray:
+        """slots[p]: a `slot` value the shuffle sends to partition p."""
+
+    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> Any:
+        """`task` over the input rows (a task per few rows), yielding `schema`'s rows."""
+
+    def where(self, rows: Any, column: str, values: Sequence[int], columns: Sequence[str]) -> Any:
+        """The rows whose `column` is one of `values`, with `columns` only."""
+
+    def collect(self, name: str, rows: Any) -> pa.Table:
+        """The rows, in an action (a job) called `name`."""
+
+    def shuffle(
+        self,
+        name: str,
+        rows: Any,
+        partitions: int,
+        task: Task,
+        schema: pa.Schema,
+        sort: Sequence[str] = (),
+        batch_bytes: int | None = None,
+    ) -> pa.Table:
+        """`task` over `partitions` partitions, each holding the rows whose `slot` is its
+        entry of `slots(partitions)`, sorted by `sort`; its rows collected. `name`: the
+        action's job; `batch_bytes`: what a task is handed at once at most."""
+
+    def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
+        """`task` of every item, a task per item."""
+
+    def persisted(self, rows: Any, serialized: bool = False) -> Any:
+        """A context in which `rows` are computed once for several actions."""
+
+
+def for_session(spark=None, errors: TaskErrors | None = None) -> Execution:
+    """Spark's, or with no session this process's."""
+    return InProcess() if spark is None else OnSpark(spark, errors)
+
+
+class InProcess:
+    """Every task in this process, one after another, with every row in memory: a shuffle
+    has one partition. A task's error is raised where it happens."""
+
+    codec = None
+    parallelism = 1
+
+    def slots(self, partitions: int) -> np.ndarray:
+        return np.zeros(partitions, np.int64)
+
+    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> pa.Table:
+        return pa.Table.from_batches(task(iter(inputs.to_batches())), schema)
+
+    def where(self, rows: pa.Table, column: str, values: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        return rows.filter(pc.is_in(rows.column(column), pa.array(values, rows.schema.field(column).type))).select(
+            columns
+        )
+
+    def collect(self, name: str, rows: pa.Table) -> pa.Table:
+        return rows
+
+    def shuffle(self, name, rows, partitions, task, schema, sort=(), batch_bytes=None) -> pa.Table:
+        """The rows handed to one task in the order a Spark task sorts its own (one row a
+        batch when sorted: views, not copies)."""
+        batches = [b for b in rows.to_batches() if b.num_rows]
+        if sort and batches:
+            at = [(b, i) for b in batches for i in range(b.num_rows)]
+            keys = [np.concatenate([b.column(k).to_numpy() for b in batches]) for k in reversed(sort)]
+            batches = [at[i][0].slice(at[i][1], 1) for i in np.lexsort(keys).tolist()]
+        return pa.Table.from_batches(task(iter(batches)), schema)
+
+    def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
+        return [task(item) for item in items]
+
+    @contextmanager
+    def persisted(self, rows: pa.Table, serialized: bool = False) -> Iterator[pa.Table]:
+        yield rows
+
+
+class OnSpark:
+    """Tasks on Spark: each settles its worker's garbage collector first and, with `errors`,
+    reports a bad input once instead of failing (`compactor.task_errors`); each action runs
+    in a job named after it. `description`: the session's job description for the rest."""
+
+    codec = CODEC
+
+    def __init__(self, spark, errors: TaskErrors | None = None, description: str | None = None) -> None:
+        self.spark, self.errors = spark, errors
+        self.parallelism = spark.sparkContext.defaultParallelism
+        if description is not None:
+            spark.sparkContext.setJobDescription(description)
+
+    def slots(self, partitions: int) -> np.ndarray:
+        return group_slots(self.spark, partitions)
+
+    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema):
+        sc = self.spark.sparkContext
+        rows = list(zip(*(c.to_pylist() for c in inputs.columns)))
+        parallel = max(1, min(len(rows), self.parallelism * 4))
+        frame = self.spark.createDataFrame(sc.parallelize(rows, parallel), spark_ddl(inputs.schema))
+        return frame.mapInArrow(self._task(task), spark_ddl(schema))
+
+    def where(self, rows, column: str, values: Sequence[int], columns: Sequence[str]):
+        from pyspark.sql import functions as F
+
+        return rows.filter(F.col(column).isin([int(v) for v in values])).select(*columns)
+
+    def collect(self, name: str, rows) -> pa.Table:
+        return self._run(name, rows.toArrow)
+
+    def shuffle(self, name, rows, partitions, task, schema, sort=(), batch_bytes=None) -> pa.Table:
+        frame = rows.repartition(partitions, "slot")
+        if sort:
+            frame = frame.sortWithinPartitions(*sort)
+        action = frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow
+        with nullcontext() if batch_bytes is None else _arrow_batches_of(self.spark, batch_bytes):
+            return self._run(name, action)
+
+    def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
+        if not items:
+            return []
+        rdd = self.spark.sparkContext.parallelize(items, len(items))
+        return self._run(name, rdd.mapPartitions(self._task(lambda part: map(task, part))).collect)
+
+    @contextmanager
+    def persisted(self, rows, serialized: bool = False):
+        from pyspark import StorageLevel
+
+        kept = rows.persist(StorageLevel.MEMORY_AND_DISK) if serialized else rows.persist()
+        try:
+            yield kept
+        finally:
+            kept.unpersist()
+
+    def _task(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+        def run(items: Iterator[Any]) -> Iterator[Any]:
+            worker_gc.settle()
+            yield from task(items)
+
+        return run if self.errors is None else self.errors.guard(run)
+
+    def _run(self, name: str, action: Callable[[], T]) -> T:
+        return action() if self.errors is None else self.errors.run(self.spark.sparkContext, name, action)
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The Spark DDL of a flat Arrow schema: what a mapInArrow task declares it yields."""
+    names = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.binary(): "binary"}
+    return ", ".join(f"`{f.name}` {names[f.type]}" for f in schema)
+
+
+_MAX_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+
+@contextmanager
+def _arrow_batches_of(spark, size: int):
+    """The session's Arrow batch byte limit lowered to `size` while an action runs (a
+    session setting: other queries of the session running meanwhile see it too)."""
+    before = spark.conf.get(_MAX_BATCH_BYTES, None)
+    spark.conf.set(_MAX_BATCH_BYTES, str(size))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_MAX_BATCH_BYTES)
+        else:
+            spark.conf.set(_MAX_BATCH_BYTES, before)
