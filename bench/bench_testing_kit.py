@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"keyfill.testing: {len(cases)} examples, {records[0]:,} records compared, {kit:.1f} s ({each:.2f} s each)")
     if args.no_spark:
         return
+    from compactor.errors import SlicingError
     from compactor.job import CompactConfig, compact
-    from compactor.slicing import SlicingError
     from compactor.spark_session import local_spark
     from keyfill.testing import write_archive
 

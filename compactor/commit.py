@@ -7,7 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.config import CompactConfig, CompactionError
+from compactor.config import CompactConfig
+from compactor.errors import CompactionError
 from compactor.history import last_records
 from compactor.lease import Lease
 from compactor.slicing import SlicePlan

@@ -11,17 +11,9 @@ from compactor.sources import SourceArchive, SourceOptions, source_class, source
 from keygroups import bounds, envelope
 from keygroups.bounds import within
 from keygroups.durations import parse_duration
-from keygroups.errors import KeyfillError, OptionError
+from keygroups.errors import OptionError
 
 NULL_KEY_POLICIES = ("partition",)
-
-
-class CompactionError(KeyfillError, RuntimeError):
-    """The two passes over the source disagree: the source changed while it was compacted."""
-
-
-class HeldBack(KeyfillError, ValueError):
-    """More of the source would be held back (in slices not sealed yet) than --max-held-back allows."""
 
 
 @dataclass(frozen=True)

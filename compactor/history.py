@@ -22,17 +22,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.config import CompactionError
+from compactor.errors import HistoryChanged
 from compactor.execution import Execution
 from compactor.slicing import SlicePlan
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import compacted
 
 log = logging.getLogger("keyfill.compact")
-
-
-class HistoryChanged(CompactionError):
-    """The source's record at an archived offset is not the one the archive holds."""
 
 
 def _framed(h, data: bytes | None) -> None:

@@ -31,8 +31,9 @@ from compactor import slice_length
 from compactor.append import continuation, continuing, extend_assignment, tails
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
-from compactor.config import CompactConfig, CompactionError, CompactResult, HeldBack
+from compactor.config import CompactConfig, CompactResult
 from compactor.destination import check_destination, remove_legacy
+from compactor.errors import CompactionError, HeldBack
 from compactor.execution import Execution, for_session
 from compactor.history import check_history
 from compactor.lease import Lease
@@ -140,18 +141,18 @@ def prepare(cfg: CompactConfig, *, dry_run: bool = False) -> Prepared:
     dest = open_storage(cfg.dest, threads=cfg.threads)
     parent = check_destination(source, dest, cfg.overwrite, append=cfg.append)
     grows = compacted.load_manifest(dest, parent) if cfg.append and parent is not None else None
+    start = None
     if grows is not None:
-        cfg = continuing(cfg, grows, source)
+        cfg, start = continuing(cfg, grows, source), continuation(grows)
         source = cfg.open_source()  # with the archive's source options
         log.info("appending to version %d of %s from its hand-off offsets", grows.version, dest.url)
     elif cfg.append:
         log.info("no archive at %s yet: --append starts it with a full compaction", dest.url)
     topic, listed = list_topic_chunks(source, cfg.topic)
-    start = continuation(grows) if grows is not None else None
-    chunks = chunks_from(listed, start.handoff) if start is not None else listed
+    chunks = listed if start is None else chunks_from(listed, start.handoff)
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
     run = compacted.new_run()
-    lease = None if dry_run else Lease(dest, run, "append" if grows is not None else "compact").acquire()
+    lease = None if dry_run else Lease(dest, run, "compact" if start is None else "append").acquire()
     return Prepared(cfg, source, dest, parent, grows, topic, listed, chunks, start, run, lease, time.perf_counter() - t)
 
 
@@ -240,10 +241,10 @@ def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) 
         clock.done("history")
     derived = cfg.slice_duration is None
     stats_ms = slice_length.STATS_MS if derived else cfg.slice_duration_ms
-    old = load_assignment(dest, grows.assignment) if grows is not None else None
+    old, fixed = (None, cfg.groups) if grows is None else (load_assignment(dest, grows.assignment), grows.groups)
 
     def groups_for(keys: int, payload: int) -> int:
-        return grows.groups if grows is not None else cfg.groups or default_groups(payload, keys, cfg.target_file_bytes)
+        return fixed or default_groups(payload, keys, cfg.target_file_bytes)
 
     def split(keys: int, payload: int) -> KeySplit:
         """Exact entries for every key while they are few; past that, heavy keys exact and
@@ -297,7 +298,7 @@ def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) 
         name=source.store.url_for,
     )
     check_held_back(plan, None if prepared.lease is None else cfg.max_held_back, source.url)
-    if grows is not None:
+    if old is not None:
         assignment, new_keys = extend_assignment(old, stats.totals, groups, stats.buckets)
     else:
         assignment = packed_assignment(stats.totals, groups, stats.buckets)

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from compactor.errors import LeaseLost
 from keygroups import compacted
 from keygroups.errors import KeyfillError, StorageError
 from keygroups.storage import Storage
@@ -63,10 +64,6 @@ def best_effort(action: Callable[[], object], seconds: float | None = None) -> s
     if thread.is_alive():
         return f"no answer within {seconds:g} s"
     return failed[0] if failed else None
-
-
-class LeaseLost(KeyfillError, RuntimeError):
-    """The run's lease went unrenewed long enough that vacuum may have deleted its files."""
 
 
 @dataclass

@@ -10,13 +10,14 @@ import numpy as np
 import pyarrow as pa
 
 from compactor.chunks import chunk_rows, read_checked
-from compactor.config import CompactConfig, CompactionError
+from compactor.config import CompactConfig
+from compactor.errors import CompactionError
 from compactor.execution import Execution
 from compactor.shuffle_codec import pack, unpack
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope, piece_index
-from keygroups.assignment import MISSING, KeyAssignment, load_assignment
+from keygroups.assignment import MISSING, cached_assignment
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
@@ -55,16 +56,6 @@ def flush_bytes(groups: int) -> int:
 # Record bytes in one run at most: a write task holds the runs that reach past the slice it
 # writes (one per map flush that straddles it), so this bounds its memory beside the piece.
 RUN_BYTES = 4 << 20
-_assignment_cache: dict[str, KeyAssignment] = {}
-
-
-def _load_assignment(dest: Storage, key: str) -> KeyAssignment:
-    """The key -> group lookup, loaded once per worker process."""
-    url = dest.url_for(key)
-    if url not in _assignment_cache:
-        _assignment_cache.clear()
-        _assignment_cache[url] = KeyAssignment.from_table(load_assignment(dest, key))
-    return _assignment_cache[url]
 
 
 def _runs_task(
@@ -86,7 +77,7 @@ def _runs_task(
     flush = flush_bytes(len(slots))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        assignment = _load_assignment(dest, assignment_key)
+        assignment = cached_assignment(dest, assignment_key)
         held: list[pa.RecordBatch] = []
         size = 0
         for rows in batches:

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from compactor.errors import NothingSealed, SlicingError
 from keygroups.compacted import PartitionRange
-from keygroups.errors import KeyfillError
 
 NO_PREFIX = np.iinfo(np.int64).min
 
@@ -108,10 +108,6 @@ def record_slices(ts: np.ndarray, prefix_max: int, duration_ms: int, base: int) 
     if prefix_max != NO_PREFIX:
         np.maximum(runmax, prefix_max, out=runmax)
     return (runmax // duration_ms - base).astype(np.int32), runmax
-
-
-class SlicingError(KeyfillError, ValueError):
-    """Chunks of a partition overlap, or leave a gap where none is allowed."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +280,3 @@ def plan_slices(
         last_stretches=last_stretches,
         seal_holder=None if seal_all else lagging,
     )
-
-
-class NothingSealed(SlicingError):
-    """No slice (or, for an append, no new slice) is sealed yet: nothing to publish."""

@@ -1,12 +1,14 @@
-"""An embedded Spark for `keyfill compact` on one machine (spark-submit brings its own)."""
+"""The Spark session a command or job runs on: the one this process runs, else an embedded
+one for `keyfill compact` on one machine (spark-submit brings its own)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 from keygroups.errors import KeyfillError
 
@@ -47,21 +49,32 @@ def local_spark(
     )
 
 
-@contextmanager
 def embedded_spark(
     master: str, *, app: str, driver_memory: str = "4g", progress: bool = True, log_level: str = "WARN"
-) -> Iterator:
-    """The session a command runs on. Where this process already runs one (a notebook, a
-    pyspark shell, `keyfill.cli.main` called from a job or a test), that one, left running
-    as it was: stopping it would end the caller's work. Else a local one, stopped after."""
+) -> AbstractContextManager:
+    """The session a command runs on: this process's (see `running_or_started`), else a
+    local one."""
+
+    def start():
+        spark = local_spark(master, app=app, driver_memory=driver_memory, progress=progress)
+        spark.sparkContext.setLogLevel(log_level)
+        return spark
+
+    return running_or_started(start, app)
+
+
+@contextmanager
+def running_or_started(start: Callable[[], Any], app: str) -> Iterator:
+    """The Spark session this process already runs (a notebook, a pyspark shell, a driver
+    program calling `keyfill.cli.main` or a job's `main()`), left running as it was:
+    stopping it would end the caller's work. Else the one `start()` makes, stopped after."""
     active = _active_session()
     if active is not None:
         log = logging.getLogger("keyfill")
-        log.info("%s runs on this process's Spark session (%s), not a new %s", app, active.sparkContext.master, master)
+        log.info("%s runs on this process's Spark session (%s)", app, active.sparkContext.master)
         yield active
         return
-    spark = local_spark(master, app=app, driver_memory=driver_memory, progress=progress)
-    spark.sparkContext.setLogLevel(log_level)
+    spark = start()
     try:
         yield spark
     finally:

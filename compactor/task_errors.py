@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from compactor.errors import TaskInputError
 from compactor.lease import best_effort
 from keygroups import compacted
 from keygroups.errors import InvalidKey, KeyfillError, ObjectExists, ObjectNotFound, StorageError
@@ -38,10 +39,6 @@ from keygroups.storage import Storage
 
 T = TypeVar("T")
 POLL_S = 1.0  # how often the driver looks for the error object while a job runs
-
-
-class TaskInputError(KeyfillError, ValueError):
-    """Bad input a Spark task found (the message is the task's error, naming the object)."""
 
 
 def deterministic(exc: BaseException) -> bool:

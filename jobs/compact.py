@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,25 +26,22 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from compactor.job import compact, prepare
+    from compactor.spark_session import running_or_started
     from jobs.shipping import ship_to_executors
 
-    try:
-        cfg = compact_config(args)
-        prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
-        with prepared.abandoned_on_error():
-            # a driver program that calls main() has its session running: it stays running
-            running = SparkSession.getActiveSession()
-            spark = running or SparkSession.builder.appName("keyfill compact").getOrCreate()
-            ship_to_executors(spark)
-    except BaseException:
-        spark_log.release(held)
-        raise
-    spark_log.to_spark(spark, held)
-    try:
+    with ExitStack() as session:
+        try:
+            cfg = compact_config(args)
+            prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
+            with prepared.abandoned_on_error():
+                start = SparkSession.builder.appName("keyfill compact").getOrCreate
+                spark = session.enter_context(running_or_started(start, "jobs/compact.py"))
+                ship_to_executors(spark)
+        except BaseException:
+            spark_log.release(held)
+            raise
+        spark_log.to_spark(spark, held)
         print_compact_result(compact(cfg, spark, prepared), args.json)
-    finally:
-        if running is None:
-            spark.stop()
     return 0
 
 

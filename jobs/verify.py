@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
+    from compactor.spark_session import running_or_started
     from compactor.verify_spark import verify_spark
     from jobs.shipping import ship_to_executors
     from keygroups.storage import open_storage
@@ -35,13 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         spark_log.release(held)
         raise
-    spark = SparkSession.builder.appName("keyfill verify").getOrCreate()
-    spark_log.to_spark(spark, held)
-    ship_to_executors(spark)
-    try:
+    with running_or_started(SparkSession.builder.appName("keyfill verify").getOrCreate, "jobs/verify.py") as spark:
+        spark_log.to_spark(spark, held)
+        ship_to_executors(spark)
         report = verify_spark(source, open_storage(args.dest), spark)
-    finally:
-        spark.stop()
     print_verify_report(report, args.json)
     return 0 if report.ok else 1
 

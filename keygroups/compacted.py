@@ -30,7 +30,7 @@ By concept: `keygroups.layout` (file names), `keygroups.pieces` (a piece and its
 in its files' names; consecutive pieces fetched together are a *span*.
 """
 
-from keygroups.errors import FormatError, IntegrityError  # what reading the format raises
+from keygroups.errors import CommitConflict, FormatError, IntegrityError  # what reading the format raises
 from keygroups.layout import (
     ASSIGNMENTS,
     FORMAT,
@@ -57,17 +57,7 @@ from keygroups.layout import (
     segment_key,
     version_key,
 )
-from keygroups.manifest import (
-    CommitConflict,
-    Manifest,
-    commit,
-    content_id,
-    dumps,
-    index_run,
-    load_manifest,
-    version_numbers,
-    versions,
-)
+from keygroups.manifest import Manifest, commit, content_id, dumps, index_run, load_manifest, version_numbers, versions
 from keygroups.piece_decode import read_piece, read_span, split_span
 from keygroups.pieces import PartitionRange, Piece, SliceMeta, crc32c, crc32c_value
 

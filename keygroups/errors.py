@@ -50,3 +50,7 @@ class FormatError(KeyfillError, ValueError):
 class IntegrityError(FormatError):
     """A group file's bytes differ from what its slice metadata records: corrupted, cut
     short, or another file put in its place."""
+
+
+class CommitConflict(KeyfillError, RuntimeError):
+    """Another compaction committed the version this one was about to."""

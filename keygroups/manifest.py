@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from keygroups.errors import FormatError, KeyfillError, ObjectExists
+from keygroups.errors import CommitConflict, FormatError, ObjectExists
 from keygroups.layout import FORMAT, FORMAT_VERSION, LEGACY_MANIFEST, VERSIONS, version_key
 from keygroups.storage import ObjectNotFound, Storage
 
@@ -109,10 +109,6 @@ def index_run(index_runs: list[list[Any]], first_slice: int) -> str:
             break
         run = r
     return run
-
-
-class CommitConflict(KeyfillError, RuntimeError):
-    """Another compaction committed the version this one was about to."""
 
 
 def content_id(manifest: Manifest) -> str:

@@ -13,14 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keygroups import compacted
-from keygroups.errors import KeyfillError
+from reader.errors import CheckpointError
 
 CHECKPOINT_VERSION = 2  # 2: the archive's fingerprint; 1 (slice count only) is refused
 State = dict[str, Any]  # a checkpoint as `Replay.checkpoint()` returns it and `resume=` takes it (JSON)
-
-
-class CheckpointError(KeyfillError, ValueError):
-    """A checkpoint of another archive, or not a keyfill replay checkpoint at all."""
 
 
 @dataclass(frozen=True)

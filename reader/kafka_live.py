@@ -22,6 +22,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from keygroups.errors import KeyfillError
+from reader.errors import DataLoss, KafkaReadError
 from reader.spark_rows import CREATE_TIME, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE
 
 LOG = logging.getLogger("keyfill.kafka")  # the client's own log lines (a retry each 50 ms when down): not on stderr
@@ -34,16 +35,8 @@ _ALWAYS = {  # the reader's own settings: it assigns partitions and never commit
 }
 
 
-class DataLoss(KeyfillError):
-    """Offsets the query must read are no longer (or not yet) in the topic: names them."""
-
-
 # keys, partitions -> the key group of each record (`KeyAssignment.group_of`)
 GroupOf = Callable[[pa.Array, np.ndarray], np.ndarray]
-
-
-class KafkaReadError(KeyfillError):
-    """The live phase could not read a range it planned: names topic, partition and offsets."""
 
 
 def client_module() -> Any:

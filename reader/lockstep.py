@@ -24,11 +24,12 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted, envelope, handoff
-from keygroups.errors import KeyfillError, OptionError
+from keygroups.errors import OptionError
 from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import row_group_of
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint, State
+from reader.errors import ReplayError
 from reader.fetch import PieceFetcher, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
@@ -65,10 +66,6 @@ class Watermark:
 def _tag(batch: pa.RecordBatch, group: int) -> pa.RecordBatch:
     """Records with their key group: done once per span of pieces, not per piece."""
     return batch.append_column(_KEY_GROUP, pa.array(np.full(batch.num_rows, group, np.int32)))
-
-
-class ReplayError(KeyfillError, RuntimeError):
-    """A read, check or decode failed in a replay thread; names the file, slice and group."""
 
 
 class Replay:

@@ -17,12 +17,9 @@ from typing import Any
 from keygroups import bounds, compacted
 from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
+from reader.errors import SourceOptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
 from reader.options import ReplayOptions
-
-
-class SourceOptionError(OptionError):
-    """An option of the keyfill Spark source is missing or malformed; names the option."""
 
 
 def camel(field: str) -> str:
@@ -169,16 +166,19 @@ class Options:
         return cls(path=path, kafka=kafka, session_cores=session_cores, **given)
 
 
+PACED_WITHOUT_START = (
+    "option maxEventTimePerTrigger needs startingTimestamp (or startingOffsetsByTimestamp): the event time the "
+    "first micro-batch starts at, given alike to every paced source of the query so they read the same stride in "
+    "the same micro-batch"
+)
+
+
 def _check_paced(given: dict[str, Any]) -> None:
     """Pacing needs a start every paced source of the query shares, and takes no other
     admission limit: a source cannot see where the others' limits would cut a stride
     (docs/spark-source.md, "Joining topics")."""
     if given.get("starting_timestamp") is None and given.get("starting_offsets_by_timestamp") is None:
-        raise SourceOptionError(
-            "option maxEventTimePerTrigger needs startingTimestamp (or startingOffsetsByTimestamp): the event time "
-            "the first micro-batch starts at, given alike to every paced source of the query so they read the "
-            "same stride in the same micro-batch"
-        )
+        raise SourceOptionError(PACED_WITHOUT_START)
     for limit in ("maxSlicesPerTrigger", "maxBytesPerTrigger"):
         if given.get(_field_of(limit)) is not None:
             raise SourceOptionError(

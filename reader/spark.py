@@ -50,29 +50,22 @@ from pyspark.sql.types import StructType
 
 from keygroups import worker_gc
 from keygroups.piece_index import row_group_of, row_group_start
+from reader.errors import ArchiveChanged, SourceOptionError
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.pushdown import Pushdown, push
-from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options, SourceOptionError
-from reader.spark_partitions import NAME, ArchiveChanged, GroupsPartition, SourcePlanner
-from reader.spark_rows import arrow_schema, schema_ddl, to_spark_batches
+from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
+from reader.spark_partitions import NAME, GroupsPartition, SourcePlanner
+from reader.spark_rows import schema_ddl
 from reader.strides import Strides
 
-__all__ = [  # what users and the benchmarks take from here (the planner's parts live in reader.spark_partitions)
+__all__ = [  # what a user's code takes from here: the source, its options and its errors
     "DEFAULT_MAX_BYTES_PER_TRIGGER",
     "NAME",
     "ArchiveChanged",
-    "GroupsPartition",
-    "KeyfillBatchReader",
     "KeyfillDataSource",
-    "KeyfillPushdownReader",
-    "KeyfillStreamReader",
     "Options",
     "SourceOptionError",
-    "SourcePlanner",
-    "arrow_schema",
     "register",
-    "schema_ddl",
-    "to_spark_batches",
 ]
 
 

@@ -21,6 +21,7 @@ from keygroups.assignment import cached_assignment
 from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
+from reader.errors import ArchiveChanged, SourceOptionError
 from reader.fetch import read_groups
 from reader.kafka_live import (
     GroupOf,
@@ -34,15 +35,11 @@ from reader.kafka_live import (
 )
 from reader.memory import bounded_read_ahead
 from reader.pushdown import Pushdown, RowFilter
-from reader.source_options import Options, SourceOptionError
+from reader.source_options import PACED_WITHOUT_START, Options
 from reader.spark_rows import arrow_schema, to_spark_batches
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
 
 NAME = "keyfill"
-
-
-class ArchiveChanged(KeyfillError, ValueError):
-    """A query's checkpointed offsets belong to another archive than the one now at its URL."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +152,7 @@ class SourcePlanner:
         """The earliest starting time of a paced read (`Options.parse` refuses pacing without one)."""
         times = self.times("starting")
         if times is None:
-            raise SourceOptionError(
-                "option maxEventTimePerTrigger needs startingTimestamp (or startingOffsetsByTimestamp)"
-            )
+            raise SourceOptionError(PACED_WITHOUT_START)
         return min(times.values())
 
     @property

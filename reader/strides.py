@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups import compacted
-from reader.source_options import SourceOptionError
+from reader.errors import SourceOptionError
 
 if TYPE_CHECKING:
     from reader.spark_partitions import SourcePlanner

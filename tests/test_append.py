@@ -18,8 +18,8 @@ from test_reader import check_invariants, hypothesis_settings, run, running_max_
 
 import reader
 from compactor import job
+from compactor.errors import NothingSealed
 from compactor.job import CompactConfig, compact
-from compactor.slicing import NothingSealed
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.verify import verify

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor import rewrite
+from compactor.errors import SlicingError
 from compactor.job import CompactConfig, compact
-from compactor.slicing import SlicingError
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.verify import verify

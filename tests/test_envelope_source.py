@@ -12,14 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.sources.envelope import (
-    ArchiveError,
-    build_index,
-    chunk_key,
-    encode_chunk,
-    read_chunk,
-    write_chunk,
-)
+from compactor.errors import ArchiveError
+from compactor.sources.envelope import build_index, chunk_key, encode_chunk, read_chunk, write_chunk
 from keygroups import envelope
 from keygroups.envelope import CorruptFile
 from keygroups.storage import open_storage

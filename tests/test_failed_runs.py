@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from test_append import grow, growing_source
 from test_reader import hypothesis_settings, source_table
 
+from compactor.errors import NothingSealed
 from compactor.job import CompactConfig, compact, prepare
-from compactor.slicing import NothingSealed
 from keygroups import compacted
 from keygroups.storage import open_storage
 from tests.fault_injection import DiesAfterSegmentFiles, InjectedFailure

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compactor.errors import ArchiveError
 from compactor.sources import open_source
-from compactor.sources.envelope import ArchiveError
 from compactor.sources.kafka_connect import KafkaConnectSource
 from keyfill.synth.kafka_connect import headers_schema, payment_schema, write_connect_archive
 from keygroups.envelope import ARROW_SCHEMA, CorruptFile, batch_from_records

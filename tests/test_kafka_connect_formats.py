@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from test_kafka_connect import fresh, put_avro, read_all
 
 import reader
+from compactor.errors import ArchiveError
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
-from compactor.sources.base import ArchiveError
 from compactor.sources.kafka_connect import KafkaConnectSource
 from compactor.sources.kafka_connect.json_lines import json_values
 from keygroups import compacted

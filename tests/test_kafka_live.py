@@ -17,13 +17,14 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from compactor.errors import NothingSealed
 from compactor.job import CompactConfig, compact
-from compactor.slicing import NothingSealed
 from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage
-from reader.kafka_live import DataLoss, KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
+from reader.errors import DataLoss
+from reader.kafka_live import KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
 from reader.spark import KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
 from reader.spark_rows import CREATE_TIME, arrow_schema
 
@@ -479,7 +480,8 @@ def test_a_broker_gone_fails_the_switch_and_a_live_read_in_bounded_time_naming_i
     asserted, 30 s, is a liveness margin for a loaded machine), in one line naming the
     broker and the topic (and the partition, for a read)."""
     from keyfill.testing.kafka_broker import start_broker
-    from reader.kafka_live import KafkaRange, KafkaReadError
+    from reader.errors import KafkaReadError
+    from reader.kafka_live import KafkaRange
 
     broker = start_broker()
     try:

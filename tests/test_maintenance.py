@@ -30,9 +30,9 @@ import pytest
 
 import reader
 from compactor import job as job_module
-from compactor.history import HistoryChanged
-from compactor.job import CompactConfig, CompactionError, HeldBack, compact
-from compactor.lease import Lease, LeaseLost, LeaseRecord
+from compactor.errors import CompactionError, HeldBack, HistoryChanged, LeaseLost
+from compactor.job import CompactConfig, compact
+from compactor.lease import Lease, LeaseRecord
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.vacuum import plan_vacuum, vacuum

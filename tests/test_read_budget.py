@@ -111,7 +111,7 @@ def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage
     monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
     monkeypatch.setattr(reader.spark_partitions, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
     opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(BUDGET), "numPartitions": "1"})
-    planner = reader.spark.SourcePlanner(opts)
+    planner = reader.spark_partitions.SourcePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)
     got = []
     for batch in planner.read(partition):

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import reader
 import reader.fetched_span
 import reader.replay_plan
+from compactor.errors import SlicingError
 from compactor.job import CompactConfig, compact
-from compactor.slicing import SlicingError
 from compactor.sources.envelope import build_index, read_chunk, write_chunk
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted, envelope

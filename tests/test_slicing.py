@@ -8,15 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.slicing import (
-    ChunkStats,
-    Continuation,
-    NothingSealed,
-    SlicingError,
-    chunk_stretches,
-    plan_slices,
-    record_slices,
-)
+from compactor.errors import NothingSealed, SlicingError
+from compactor.slicing import ChunkStats, Continuation, chunk_stretches, plan_slices, record_slices
 from keygroups.durations import parse_duration
 
 

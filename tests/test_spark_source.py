@@ -20,6 +20,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, Rea
 from test_reader import hypothesis_settings, source_table
 
 import reader.spark
+import reader.spark_partitions
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
@@ -344,7 +345,7 @@ def test_by_default_a_batch_has_a_partition_per_core(archive, cores, monkeypatch
     session's cores."""
     url, _ = archive
     opts = reader.spark.Options.parse({"path": url}, session_cores=cores)
-    planner = reader.spark.SourcePlanner(opts)
+    planner = reader.spark_partitions.SourcePlanner(opts)
     groups = sum(1 for b in planner.manifest.group_file_bytes if b)
     total = sum(planner.manifest.group_file_bytes)
     assert len(planner.plan(0, planner.manifest.slices)) == (groups if cores is None else min(cores, groups))

@@ -16,8 +16,8 @@ from test_kafka_live import run_stream
 from test_reader import hypothesis_settings
 
 import reader
+from compactor.errors import NothingSealed
 from compactor.job import CompactConfig, compact
-from compactor.slicing import NothingSealed
 from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff

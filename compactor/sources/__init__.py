@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from compactor.sources.base import ArchiveError, Option, SourceArchive, SourceChunk, SourceOptions
+from compactor.errors import ArchiveError
+from compactor.sources.base import Option, SourceArchive, SourceChunk, SourceOptions
 from compactor.sources.envelope import EnvelopeSource
 from compactor.sources.iceberg import IcebergSource
 from compactor.sources.kafka_connect import KafkaConnectSource

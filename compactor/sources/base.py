@@ -20,12 +20,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from keygroups.errors import KeyfillError, OptionError
+from keygroups.errors import OptionError
 from keygroups.storage import Storage, open_storage
-
-
-class ArchiveError(KeyfillError, ValueError):
-    """The source archive breaks its format: overlapping chunks, metadata that lies, ..."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
+from compactor.errors import ArchiveError
+from compactor.sources.base import SourceArchive, SourceChunk
 from keygroups import envelope
 from keygroups.envelope import CorruptFile, HeaderTruncated
 from keygroups.errors import OptionError

@@ -54,8 +54,8 @@ class Backfill:
 def compact_example(archive: TopicArchive, settings: BackfillSettings, url: str | None = None) -> Backfill:
     """Write `archive` under `url` (a fresh temporary folder when None; a unique prefix is
     added) and compact it with `settings`."""
+    from compactor.errors import SlicingError
     from compactor.job import CompactConfig, compact
-    from compactor.slicing import SlicingError
     from keygroups import compacted
     from keygroups.storage import open_storage
 

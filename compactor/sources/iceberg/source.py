@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
+from compactor.errors import ArchiveError
+from compactor.sources.base import SourceArchive, SourceChunk
 from compactor.sources.iceberg.columns import RP, binary, json_values, millis, needed, parquet_paths, slim, struct_field
 from compactor.sources.iceberg.ranges import DataFileBounds, Extent, cut_ranges
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table

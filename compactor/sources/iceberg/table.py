@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qsl, urlencode
 
-from compactor.sources.base import ArchiveError
+from compactor.errors import ArchiveError
 
 
 def io_properties() -> dict[str, str]:

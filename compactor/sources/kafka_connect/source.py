@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk, SourceOptions, option
+from compactor.errors import ArchiveError
+from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
 from compactor.sources.kafka_connect.file_formats import EXTENSIONS, FileFormat
 from compactor.sources.kafka_connect.records import check_count, timestamps_ms
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE

@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from compactor.sources.base import ArchiveError, SourceArchive, SourceChunk
+from compactor.errors import ArchiveError
+from compactor.sources.base import SourceArchive, SourceChunk
 from compactor.sources.kafka_segments import tiered
 from compactor.sources.kafka_segments.record_batches import Aborted, decode_segment
 from keygroups.envelope import CorruptFile

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import cramjam
 
-from compactor.sources.base import ArchiveError
+from compactor.errors import ArchiveError
 from keygroups.errors import CorruptFile
 
 _UUID = r"[A-Za-z0-9_-]{22}"

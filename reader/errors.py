@@ -1,0 +1,32 @@
+"""The reader's errors, each a `keygroups.errors.KeyfillError` (one line naming the object
+at fault) that also keeps the builtin base saying what kind it is. Its internal signals
+between threads (`slice_merge.ThreadFailed`, `read_budget.ReadStopped`) are not errors a
+user meets and stay with the code that raises them."""
+
+from __future__ import annotations
+
+from keygroups.errors import KeyfillError, OptionError
+
+
+class SourceOptionError(OptionError):
+    """An option of the keyfill Spark source is missing or malformed; names the option."""
+
+
+class ArchiveChanged(KeyfillError, ValueError):
+    """A query's checkpointed offsets belong to another archive than the one now at its URL."""
+
+
+class DataLoss(KeyfillError):
+    """Offsets the query must read are no longer (or not yet) in the topic: names them."""
+
+
+class KafkaReadError(KeyfillError):
+    """The live phase could not read a range it planned: names topic, partition and offsets."""
+
+
+class CheckpointError(KeyfillError, ValueError):
+    """A checkpoint of another archive, or not a keyfill replay checkpoint at all."""
+
+
+class ReplayError(KeyfillError, RuntimeError):
+    """A read, check or decode failed in a replay thread; names the file, slice and group."""
