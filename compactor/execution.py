@@ -164,11 +164,11 @@ class OnSpark:
             kept.unpersist()
 
     def _task(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-        def run(items: Iterator[Any]) -> Iterator[Any]:
+        def settled(items: Iterator[Any]) -> Iterator[Any]:
             worker_gc.settle()
             yield from task(items)
 
-        return run if self.errors is None else self.errors.guard(run)
+        return settled if self.errors is None else self.errors.guard(settled)
 
     def _run(self, name: str, action: Callable[[], T]) -> T:
         return action() if self.errors is None else self.errors.run(self.spark.sparkContext, name, action)

@@ -91,7 +91,7 @@ def expected_records(chunks: list[SourceChunk], manifest: compacted.Manifest) ->
 
 
 def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
-    def run(item: tuple[int, int]) -> tuple[int, int | None, str | None]:
+    def task(item: tuple[int, int]) -> tuple[int, int | None, str | None]:
         idx, offset = item
         batch = source.read(chunks[idx])
         at = pc.index(batch.column("offset"), offset).as_py()
@@ -100,7 +100,7 @@ def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
         ts = batch.column("timestamp").cast(pa.int64())[at].as_py()
         return idx, ts, batch_digests(batch, [at])[0]
 
-    return run
+    return task
 
 
 def check_history(

@@ -1,5 +1,5 @@
 """Phase 2 of the compaction: every record tagged with its slice and group, shuffled by
-group in sorted runs, merged, and written as segment files of consecutive slices, in Spark
+group in sorted parcels, merged, and written as segment files of consecutive slices, in Spark
 tasks. Returns the pieces written, for the index."""
 
 from __future__ import annotations
@@ -22,28 +22,28 @@ from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
-# What crosses the shuffle is not a record but a *run*: one map task's records of one group,
+# What crosses the shuffle is not a record but a *parcel*: one map task's records of one group,
 # sorted in piece order and encoded (`envelope.encode_records`), one Arrow IPC message of
-# RUN_SCHEMA. Spark moves, sorts and hands to Python a few large values per group, not a row
+# PARCEL_SCHEMA. Spark moves, sorts and hands to Python a few large values per group, not a row
 # per record (whose conversions and sort took more than decoding and writing; measured with
 # bench_scale: docs/performance.md#runs-not-rows-through-the-rewrites-shuffle). The write
-# task merges a group's runs.
-RUN_SCHEMA = pa.schema(
+# task merges a group's parcels.
+PARCEL_SCHEMA = pa.schema(
     [
         ("slice", pa.int32()),
         ("order_ts", pa.int64()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("timestamp", pa.int64()),
-        ("record", pa.large_binary()),  # as the map holds it and the merge needs it: no cast per run
+        ("record", pa.large_binary()),  # as the map holds it and the merge needs it: no cast per parcel
     ]
 )
-_HELD = pa.schema([("grp", pa.int32()), *RUN_SCHEMA])
-# lo: the run's first slice; run: packed (shuffle_codec)
-RUNS = pa.schema([("slot", pa.int64()), ("grp", pa.int32()), ("lo", pa.int32()), ("run", pa.binary())])
-# Record bytes a map task gathers before it sorts them into runs: 32 KiB per group (so a run
+_HELD = pa.schema([("grp", pa.int32()), *PARCEL_SCHEMA])
+# lo: the parcel's first slice; parcel: packed (shuffle_codec)
+PARCELS = pa.schema([("slot", pa.int64()), ("grp", pa.int32()), ("lo", pa.int32()), ("parcel", pa.binary())])
+# Record bytes a map task gathers before it sorts them into parcels: 32 KiB per group (so a parcel
 # rarely carries less), between 2 and 64 MiB. A small flush sorts in cache, and the
-# compaction was faster with it though each write task merges more runs (measured:
+# compaction was faster with it though each write task merges more parcels (measured:
 # docs/performance.md#flush-size-of-the-rewrites-map-tasks).
 FLUSH_PER_GROUP = 32 << 10
 FLUSH_BYTES = (2 << 20, 64 << 20)
@@ -53,12 +53,12 @@ def flush_bytes(groups: int) -> int:
     return min(max(groups * FLUSH_PER_GROUP, FLUSH_BYTES[0]), FLUSH_BYTES[1])
 
 
-# Record bytes in one run at most: a write task holds the runs that reach past the slice it
+# Record bytes in one parcel at most: a write task holds the parcels that reach past the slice it
 # writes (one per map flush that straddles it), so this bounds its memory beside the piece.
-RUN_BYTES = 4 << 20
+PARCEL_BYTES = 4 << 20
 
 
-def _runs_task(
+def _parcels_task(
     source: SourceArchive,
     chunks: list[SourceChunk],
     dest: Storage,
@@ -70,13 +70,13 @@ def _runs_task(
     shuffle_codec: str | None = None,
 ):
     """Tags each record with its slice and group, drops records of slices past the
-    `published` ones (unsealed: left for a later compaction), and yields the records as runs
-    (RUNS rows) every `flush_bytes(groups)`, each addressed to its group's shuffle slot
+    `published` ones (unsealed: left for a later compaction), and yields the records as parcels
+    (PARCELS rows) every `flush_bytes(groups)`, each addressed to its group's shuffle slot
     (`compactor.group_partitioning`)."""
 
     flush = flush_bytes(len(slots))
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         assignment = cached_assignment(dest, assignment_key)
         held: list[pa.RecordBatch] = []
         size = 0
@@ -111,84 +111,84 @@ def _runs_task(
                             pa.array(ts, pa.int64()),
                             records,
                         ],
-                        schema=_HELD,  # RUN_SCHEMA's types exactly: a run is read back by that schema
+                        schema=_HELD,  # PARCEL_SCHEMA's types exactly: a parcel is read back by that schema
                     )
                 )
                 size += records.nbytes
                 if size >= flush:
-                    yield from _runs(held, slots, shuffle_codec)
+                    yield from _parcels(held, slots, shuffle_codec)
                     held, size = [], 0
         if held:
-            yield from _runs(held, slots, shuffle_codec)
+            yield from _parcels(held, slots, shuffle_codec)
 
-    return run
+    return task
 
 
-def _runs(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -> Iterator[pa.RecordBatch]:
+def _parcels(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -> Iterator[pa.RecordBatch]:
     """The held records sorted by group and piece order, cut at group changes and every
-    RUN_BYTES, each run one Arrow IPC record batch message (RUN_SCHEMA, not repeated in
-    each): RUNS rows, in batches of about RUN_BYTES (a binary column's offsets are
+    PARCEL_BYTES, each parcel one Arrow IPC record batch message (PARCEL_SCHEMA, not repeated in
+    each): PARCELS rows, in batches of about PARCEL_BYTES (a binary column's offsets are
     32-bit; Spark converts a batch at a time)."""
     table = _sorted(pa.Table.from_batches(held).combine_chunks(), ("grp", *_PIECE_ORDER))
     grp, slices = table.column("grp").to_numpy(), table.column("slice").to_numpy()
     record_offsets = binary_buffers(table.column("record").chunk(0)).offsets
     ends = record_offsets[1:] - record_offsets[0]  # bytes of the records up to each one
-    body = table.select(RUN_SCHEMA.names)
+    body = table.select(PARCEL_SCHEMA.names)
     messages, rows, size = [], [], 0
     a = 0
     for end in np.r_[np.flatnonzero(np.diff(grp)) + 1, len(grp)].tolist():
-        while a < end:  # runs of the group's records [a, end): RUN_BYTES at most, one record at least
+        while a < end:  # parcels of the group's records [a, end): PARCEL_BYTES at most, one record at least
             before = int(ends[a - 1]) if a else 0
-            b = min(max(int(np.searchsorted(ends, before + RUN_BYTES, side="right")), a + 1), end)
+            b = min(max(int(np.searchsorted(ends, before + PARCEL_BYTES, side="right")), a + 1), end)
             messages.append(pack(body.slice(a, b - a).combine_chunks().to_batches()[0].serialize(), codec))
             rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a])))
             size += len(messages[-1])
             a = b
-            if size >= RUN_BYTES:
-                yield _run_rows(rows, messages)
+            if size >= PARCEL_BYTES:
+                yield _parcel_rows(rows, messages)
                 messages, rows, size = [], [], 0
     if rows:
-        yield _run_rows(rows, messages)
+        yield _parcel_rows(rows, messages)
 
 
-def _run_rows(rows: list[tuple[int, int, int]], messages: list) -> pa.RecordBatch:
+def _parcel_rows(rows: list[tuple[int, int, int]], messages: list) -> pa.RecordBatch:
     bounds = np.r_[0, np.cumsum([len(m) for m in messages], dtype=np.int64)]
-    if bounds[-1] >= 2**31:  # unreachable while RUN_BYTES is small: a batch ends once it passes RUN_BYTES
-        raise RuntimeError(f"{bounds[-1]} bytes of runs in one batch: more than a binary column holds")
+    if bounds[-1] >= 2**31:  # unreachable while PARCEL_BYTES is small: a batch ends once it passes PARCEL_BYTES
+        raise RuntimeError(f"{bounds[-1]} bytes of parcels in one batch: more than a binary column holds")
     data = np.concatenate([np.frombuffer(m, np.uint8) for m in messages])
-    runs = pa.Array.from_buffers(
+    parcels = pa.Array.from_buffers(
         pa.binary(), len(rows), [None, pa.py_buffer(bounds.astype(np.int32)), pa.py_buffer(data)]
     )
     cols = [pa.array(c, t) for c, t in zip(zip(*rows), (pa.int64(), pa.int32(), pa.int32()))]
-    return pa.RecordBatch.from_arrays([*cols, runs], schema=RUNS)
+    return pa.RecordBatch.from_arrays([*cols, parcels], schema=PARCELS)
 
 
 class _Pending:
-    """The runs a write task has read whose records it has not written yet, each sorted in
+    """The parcels a write task has read whose records it has not written yet, each sorted in
     piece order (so by slice)."""
 
     def __init__(self) -> None:
-        self.runs: list[tuple[pa.RecordBatch, np.ndarray]] = []  # (records, their slices)
+        self.parcels: list[tuple[pa.RecordBatch, np.ndarray]] = []  # (records, their slices)
         self.low = np.iinfo(np.int64).max  # the lowest slice held
 
-    def add(self, run: pa.RecordBatch) -> None:
-        if run.num_rows:
-            sl = run.column("slice").to_numpy()
-            self.runs.append((run, sl))
+    def add(self, parcel: pa.RecordBatch) -> None:
+        if parcel.num_rows:
+            sl = parcel.column("slice").to_numpy()
+            self.parcels.append((parcel, sl))
             self.low = min(self.low, int(sl[0]))
 
     def take_below(self, bound: int | None) -> pa.Table | None:
         """The held records of slices below `bound` (None: all), merged in piece order."""
         if bound is not None and bound <= self.low:
-            return None  # the common case, a run that starts where the last one did: no scan
+            return None  # the common case, a parcel that starts where the last one did: no scan
         heads, keep = [], []
-        for run, sl in self.runs:
+        for parcel, sl in self.parcels:
             cut = len(sl) if bound is None else int(np.searchsorted(sl, bound, side="left"))
             if cut:
-                heads.append(run.slice(0, cut))
+                heads.append(parcel.slice(0, cut))
             if cut < len(sl):
-                keep.append((run.slice(cut), sl[cut:]))
-        self.runs = keep
+                keep.append((parcel.slice(cut), sl[cut:]))
+        self.parcels = keep
         self.low = min((int(sl[0]) for _, sl in keep), default=np.iinfo(np.int64).max)
         if not heads:
             return None
@@ -223,13 +223,13 @@ def _write_task(
     tails: dict[int, Tail],
     shuffle_codec: str | None = None,
 ):
-    """Each task holds whole groups, their runs sorted by group and first slice: one
+    """Each task holds whole groups, their parcels sorted by group and first slice: one
     SegmentWriter per group (continuing the group's tail, for an append). Before it reads a
-    run that starts at slice s, every slice below s is complete in the runs read so far, so
+    parcel that starts at slice s, every slice below s is complete in the parcels read so far, so
     those records are merged and written, slice by slice; yields the index rows of the
     pieces written."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer: SegmentWriter | None = None
         pending = _Pending()
         finished: set[int] = set()  # groups this task has begun
@@ -262,7 +262,7 @@ def _write_task(
                 yield from written()
 
         for batch in batches:
-            groups, lo, runs = batch.column("grp").to_numpy(), batch.column("lo").to_numpy(), batch.column("run")
+            groups, lo, parcels = batch.column("grp").to_numpy(), batch.column("lo").to_numpy(), batch.column("parcel")
             for i in range(batch.num_rows):
                 g = int(groups[i])
                 if writer is None or g != writer.group:  # a new group: a writer of its own
@@ -282,19 +282,19 @@ def _write_task(
                         tail=tails.get(g),
                     )
                 yield from write_below(int(lo[i]))
-                pending.add(pa.ipc.read_record_batch(_message(runs[i].as_buffer(), shuffle_codec), RUN_SCHEMA))
+                pending.add(pa.ipc.read_record_batch(_message(parcels[i].as_buffer(), shuffle_codec), PARCEL_SCHEMA))
         if writer is not None:
             yield from write_below(None)
             yield from written(close=True)
 
-    return run
+    return task
 
 
-def _message(run: pa.Buffer, codec: str | None) -> pa.Buffer:
-    """A run's message in memory of its own: its tail may outlive Spark's batch (RUN_BATCH_BYTES)."""
+def _message(parcel: pa.Buffer, codec: str | None) -> pa.Buffer:
+    """A parcel's message in memory of its own: its tail may outlive Spark's batch (PARCEL_BATCH_BYTES)."""
     if codec is None:
-        return pa.py_buffer(np.frombuffer(run, np.uint8).copy())
-    return unpack(run, codec)
+        return pa.py_buffer(np.frombuffer(parcel, np.uint8).copy())
+    return unpack(parcel, codec)
 
 
 # The index rows as Spark carries them: Spark has no unsigned integers.
@@ -319,21 +319,21 @@ def run_rewrite(
     Records are shuffled by group, so one task sees a group's records of every slice in
     order and cuts its segment files at slice boundaries near the target size (files of
     exactly the sizes the layout promises, no small tails from split groups). A task holds
-    one file, one piece and the unwritten ends of the runs that straddle it (`_write_task`).
+    one file, one piece and the unwritten ends of the parcels that straddle it (`_write_task`).
     `handoff`: for an append, each partition's first offset to write; `tails`: the groups'
     last files it continues (`compactor.append.tails`). In one process a task holds every
     group, one after another."""
     slots = execution.slots(groups)  # task g holds group g alone
-    ship = _runs_task(
+    ship = _parcels_task(
         source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, execution.codec
     )
     write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, execution.codec)
-    runs = execution.map(chunk_rows(chunks, plan.prefix_max, handoff), ship, RUNS)
+    parcels = execution.map(chunk_rows(chunks, plan.prefix_max, handoff), ship, PARCELS)
     # an append's tail cut short or missing: the archive's error
-    written = execution.shuffle("rewrite", runs, groups, write, _SPARK_PIECES, ("grp", "lo"), RUN_BATCH_BYTES)
+    written = execution.shuffle("rewrite", parcels, groups, write, _SPARK_PIECES, ("grp", "lo"), PARCEL_BATCH_BYTES)
     return written.cast(piece_index.PIECE_SCHEMA)
 
 
 # What Spark hands a write task at once: Spark cuts its Arrow batches at 10,000 rows, which
-# for runs (up to RUN_BYTES each) could reach its 2 GiB ceiling per batch.
-RUN_BATCH_BYTES = 64 << 20
+# for parcels (up to PARCEL_BYTES each) could reach its 2 GiB ceiling per batch.
+PARCEL_BATCH_BYTES = 64 << 20

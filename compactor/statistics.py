@@ -118,7 +118,7 @@ def _map_task(
     pass that gains little. (Keys that turn out to repeat in those flushes cost the
     shuffle a row per record for a while, no more than `reducers_for` plans for.)"""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Table] = []
         held = 0
         unsummed = 0  # flushes to ship without summing
@@ -177,7 +177,7 @@ def _map_task(
             if pending:
                 yield _shipped(pending[0], slots, codec)
 
-    return run
+    return task
 
 
 def _shipped(sums: pa.Table, slots: np.ndarray, codec: str | None = None) -> pa.RecordBatch:
@@ -271,12 +271,12 @@ def _reduced(output: Reduced, n: int, **columns) -> pa.Table:
 
 
 def _reduce_task(how: KeySplit, codec: str | None = None):
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         blobs = [b for batch in batches for b in batch.column("blob").to_pylist()]
         if blobs:  # a reducer that received nothing has no keys to report
             yield from _reduce(from_blobs(blobs, codec), how).to_batches()
 
-    return run
+    return task
 
 
 def run_statistics(

@@ -92,14 +92,14 @@ class TaskErrors:
         """`task` (a mapInArrow or mapPartitions function) that reports a deterministic error
         and stops, instead of raising it (raising it still when it cannot be recorded)."""
 
-        def run(batches: Iterator[Any]) -> Iterator[Any]:
+        def guarded(batches: Iterator[Any]) -> Iterator[Any]:
             try:
                 yield from task(batches)
             except Exception as exc:
                 if not deterministic(exc) or self.report(exc, traceback.format_exc()) is not None:
                     raise
 
-        return run
+        return guarded
 
     def reported(self) -> KeyfillError | None:
         """The error a task reported, as the type it was raised as, its message naming where

@@ -40,7 +40,7 @@ _ARCHIVED_ROWS = pa.schema(
 
 
 def _source_task(source: SourceArchive, chunks: list):
-    def run(batches):
+    def task(batches):
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 b = source.read(chunks[i])
@@ -54,11 +54,11 @@ def _source_task(source: SourceArchive, chunks: list):
                     names=["partition", "offset", "ts", "fp"],
                 )
 
-    return run
+    return task
 
 
 def _archive_task(checker: FileChecker, files: list, ranges: dict):
-    def run(batches):
+    def task(batches):
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 key, pieces = files[i]
@@ -89,7 +89,7 @@ def _archive_task(checker: FileChecker, files: list, ranges: dict):
                         }
                     )
 
-    return run
+    return task
 
 
 def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:

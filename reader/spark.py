@@ -53,7 +53,7 @@ from keygroups.piece_index import row_group_of, row_group_start
 from reader.errors import ArchiveChanged, SourceOptionError
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
 from reader.pushdown import Pushdown, push
-from reader.source_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
+from reader.spark_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
 from reader.spark_partitions import NAME, GroupsPartition, SourcePlanner
 from reader.spark_rows import schema_ddl
 from reader.strides import Strides

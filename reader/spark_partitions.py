@@ -35,7 +35,7 @@ from reader.kafka_live import (
 )
 from reader.memory import bounded_read_ahead
 from reader.pushdown import Pushdown, RowFilter
-from reader.source_options import PACED_WITHOUT_START, Options
+from reader.spark_options import PACED_WITHOUT_START, Options
 from reader.spark_rows import arrow_schema, to_spark_batches
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
 

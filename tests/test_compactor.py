@@ -359,12 +359,12 @@ def test_small_archives_keep_invariants_1_5_6(spark, tmp_path_factory, case):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=small_archive(), run_bytes=st.integers(1, 2000))
-def test_runs_of_any_size_write_the_same_bytes(tmp_path_factory, case, run_bytes):
-    """The rewrite ships a group's records as sorted runs and its write task merges them
-    slice by slice (`compactor/rewrite.py`). Cut into runs of a few records, flushed chunk by
-    chunk, so that runs of several partitions overlap in slices, it writes what one run per
-    group writes."""
+@given(case=small_archive(), parcel_bytes=st.integers(1, 2000))
+def test_parcels_of_any_size_write_the_same_bytes(tmp_path_factory, case, parcel_bytes):
+    """The rewrite ships a group's records as sorted parcels and its write task merges them
+    slice by slice (`compactor/rewrite.py`). Cut into parcels of a few records, flushed chunk
+    by chunk, so that parcels of several partitions overlap in slices, it writes what one
+    parcel per group writes."""
     chunks, groups, duration, sizes = case
     root = tmp_path_factory.mktemp("r")
     src = open_storage(str(root / "src"))
@@ -372,14 +372,14 @@ def test_runs_of_any_size_write_the_same_bytes(tmp_path_factory, case, run_bytes
         write_chunk(src, records(p, offs, ts, ks), "t", codec="null")
     cfg = dict(source=src.url, groups=groups, slice_duration=duration, seal_all=True, **sizes)
     compact(CompactConfig(**cfg, dest=str(root / "one")))
-    runs: list[int] = []
-    shipped = rewrite._run_rows
+    parcels: list[int] = []
+    shipped = rewrite._parcel_rows
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rewrite, "RUN_BYTES", run_bytes)
+        mp.setattr(rewrite, "PARCEL_BYTES", parcel_bytes)
         mp.setattr(rewrite, "FLUSH_BYTES", (1, 1))  # a flush per chunk
-        mp.setattr(rewrite, "_run_rows", lambda rows, messages: runs.append(len(rows)) or shipped(rows, messages))
+        mp.setattr(rewrite, "_parcel_rows", lambda rows, messages: parcels.append(len(rows)) or shipped(rows, messages))
         compact(CompactConfig(**cfg, dest=str(root / "many")))
-    assert sum(runs) >= len(chunks)
+    assert sum(parcels) >= len(chunks)
     assert canonical_files(str(root / "one")) == canonical_files(str(root / "many"))
 
 

@@ -14,7 +14,7 @@ import pytest
 from keyfill.cli import replay as replay_cli
 from reader.errors import SourceOptionError
 from reader.options import ReplayOptions
-from reader.source_options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, camel
+from reader.spark_options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, camel
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
 NOT_SETTINGS = {"url", "checkpoint_file", "no_progress", "json", "help"}  # what the command does, not how it reads
