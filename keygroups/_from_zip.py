@@ -1,9 +1,9 @@
 """keyfill imported from a zip (`spark-submit --py-files keyfill-*.whl`): load its modules
 from files extracted once per machine instead, so numba can cache the compiled kernels.
 
-numba caches a function only when its source is a real file; from a zip every Python
-worker process compiles the ~50 kernels it uses anew on first call (tens of seconds per
-worker, measured in `bench/bench_cold_start.py`). Each top-level package's `__init__`
+numba caches a function only when its source is a real file; from a zip every Python worker
+process compiles the ~50 kernels it uses anew on first call, a long wait in every worker
+(docs/performance.md#kernels-from-files-not-from-a-zip). Each top-level package's `__init__`
 calls `files_for` and points its `__path__` at the extracted copy: its submodules, the
 kernels among them, then load from files. The copy is named by a digest of the archive's
 entries (names, CRCs, sizes), so every worker, executor and job on a machine that runs the

@@ -1,21 +1,23 @@
 """Kernels compiled when the wheel was built, installed into numba's cache at import, so a
 fresh executor's first task loads them instead of compiling them.
 
-On an empty cache numba compiles keyfill's kernels on first call: 7-17 s in a fresh process
-(a Spark read task, a compaction, a replay: `bench/bench_cold_start.py`), paid by every new
-executor. `make wheel` (`keyfill.numba_warm`) compiles them all once and ships numba's cache
-files in `keygroups/_numba_cache/` with a `seed.json` that says for which numba, Python and
-machine they were built. At import, where those match, this module copies them to where numba
+On an empty cache numba compiles keyfill's kernels on first call, seconds in a fresh process
+(a Spark read task, a compaction, a replay), paid by every new executor
+(docs/deploy.md#a-fresh-executors-first-task-kernels-shipped-compiled). `make wheel`
+(`keyfill.numba_warm`) compiles them all once and ships numba's cache files in
+`keygroups/_numba_cache/` with a `seed.json` that says for which numba, Python and machine
+they were built. At import, where those match, this module copies them to where numba
 will look for them (`install`), and numba loads them like its own.
 
 Why it works anywhere: numba stamps a cache entry with a hash of the source file's contents
 (numba >= 0.68; older ones used its mtime, which pip does not keep, hence the exact version
 check), and keys it by the CPU it was compiled for. The seed is compiled for the `generic`
 CPU of the machine's architecture, so processes that use it compile for that CPU too
-(`prefer_generic`, before numba is imported): measured 0.90-1.03x the speed of code tuned for
-the host. Where the user has chosen a CPU (NUMBA_CPU_NAME or NUMBA_CPU_FEATURES), set
-KEYFILL_NUMBA_SEED=0, or imported numba and compiled before keyfill, the seed is left alone
-and numba compiles as it would without one.
+(`prefer_generic`, before numba is imported): about the speed of code tuned for the host
+(measured: docs/deploy.md#a-fresh-executors-first-task-kernels-shipped-compiled). Where the
+user has chosen a CPU (NUMBA_CPU_NAME or NUMBA_CPU_FEATURES), set KEYFILL_NUMBA_SEED=0, or
+imported numba and compiled before keyfill, the seed is left alone and numba compiles as it
+would without one.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 The rewrite and verify route every record through the key assignment. A lookup that
 builds a hash table of all keys per batch (`pc.index_in(..., value_set=<every key>)`) costs
-O(keys) per batch: 0.3 s per 100K-record batch at 1M keys, 3 s at 10M. Arrow's compute
-layer exposes no element-wise hash, so keyfill hashes keys itself: FNV-1a over the bytes,
-then the SplitMix64 finaliser for avalanche (FNV alone leaves the low bits of short,
-similar keys correlated). The assignment sorts its keys' hashes once per process and
-looks a batch up by binary search (`keygroups.assignment`).
+O(keys) per batch (docs/performance.md#key-hashes). Arrow's compute layer exposes no
+element-wise hash, so keyfill hashes keys itself: FNV-1a over the bytes, then the SplitMix64
+finaliser for avalanche (FNV alone leaves the low bits of short, similar keys correlated).
+The assignment sorts its keys' hashes once per process and looks a batch up by binary
+search (`keygroups.assignment`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Pieces column-wise: index rows as one numpy array, for readers that go through thousands
 of pieces a second.
 
-A replay of 10 s slices goes through ~6,000 pieces a second per million records. As a Python
-object per piece (`pieces.Piece`), building them, walking them to plan GETs and decode
-steps, and the garbage collections they set off took ~40 ms of a 0.3 s replay of 2M records,
-all of it holding the GIL the replay threads share. As columns, that is a few numpy calls
-per index row group, per span and per decode step. A `Piece` is still built for one piece
-when something needs its fields (an error names it, the drift-bound path reads per piece):
-`PieceColumns` is a sequence of Pieces, built on access.
+A replay of 10 s slices goes through that many. As a Python object per piece
+(`pieces.Piece`), building them, walking them to plan GETs and decode steps, and the garbage
+collections they set off were a noticeable share of a replay, all of it holding the GIL the
+replay threads share (docs/performance.md#index-rows-as-columns). As columns, that is a few
+numpy calls per index row group, per span and per decode step. A `Piece` is still built for
+one piece when something needs its fields (an error names it, the drift-bound path reads per
+piece): `PieceColumns` is a sequence of Pieces, built on access.
 """
 
 from __future__ import annotations

@@ -345,8 +345,8 @@ class PieceIndex:
                 whole = whole and known and first <= stats.min and stats.max < end
             if not wanted:
                 continue
-            # one read for all of them: on S3 adjacent row groups are one GET, and a replay
-            # loading 4 row groups of 10 s slices spent a third of the time in per-read overhead
+            # one read for all of them: on S3 adjacent row groups are one GET, and a read per
+            # row group was mostly per-read overhead (docs/performance.md#index-row-groups-read-together)
             try:
                 table = self._open(key, _RangedObject(self.store, key, size), meta).read_row_groups(
                     wanted, columns=columns
@@ -380,7 +380,8 @@ class PieceIndex:
     def slice_starts(self, first: int, end: int) -> np.ndarray:
         """start_ms of slices [first, end), without the rest of their rows (a replay needs
         only these and the pieces); every slice must have its index row."""
-        rows = self.slice_rows(first, end, ["slice", "start_ms"])  # not the per-partition lists: 3x faster
+        # not the per-partition lists: faster (docs/performance.md#index-row-groups-read-together)
+        rows = self.slice_rows(first, end, ["slice", "start_ms"])
         self._all_listed(rows.column("slice").to_pylist(), first, end)
         starts: np.ndarray = rows.column("start_ms").to_numpy()
         return starts

@@ -28,10 +28,9 @@ class PartitionRange:
 class Piece(NamedTuple):
     """One group's records of one slice: bytes [offset, offset + length) of a segment file,
     whole Avro blocks. A row of the piece index. A named tuple, not a dataclass: a reader
-    builds one per piece of every index row group it loads (12,852 for a 2M-record archive
-    of 10 s slices), and tuples of plain values leave the garbage collector's tracking, where
-    dataclass instances made every collection walk them (a row group's Pieces took 6x as
-    long to build inside a replay as alone)."""
+    builds one per piece of every index row group it loads (thousands with 10 s slices), and
+    tuples of plain values leave the garbage collector's tracking, where dataclass instances
+    made every collection walk them (docs/performance.md#index-rows-as-columns)."""
 
     slice: int
     group: int

@@ -1,11 +1,11 @@
 """The garbage collector of a Spark Python worker, settled at each task.
 
 PySpark's daemon runs a full `gc.collect()` after every task of a reused worker. A keyfill
-task's worker holds ~143K objects the collector tracks (numba's compiled kernels and type
-system, llvmlite, pyarrow), and walking them took 50-70 ms per task: with 64 write tasks, 5
-of the 11 CPU-seconds the rewrite's Python workers spent on 6M records (perf: gc_collect_main
-was the worker's first symbol). Those objects live as long as the worker, so they go into the
-permanent generation (`gc.freeze`), and each later collection walks only what tasks created.
+task's worker holds many objects the collector tracks (numba's compiled kernels and type
+system, llvmlite, pyarrow), and walking them after every task was a large share of the
+rewrite's Python CPU time (docs/performance.md#spark-python-workers-garbage-collector).
+Those objects live as long as the worker, so they go into the permanent generation
+(`gc.freeze`), and each later collection walks only what tasks created.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 # Objects that survived the daemon's last collection, past which a task freezes them too:
 # numba loads a kernel on its first call, after the first task's freeze (thousands of
-# objects each). Counted per task (a list of that generation: ~1 ms per 100K).
+# objects each). Counted per task (a list of that generation: cheap).
 REFREEZE_OBJECTS = 10_000
 _frozen = False
 

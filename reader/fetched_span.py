@@ -19,9 +19,8 @@ from reader.read_budget import ReadBudget
 
 # A fetched span is decoded a step of about this many bytes at a time: the decoded records a
 # group holds stay small whatever the span's length (a span is up to range_bytes, and decoded
-# records are several times their compressed bytes). Measured at 10 s slices: 256 KiB, 512 KiB,
-# 2 MiB and 4 MiB steps all replayed slower (a step costs ~0.1 ms of its own; large ones
-# leave the cache).
+# records are several times their compressed bytes). Smaller and larger steps replayed slower
+# (a step has a cost of its own; large ones leave the cache): docs/performance.md#decode-step-size.
 DECODE_BYTES = 1 << 20
 
 

@@ -47,7 +47,7 @@ RECORD_SCHEMA = envelope.ARROW_SCHEMA.append(_KEY_GROUP)
 class Records(NamedTuple):
     """Records of one key group in one slice, in the piece's order. A named tuple, not a
     frozen dataclass: a replay of 10 s slices yields one per piece, and building a frozen
-    dataclass took 4x as long."""
+    dataclass took longer (docs/performance.md#index-rows-as-columns)."""
 
     batch: pa.RecordBatch
     slice: int

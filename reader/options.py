@@ -13,9 +13,7 @@ from keygroups.errors import OptionError
 def default_threads() -> int:
     """Two reader threads a core, between 4 and 32. GETs in flight do not depend on it
     (`reader.fetch_pool.GET_THREADS`), so threads only decode, and past ~2 a core they contend
-    for the CPU. Measured on 2 cores against S3 at +0 / +30 / +100 ms a GET (7.9M records,
-    `bench.bench_spark_io --replay --records 8000000`): 4 threads replayed at 0.92 / 0.98 /
-    0.98x the best of 2-16, 8 at 0.86 / 0.86 / 1.0, 16 at 0.83 / 0.91 / 0.87."""
+    for the CPU (measured: docs/performance.md#replay-threads-per-core)."""
     try:
         cores = len(os.sched_getaffinity(0))  # what a container or taskset grants, not the host
     except AttributeError:  # macOS and Windows
@@ -68,9 +66,8 @@ class ReplayOptions:
     @property
     def queue_size(self) -> int:
         """At least 64: while the consumer cuts a round of steps into (slice, group) batches,
-        threads with room for several steps each go on decoding. With 10 s slices at 4 threads,
-        2 steps a thread -> 8 ran 7% faster (median of 24 runs), 8 -> 16 3% faster again
-        (medians of 8 rounds of 5, twice; 32 a thread was no better). A decoded step is 2-5 MB
-        (8 MB when one piece is over a MiB read), so the queue holds ~300 MB at most, well
-        under the read-ahead budget's default."""
+        threads with room for several steps each go on decoding, which ran faster up to 16
+        steps a thread (docs/performance.md#decoded-steps-queued-for-the-consumer). A decoded
+        step is 2-5 MB (8 MB when one piece is over a MiB read), so the queue holds ~300 MB at
+        most, well under the read-ahead budget's default."""
         return self.queue_batches or max(64, 2 * self.threads)

@@ -1,9 +1,9 @@
 """Event-time pacing inside a slice: how far ahead of the others a replay thread may get.
 
 Between barriers every thread reads its own groups at its own speed, so one thread can be
-minutes of event time ahead of another (602 s in the drift benchmark). Under a drift bound
-a thread more than `max_drift_ms` ahead of the slowest other active thread waits; the
-slowest never waits, so nothing deadlocks. (The seed design's sleep per batch, longer for
+minutes of event time ahead of another (docs/performance.md#drift-between-replay-threads).
+Under a drift bound a thread more than `max_drift_ms` ahead of the slowest other active
+thread waits; the slowest never waits, so nothing deadlocks. (The seed design's sleep per batch, longer for
 lighter groups, is a baseline in bench/bench_replay.py.)
 """
 

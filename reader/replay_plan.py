@@ -4,13 +4,12 @@ keeping only the row groups in use (the index of a long archive does not fit in 
 
 The PRELOAD_ROW_GROUPS row groups after the furthest one asked for are loaded in the
 background, together: threads move through slices at about the same pace, so without it
-they all reached a row group boundary together and waited on one of them (7 ms a row group
-with 10 s slices, 7% of a replay); and a fetcher plans a span over several row groups at
-once, which on S3 waited for their GETs one after another (+30 ms each in the layout bench).
-One read for all of them, in one thread: a thread per row group cost a third more, most of
+they all reached a row group boundary together and waited on one of them; and a fetcher
+plans a span over several row groups at once, which on S3 waited for their GETs one after
+another. One read for all of them, in one thread: a thread per row group cost more, most of
 it per-read overhead and the threads taking the GIL from each other at the start of a
-replay. Only those row groups: a preload that went on to the next would walk the whole index
-of a long archive."""
+replay (docs/performance.md#index-row-groups-read-together). Only those row groups: a
+preload that went on to the next would walk the whole index of a long archive."""
 
 from __future__ import annotations
 
@@ -191,8 +190,9 @@ class ReplayPlan:
 
     def _row_group(self, pieces: PieceColumns) -> tuple[dict[int, PieceColumns], dict[int, int]]:
         """A row group's pieces (in slice order) by group, and its slices' spreads. Column-wise:
-        with 10 s slices a row group is 4,096 pieces, and a loop over them cost 3.5 ms one, a
-        Piece object per piece 6 ms more (and garbage collections, `keygroups.piece_columns`)."""
+        with 10 s slices a row group is 4,096 pieces, and a loop or a Piece object per piece
+        cost more (and garbage collections, `keygroups.piece_columns`;
+        docs/performance.md#index-rows-as-columns)."""
         if not len(pieces):
             return {}, {}
         sl, g = pieces.slice, pieces.group

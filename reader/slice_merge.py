@@ -9,12 +9,12 @@ ever waits for another.
 
 Bundles, not one item per piece: with 10 s slices a piece is ~150 records, and per-piece
 work in every thread, each taking the GIL in turn, held them all back. A thread now hands
-over a decoded step of ~1 MiB whole; only the consumer touches pieces one by one (10 s slices
-at 4 threads went from 0.61x to 0.65x the rate of 10 min slices, bench/bench_layout.py).
+over a decoded step of ~1 MiB whole; only the consumer touches pieces one by one
+(docs/performance.md#the-replays-hand-off-in-bundles).
 
 Why not one shared queue and a per-slice barrier (what the replay had): threads then meet at
-every slice, and with short slices the wake-ups and GIL hand-offs cost more than the reads
-(10 s slices replayed at 0.6x the rate of 10 min slices at 4 threads). Here a thread bundles
+every slice, and with short slices the wake-ups and GIL hand-offs cost more than the reads.
+Here a thread bundles
 records across slices and blocks only when its own FIFO is full.
 
 Within a slice the consumer takes whatever any thread has ready, so a thread that a drift

@@ -292,9 +292,9 @@ class SourcePlanner:
         """The default number of input partitions: the session's cores, or a multiple of
         them when the batch holds over TASK_BYTES a core (so every wave of tasks is full),
         at most one per group. A task per group paid its fixed costs (a Python task on
-        Spark, its first GETs waiting with nothing to overlap them) once per group: 16 tasks
-        on 2 cores read at half the rows/s of 2 (bench/bench_spark_io.py); 3 tasks on 2
-        cores at 0.8x of 2, 4 at 0.86-0.95x. Without the session's cores (Spark Connect), one per group."""
+        Spark, its first GETs waiting with nothing to overlap them) once per group, and more
+        tasks than cores read fewer rows/s (docs/spark-source.md#input-partitions). Without
+        the session's cores (Spark Connect), one per group."""
         cores = self.opts.session_cores
         if cores is None:
             return groups

@@ -53,10 +53,11 @@ def arrow_binary(
 @intrinsic
 def copy_bytes(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, count: Any) -> Any:
     """dst[dst_at : dst_at + count] = src[src_at : src_at + count] as one memcpy, in compiled
-    code. A numba slice assignment copies byte by byte: 3-4x slower for records of ~150
-    bytes, and no library gathers byte strings into numba's arrays. Unchecked, as memcpy is:
-    the caller keeps both ranges inside their arrays, and apart. (numba's cache does not see
-    a change here: clear the callers' caches if this changes.)"""
+    code. A numba slice assignment copies byte by byte, slower for short records
+    (docs/performance.md#byte-copies-in-compiled-code), and no library gathers byte strings
+    into numba's arrays. Unchecked, as memcpy is: the caller keeps both ranges inside their
+    arrays, and apart. (numba's cache does not see a change here: clear the callers' caches
+    if this changes.)"""
 
     def flat_bytes(a: Any) -> bool:
         return isinstance(a, types.Array) and a.dtype == types.uint8 and a.ndim == 1 and a.layout == "C"
@@ -92,7 +93,8 @@ def gather_spans(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> tuple[
 
 def take_binary(arr: pa.Array, idx: np.ndarray) -> pa.Array:
     """`arr.take(idx)` for a binary column without nulls, as large_binary. Arrow's take copies
-    item by item through a builder: 5x slower on the rewrite's shuffled runs."""
+    item by item through a builder, slower on the rewrite's shuffled runs
+    (docs/performance.md#byte-copies-in-compiled-code)."""
     cols = binary_buffers(arr)
     pos = cols.offsets[idx]
     offsets, data = gather_spans(cols.data, pos, cols.offsets[idx + 1] - pos)

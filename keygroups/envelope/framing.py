@@ -388,8 +388,8 @@ def decompress(
     `verified`: the caller has already checked these compressed bytes against a checksum
     of its own (the piece index's CRC-32C), so snappy's per-block CRC-32 of the output is
     skipped. It is not just CPU: with several threads each small block's CRC call hands the
-    GIL over and back, which made 10 s slices (12,852 blocks) 1.3x slower to decode at
-    4 threads than 10 min slices (353 blocks) of the same records."""
+    GIL over and back, which made short slices' many small blocks decode slower than long
+    slices' few large ones (docs/performance.md#snappy-blocks-in-one-call)."""
     sizes = np.empty(len(starts), np.int64)
     try:
         if codec == "snappy":

@@ -2,12 +2,10 @@
 
 Written here because no library does it: cramjam, pyarrow and python-snappy decompress one
 block per call, and each call releases the GIL and takes it back. A replay of 10 s slices
-has one block per piece (12,852 for 2M records, against 308 at 10 min slices); at 4 threads
-on 2 cores those hand-offs made a decode step take a third longer than the same bytes in
-large blocks, and replay 10 s slices at 0.65x the rate of 10 min slices (0.80x with no codec
-at all, so nothing else per piece was the cause). Here a decode step's blocks go through one
-call: as fast as cramjam per byte (2.4-2.5 GB/s against 2.6-2.8 on this machine's blocks,
-measured over 253 MB of envelope records) and one GIL hand-off per step.
+has one small block per piece, and with several threads those hand-offs made a decode step
+take longer than the same bytes in large blocks. Here a decode step's blocks go through one
+call: about as fast as cramjam per byte, and one GIL hand-off per step
+(docs/performance.md#snappy-blocks-in-one-call).
 
 The format is snappy's raw format (format_description.txt in google/snappy): a varint of the
 uncompressed length, then literals and back-references. Copies move 8 bytes at a time with

@@ -3,8 +3,9 @@
 SDK clients (boto3, google-cloud-storage, azure-storage-blob) are thread-safe but hold
 sockets and locks, so a pickled store keeps only its settings, and a copy (in a Spark
 worker) gets its client when first used: the one this process already made for copies with
-the same settings and environment, if any. A client takes 100-200 ms to build; Spark reuses
-a Python worker for many tasks, and each task unpickles its own store.
+the same settings and environment, if any. A client is slow to build
+(docs/performance.md#store-clients-built-once-per-process); Spark reuses a Python worker for
+many tasks, and each task unpickles its own store.
 """
 
 from __future__ import annotations
