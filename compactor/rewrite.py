@@ -26,7 +26,7 @@ from keygroups.storage import Storage
 # sorted in piece order and encoded (`envelope.encode_records`), one Arrow IPC message of
 # PARCEL_SCHEMA. Spark moves, sorts and hands to Python a few large values per group, not a row
 # per record (whose conversions and sort took more than decoding and writing; measured with
-# bench_scale: docs/performance.md#runs-not-rows-through-the-rewrites-shuffle). The write
+# bench_scale: docs/performance.md#parcels-not-rows-through-the-rewrites-shuffle). The write
 # task merges a group's parcels.
 PARCEL_SCHEMA = pa.schema(
     [
