@@ -29,10 +29,12 @@ class FetchPool:
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (future, fn, args), or _STOP
         self._closed = False
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(max(1, workers))
-        ]
-        self._started = False
+        self._workers, self._name = max(1, workers), name
+        self._threads: list[threading.Thread] = []
+        # A thread is started only when a GET finds none idle (as ThreadPoolExecutor does): a
+        # small archive's replay needs one or two, and starting 16 per replay, each start
+        # waiting for the new thread to run, was what a busy host made slow.
+        self._idle = threading.Semaphore(0)
 
     def submit(self, fn: Callable[..., _T], *args: Any) -> Future[_T]:
         future: Future[_T] = Future()
@@ -40,11 +42,11 @@ class FetchPool:
             if self._closed:
                 future.cancel()
                 return future
-            if not self._started:  # threads start on first use: a replay that fails early costs none
-                self._started = True
-                for t in self._threads:
-                    t.start()
             self._tasks.put((future, fn, args))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._workers:
+                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
         return future
 
     def _run(self) -> None:
@@ -53,15 +55,15 @@ class FetchPool:
             if item is _STOP:
                 return
             future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
             # An idle thread must not keep its last GET's bytes alive (through the future)
             # while it waits for the next: 16 threads x a 16 MiB part, outside the read budget.
             del item, future, fn, args
+            self._idle.release()
 
     def shutdown(self) -> None:
         """Cancel queued work and let the threads end; never waits for a GET in flight."""
