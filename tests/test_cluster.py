@@ -84,6 +84,8 @@ def spark_submit(wheel: str, folder, script: str, *args: str) -> subprocess.Comp
     return subprocess.run(
         [submit, "--master", "local-cluster[2,1,1024]", "--conf", "spark.log.level=WARN", "--py-files", wheel]
         + ["--conf", "spark.sql.shuffle.partitions=4"]  # as the README submits jobs on small data
+        # the executors' JVMs live a minute, as the driver's (SPARK_SUBMIT_OPTS, tests/conftest.py)
+        + ["--conf", f"spark.executor.extraJavaOptions={os.environ.get('SPARK_SUBMIT_OPTS', '')}"]
         + [script, *args],
         capture_output=True,
         text=True,

@@ -122,16 +122,17 @@ RUNS = ("local[2]", "local[2], 3 shuffle partitions, chunks shuffled", "in proce
 
 
 def test_local2_with_other_shuffle_partitions_and_chunk_order_writes_the_in_process_bytes(spark, inputs, tmp_path):
-    """The session's `local[2]` (spark.sql.shuffle.partitions 16), then 3 shuffle partitions
-    with the chunks handed over shuffled; and the in-process compactor given them shuffled."""
+    """The session's `local[2]` with spark.sql.shuffle.partitions 16 (a session's default in
+    `compactor.spark_session`), then 3 shuffle partitions with the chunks handed over
+    shuffled; and the in-process compactor given them shuffled."""
     source, reference = inputs
     before = spark.conf.get("spark.sql.shuffle.partitions")
-    assert before == "16"
     for case, options in CASES.items():
         dests = {name: str(tmp_path / f"{case}-{n}") for n, name in enumerate(RUNS)}
-        compact_as(spark, source, dests["local[2]"], options)
-        spark.conf.set("spark.sql.shuffle.partitions", "3")
         try:
+            spark.conf.set("spark.sql.shuffle.partitions", "16")
+            compact_as(spark, source, dests["local[2]"], options)
+            spark.conf.set("spark.sql.shuffle.partitions", "3")
             compact_as(spark, source, dests["local[2], 3 shuffle partitions, chunks shuffled"], options, SHUFFLED)
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", before)
@@ -223,7 +224,7 @@ def test_local1_under_another_hash_seed_writes_the_in_process_bytes(inputs, tmp_
 def test_drawn_archives_on_local2_in_any_chunk_order_write_the_in_process_bytes(
     spark, tmp_path_factory, case, shuffle_partitions, data
 ):
-    """Beside test_compactor's twelve (listed order, 16 shuffle partitions): drawn archives,
+    """Beside test_compactor's twelve (listed order, the session's 4 shuffle partitions): drawn archives,
     each compacted on `local[2]` and in process, each given the chunks in a drawn order."""
     chunks, groups, duration, sizes = case
     root = tmp_path_factory.mktemp("drawn")
