@@ -144,9 +144,6 @@ def test_local2_with_other_shuffle_partitions_and_chunk_order_writes_the_in_proc
 # master: spark.sql.shuffle.partitions (local-cluster's executors apart: tests/test_cluster.py
 # compares its spark-submit compaction with the in-process bytes)
 SESSIONS = {"local[1]": 1}
-# The JVMs of those sessions (the driver's, two executors') live a minute: the first JIT tier
-# alone and the serial collector halve the CPU their start-up and first jobs take.
-SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def compact_in_this_process(spec: dict) -> dict:
@@ -159,8 +156,11 @@ def compact_in_this_process(spec: dict) -> dict:
     for case, dest in spec["in_process"].items():
         compact_as(None, spec["source"], dest, CASES[case])
     facts = {"hash": hash("keyfill")}
+    # The JVMs of those sessions live a minute: the flags tests/conftest.py gives every test
+    # driver (SPARK_SUBMIT_OPTS, inherited) halve the CPU their start-up and first jobs take.
+    flags = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    jvm = {f"spark.{who}.extraJavaOptions": flags for who in ("driver", "executor")}
     for master, dests in spec["spark"].items():
-        jvm = {f"spark.{who}.extraJavaOptions": SHORT_LIVED_JVM for who in ("driver", "executor")}
         spark = local_spark(master, app="keyfill-determinism", driver_memory="1g", progress=False, conf=jvm)
         try:
             spark.sparkContext.setLogLevel("ERROR")
