@@ -42,7 +42,7 @@ test: $(BIN)/keyfill node_modules/.bin/azurite-blob
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # A wheel that ships its numba kernels compiled (keygroups/_numba_seed.py): a fresh executor
 # loads them instead of compiling for 7-17 s. Build it with the Python and numba of the cluster.

@@ -9,6 +9,7 @@ an Arrow table in this process."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol, TypeVar
@@ -20,7 +21,8 @@ import pyarrow.compute as pc
 from compactor.group_partitioning import group_slots
 from compactor.shuffle_codec import CODEC
 from compactor.task_errors import TaskErrors
-from keygroups import worker_gc
+from keygroups import spark_kind, worker_gc
+from keygroups.executor_code import ship_to_executors
 
 Task = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 T = TypeVar("T")
@@ -30,6 +32,7 @@ R = TypeVar("R")
 class Execution(Protocol):
     codec: str | None  # how a shuffle's values are packed (`compactor.shuffle_codec`)
     parallelism: int  # tasks that run at once
+    runs_here: bool  # tasks run in this process's environment (its credentials, its disk)
 
     def slots(self, partitions: int) -> np.ndarray:
         """slots[p]: a `slot` value the shuffle sends to partition p."""
@@ -75,6 +78,7 @@ class InProcess:
 
     codec = None
     parallelism = 1
+    runs_here = True
 
     def slots(self, partitions: int) -> np.ndarray:
         return np.zeros(partitions, np.int64)
@@ -109,27 +113,33 @@ class InProcess:
 
 
 class OnSpark:
-    """Tasks on Spark: each settles its worker's garbage collector first and, with `errors`,
-    reports a bad input once instead of failing (`compactor.task_errors`); each action runs
-    in a job named after it. `description`: the session's job description for the rest."""
+    """Tasks on Spark, a classic session or a Spark Connect one alike: only the DataFrame
+    API (`keygroups.spark_kind` answers what the two kinds ask differently). Each task
+    settles its worker's garbage collector first and, with `errors`, reports a bad input
+    once instead of failing (`compactor.task_errors`); each action runs in a job named after
+    it. `description`: the session's job description for the rest (a classic session's:
+    a Connect session's jobs carry their action's tag instead)."""
 
     codec = CODEC
 
     def __init__(self, spark, errors: TaskErrors | None = None, description: str | None = None) -> None:
         self.spark, self.errors = spark, errors
-        self.parallelism = spark.sparkContext.defaultParallelism
-        if description is not None:
+        ship_to_executors(spark)
+        self.parallelism = spark_kind.cores(spark)
+        self.runs_here = spark_kind.runs_here(spark)
+        if description is not None and not spark_kind.is_connect(spark):
             spark.sparkContext.setJobDescription(description)
 
     def slots(self, partitions: int) -> np.ndarray:
         return group_slots(self.spark, partitions)
 
     def map(self, inputs: pa.Table, task: Task, schema: pa.Schema):
-        sc = self.spark.sparkContext
-        rows = list(zip(*(c.to_pylist() for c in inputs.columns)))
-        parallel = max(1, min(len(rows), self.parallelism * 4))
-        frame = self.spark.createDataFrame(sc.parallelize(rows, parallel), spark_ddl(inputs.schema))
-        return frame.mapInArrow(self._task(task), spark_ddl(schema))
+        """The input rows travel in the task's closure, and a range of their indexes is what
+        Spark splits: a few rows a task, consecutive ones together, with no RDD (a Connect
+        session has none) and no shuffle."""
+        parallel = max(1, min(inputs.num_rows, self.parallelism * 4))
+        indexes = self.spark.range(0, inputs.num_rows, 1, parallel)
+        return indexes.mapInArrow(self._task(_rows_of(inputs.combine_chunks(), task)), spark_ddl(schema))
 
     def where(self, rows, column: str, values: Sequence[int], columns: Sequence[str]):
         from pyspark.sql import functions as F
@@ -148,10 +158,19 @@ class OnSpark:
             return self._run(name, action)
 
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
+        """Items and results pickled: they cross as a binary column, a task per item."""
         if not items:
             return []
-        rdd = self.spark.sparkContext.parallelize(items, len(items))
-        return self._run(name, rdd.mapPartitions(self._task(lambda part: map(task, part))).collect)
+
+        def results(indexes: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for b in indexes:
+                done = [pickle.dumps(task(items[i])) for i in b.column(0).to_pylist()]
+                yield pa.RecordBatch.from_arrays([b.column(0), pa.array(done, pa.binary())], ["item", "result"])
+
+        frame = self.spark.range(0, len(items), 1, len(items)).mapInArrow(self._task(results), _EACH_ROWS)
+        got = self._run(name, frame.toArrow)
+        by_item = dict(zip(got.column("item").to_pylist(), got.column("result").to_pylist()))
+        return [pickle.loads(by_item[i]) for i in range(len(items))]
 
     @contextmanager
     def persisted(self, rows, serialized: bool = False):
@@ -171,7 +190,19 @@ class OnSpark:
         return settled if self.errors is None else self.errors.guard(settled)
 
     def _run(self, name: str, action: Callable[[], T]) -> T:
-        return action() if self.errors is None else self.errors.run(self.spark.sparkContext, name, action)
+        return action() if self.errors is None else self.errors.run(self.spark, name, action)
+
+
+_EACH_ROWS = "item long, result binary"
+
+
+def _rows_of(inputs: pa.Table, task: Task) -> Task:
+    """`task` over the rows of `inputs` whose indexes a Spark task is handed."""
+
+    def over(indexes: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return task(b for i in indexes for b in inputs.take(i.column(0)).to_batches())
+
+    return over
 
 
 def spark_ddl(schema: pa.Schema) -> str:

@@ -35,6 +35,7 @@ from compactor.config import CompactConfig, CompactResult
 from compactor.destination import check_destination, remove_legacy
 from compactor.errors import CompactionError, HeldBack
 from compactor.execution import Execution, for_session
+from compactor.executor_access import check_executors_reach
 from compactor.history import check_history
 from compactor.lease import Lease
 from compactor.rewrite import run_rewrite
@@ -236,6 +237,8 @@ def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) 
     )
 
     clock = PhaseClock(phases)
+    if not execution.runs_here:
+        check_executors_reach(execution, source, chunks, dest, None if prepared.lease is None else prepared.run)
     if grows is not None:
         check_history(execution, source, prepared.listed, grows)
         clock.done("history")

@@ -1,16 +1,20 @@
 """The Spark session a command or job runs on: the one this process runs, else an embedded
-one for `keyfill compact` on one machine (spark-submit brings its own)."""
+one for `keyfill compact` on one machine (spark-submit brings its own), or a Spark Connect
+session on a remote cluster (`--remote sc://host:15002`, or `SPARK_REMOTE`)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from keygroups.errors import KeyfillError
+from keygroups.spark_kind import master, set_log_level
 
 
 def local_spark(
@@ -20,10 +24,13 @@ def local_spark(
     driver_memory: str = "4g",
     progress: bool = True,
     conf: dict[str, str] | None = None,
+    remote: str | None = None,
 ):
     """A local SparkSession whose Python workers run this interpreter (else they may start
     another Python that lacks keyfill and fail to connect back). `conf`: more settings (a
-    benchmark's event log)."""
+    benchmark's event log). `remote`: a Spark Connect session on that server instead
+    (`sc://host:port`, or `local[...]` for one started in this process), whose driver and
+    executors are the server's: only `conf` applies to it."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     try:
@@ -37,6 +44,8 @@ def local_spark(
     builder = SparkSession.builder
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
+    if remote is not None:
+        return connect_session(builder, remote, app)
     return (
         builder.master(master)
         .appName(app)
@@ -49,18 +58,74 @@ def local_spark(
     )
 
 
+def connect_session(builder, remote: str, app: str):
+    """A Spark Connect session on `remote`, or one line saying why not (the client's
+    packages, or a server that does not answer)."""
+    try:
+        import grpc  # noqa: F401 - the Connect client's transport
+    except ImportError:
+        raise KeyfillError(
+            f"--remote {remote}: the Spark Connect client needs grpcio, grpcio-status and zstandard: "
+            "pip install 'keyfill[connect]'"
+        ) from None
+    if remote.startswith("sc://"):
+        _answers(remote)
+    try:
+        return builder.remote(remote).appName(app).getOrCreate()
+    except Exception as exc:  # pyspark's errors carry the gRPC status in many lines
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KeyfillError(f"--remote {remote}: no Spark Connect session: {first}") from exc
+
+
+CONNECT_PORT = 15002  # a Spark Connect URL's port when it names none
+ANSWER_S = 10.0
+
+
+def _answers(remote: str) -> None:
+    """Fail in seconds when nothing listens at the URL's host and port: the Connect client
+    retries an unanswered call for about ten minutes before it gives up."""
+    parsed = urllib.parse.urlparse("http" + remote[2:])  # as pyspark parses it: sc://host:port/;params
+    host, port = parsed.hostname or "localhost", parsed.port or CONNECT_PORT
+    try:
+        socket.create_connection((host, port), timeout=ANSWER_S).close()
+    except OSError as exc:
+        raise KeyfillError(f"--remote {remote}: no Spark Connect server answers at {host}:{port} ({exc})") from None
+
+
 def embedded_spark(
-    master: str, *, app: str, driver_memory: str = "4g", progress: bool = True, log_level: str = "WARN"
+    master: str | None,
+    *,
+    app: str,
+    driver_memory: str = "4g",
+    progress: bool = True,
+    log_level: str = "WARN",
+    remote: str | None = None,
 ) -> AbstractContextManager:
     """The session a command runs on: this process's (see `running_or_started`), else a
-    local one."""
+    local one on `master` (default local[*]), or a Spark Connect one on `remote`."""
 
     def start():
-        spark = local_spark(master, app=app, driver_memory=driver_memory, progress=progress)
-        spark.sparkContext.setLogLevel(log_level)
+        spark = local_spark(
+            master or "local[*]", app=app, driver_memory=driver_memory, progress=progress, remote=remote
+        )
+        set_log_level(spark, log_level)
         return spark
 
     return running_or_started(start, app)
+
+
+def session_arguments(master: str | None, remote: str | None) -> tuple[str | None, str | None]:
+    """`--master` and `--remote` as a command was given them, `SPARK_REMOTE` standing in for
+    `--remote`: one of the two (a Connect client cannot choose the server's master)."""
+    given = "--remote"
+    if remote is None and os.environ.get("SPARK_REMOTE"):
+        remote, given = os.environ["SPARK_REMOTE"], "SPARK_REMOTE"
+    if master is not None and remote is not None:
+        raise KeyfillError(
+            f"--master {master} and {given}={remote} both given: --master starts Spark on this machine, "
+            "--remote runs on a Spark Connect server, whose master is its own; give one"
+        )
+    return master, remote
 
 
 @contextmanager
@@ -71,7 +136,7 @@ def running_or_started(start: Callable[[], Any], app: str) -> Iterator:
     active = _active_session()
     if active is not None:
         log = logging.getLogger("keyfill")
-        log.info("%s runs on this process's Spark session (%s)", app, active.sparkContext.master)
+        log.info("%s runs on this process's Spark session (%s)", app, master(active))
         yield active
         return
     spark = start()

@@ -29,6 +29,7 @@ import re
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from compactor.errors import TaskInputError
@@ -116,20 +117,19 @@ class TaskErrors:
             message += f"; the task's traceback is in {self.dest.url_for(self.key)}"
         return _as_raised(str(found.get("type")), message)
 
-    def run(self, sc, description: str, action: Callable[[], T]) -> T:
+    def run(self, spark, description: str, action: Callable[[], T]) -> T:
         """`action()` (a Spark action) in a job group of its own, cancelled as soon as a task
         reports an error, which is then raised here; an action that fails raises its task's
         error (`raised_in_task`)."""
-        group = f"keyfill-{self.run_id}-{threading.get_ident()}-{description}"
+        jobs = _Jobs.of(spark, f"keyfill-{self.run_id}-{threading.get_ident()}-{description}")
         result: list = []
         failure: list[BaseException] = []
         seen = threading.Event()  # the error object appeared: the group is cancelled
 
         def work() -> None:
-            sc.setJobGroup(group, f"keyfill compact: {description}", interruptOnCancel=True)
-            sc.setJobDescription(f"keyfill compact: {description}")
             try:
-                result.append(action())
+                with jobs.named(f"keyfill compact: {description}"):
+                    result.append(action())
             except BaseException as exc:  # handed to the caller's thread
                 failure.append(exc)
 
@@ -141,7 +141,7 @@ class TaskErrors:
                     continue  # the tasks meet the same store: their error is the run's
                 if found and not stopped.is_set():
                     seen.set()
-                    sc.cancelJobGroup(group)
+                    jobs.cancel()
                     return
 
         thread = threading.Thread(target=work, name=f"keyfill-{description}", daemon=True)
@@ -152,7 +152,7 @@ class TaskErrors:
             while thread.is_alive():
                 thread.join(POLL_S)
         except BaseException:  # Ctrl-C: stop the tasks too
-            sc.cancelJobGroup(group)
+            jobs.cancel()
             raise
         finally:
             stopped.set()
@@ -164,6 +164,50 @@ class TaskErrors:
         if failure:
             _raise_failed(failure[0])
         return result[0]
+
+
+class _Jobs:
+    """The jobs one thread's actions start, named and cancelled together: a job group on a
+    classic session (its SparkContext), an operation tag on a Connect session, which has no
+    job groups (a tag is the thread's, as a job group is; `interruptTag` cancels what carries
+    it). A classic session's tags do not reach the jobs PySpark's Arrow collection starts
+    (pyspark 4.3: `interruptTag` found none), hence one class per kind."""
+
+    def __init__(self, spark, group: str) -> None:
+        self.spark, self.group = spark, group
+
+    @staticmethod
+    def of(spark, group: str) -> _Jobs:
+        from keygroups.spark_kind import is_connect
+
+        return _Tagged(spark, group) if is_connect(spark) else _Jobs(spark, group)
+
+    @contextmanager
+    def named(self, description: str) -> Iterator[None]:
+        """Jobs this thread starts meanwhile are the group's, shown as `description`."""
+        sc = self.spark.sparkContext
+        sc.setJobGroup(self.group, description, interruptOnCancel=True)
+        sc.setJobDescription(description)
+        yield
+
+    def cancel(self) -> None:
+        self.spark.sparkContext.cancelJobGroup(self.group)
+
+
+class _Tagged(_Jobs):
+    def __init__(self, spark, group: str) -> None:
+        super().__init__(spark, group.replace(",", ";"))  # a tag holds no comma
+
+    @contextmanager
+    def named(self, description: str) -> Iterator[None]:
+        self.spark.addTag(self.group)
+        try:
+            yield
+        finally:
+            self.spark.removeTag(self.group)
+
+    def cancel(self) -> None:
+        self.spark.interruptTag(self.group)
 
 
 def _raise_failed(exc: BaseException) -> None:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from compactor.job import compact, prepare
     from compactor.spark_session import running_or_started
-    from jobs.shipping import ship_to_executors
+    from keygroups.executor_code import ship_to_executors
 
     with ExitStack() as session:
         try:

@@ -31,6 +31,8 @@ import argparse
 import sys
 import time
 
+from keygroups import spark_kind
+
 PAYMENT = "user string, amount double, merchant string, currency string, ts long"
 
 
@@ -159,7 +161,7 @@ def run(spark, args: argparse.Namespace) -> dict:
         query = writer.trigger(availableNow=True).start()
         query.awaitTermination()
     seconds = time.perf_counter() - started
-    progress = query.recentProgress
+    progress = spark_kind.progress(query)
     rows_in = sum(p["numInputRows"] for p in progress)
     dropped = sum(op.get("numRowsDroppedByWatermark", 0) for p in progress for op in p.get("stateOperators", []))
 
@@ -194,7 +196,7 @@ def follow_live(query, seconds: float | None) -> None:
     try:
         while query.isActive and (deadline is None or time.monotonic() < deadline):
             query.awaitTermination(2)
-            progress = query.lastProgress or {}
+            progress = spark_kind.last_progress(query)
             for source in progress.get("sources", []):
                 end = source.get("endOffset")
                 end = json.loads(end) if isinstance(end, str) else end

@@ -31,6 +31,8 @@ import argparse
 import sys
 import time
 
+from keygroups import spark_kind
+
 PAYMENT = "user string, amount double, merchant string"
 LOGIN = "user string, device string"
 
@@ -143,7 +145,7 @@ def run(spark, args: argparse.Namespace) -> dict:
         )
         query.awaitTermination()
         seconds = time.perf_counter() - started
-        progress = query.recentProgress
+        progress = spark_kind.progress(query)
     finally:
         for k, v in before.items():
             spark.conf.unset(k) if v is None else spark.conf.set(k, v)

@@ -52,7 +52,9 @@ def hold() -> logging.handlers.MemoryHandler:
 
 def to_spark(spark, held: logging.handlers.MemoryHandler) -> None:
     """From now on keyfill's records go to the driver's log4j; the held ones first."""
-    if getattr(spark, "_jvm", None) is None:  # Spark Connect: no JVM in this process
+    from keygroups.spark_kind import is_connect
+
+    if is_connect(spark):  # no JVM in this process: the server's log is the server's
         release(held)
         return
     target = SparkLog(spark)

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from compactor.spark_session import running_or_started
     from compactor.verify_spark import verify_spark
-    from jobs.shipping import ship_to_executors
+    from keygroups.executor_code import ship_to_executors
     from keygroups.storage import open_storage
 
     try:

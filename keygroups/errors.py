@@ -54,3 +54,8 @@ class IntegrityError(FormatError):
 
 class CommitConflict(KeyfillError, RuntimeError):
     """Another compaction committed the version this one was about to."""
+
+
+class ExecutorsCannotRun(KeyfillError):
+    """A Spark cluster's executors lack what keyfill's tasks need (a package a client cannot
+    ship, or access to the archive): they run in the cluster's environment, not the client's."""

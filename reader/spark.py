@@ -48,7 +48,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from keygroups import worker_gc
+from keygroups import spark_kind, worker_gc
+from keygroups.executor_code import ship_to_executors
 from keygroups.piece_index import row_group_of, row_group_start
 from reader.errors import ArchiveChanged, SourceOptionError
 from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
@@ -86,14 +87,8 @@ def register(spark: Any, *, filter_pushdown: bool = False) -> None:
             f"register(spark, filter_pushdown=True) needs spark.conf.set({PUSHDOWN_CONF!r}, 'true') first: "
             "PySpark refuses a Python reader that takes filters while it is false"
         )
-    spark.dataSource.register(_portable(root, _session_cores(spark), filter_pushdown))
-
-
-def _session_cores(spark: Any) -> int | None:
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext: one input partition per group
-        return None
+    ship_to_executors(spark)  # a Connect server may lack keyfill: its workers read the archive
+    spark.dataSource.register(_portable(root, spark_kind.cores(spark), filter_pushdown))
 
 
 def _filter_pushdown(spark: Any) -> bool:

@@ -16,7 +16,7 @@ def main(compact_script: str, source_url: str, dest_url: str, *compact_options: 
 
     from compactor.sources import open_source
     from compactor.verify_spark import verify_spark
-    from jobs.shipping import ship_to_executors
+    from keygroups.executor_code import ship_to_executors
     from keygroups.storage import open_storage
     from reader.spark import register
 

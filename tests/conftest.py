@@ -101,6 +101,22 @@ def spark(s3_server, gcs_server, azure_server):
     session.stop()
 
 
+@pytest.fixture(scope="module")
+def full_source(tmp_path_factory):
+    """A generated source whose chunk files tests copy over in steps (test_append.copy_share):
+    a source that grows as an archiving connector writes it."""
+    from keyfill.synth.generate import GeneratorConfig, generate
+
+    src = str(tmp_path_factory.mktemp("grown") / "full")
+    generate(
+        GeneratorConfig(
+            out=src, records=12_000, keys=300, partitions=3, chunk_records=1_000, skew=1.1, rate=100.0, seed=8
+        ),
+        progress=False,
+    )
+    return src
+
+
 @pytest.fixture(scope="session")
 def seeded_packages(tmp_path_factory) -> tuple[Path, dict]:
     """keyfill's packages copied out of the checkout with a numba seed built in them (what
@@ -121,3 +137,35 @@ def seeded_packages(tmp_path_factory) -> tuple[Path, dict]:
                 shutil.copytree(Path(__file__).resolve().parents[1] / package, root / package, ignore=skip)
             done.write_text(json.dumps(build_seed(root)))
     return root, json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def connect_server(s3_server):
+    """pyspark's own Spark Connect server, in a process of its own, for the session (a
+    start costs 5-30 s). Its environment is this process's without the S3 server's
+    credentials, as a cluster's is not a client's laptop: archives on local paths (which the
+    server shares with the tests) work through it, and an s3:// archive shows what a user
+    meets whose cluster lacks the client's credentials."""
+    from keyfill.testing.connect_server import start_connect_server
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # nothing else to find credentials in: no profile files, no instance metadata service
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true")
+    server = start_connect_server(
+        conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g", "spark.sql.session.timeZone": "UTC"},
+        env=env,
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def connect(connect_server):
+    """A Spark Connect client in a process of its own (PySpark runs one kind of session per
+    process, and this one runs the classic `spark`): `connect.run(f, *args)` calls
+    `f(session, *args)` there, `session` a Connect session with format("keyfill") registered.
+    Tests that use it carry `tests.connect_client.CONNECT`: one worker runs them all."""
+    from tests.connect_client import Client
+
+    with Client(connect_server.url) as client:
+        yield client

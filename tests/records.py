@@ -126,9 +126,9 @@ def archive_assignment(store):
 
 def canonical_files(url: str) -> dict:
     """An archive's latest version as invariant 6 compares it: the assignment's and every
-    segment file's bytes, the index rows and the manifest, with the run id (random per
-    run, in every file name) and what only says when and as which version it was
-    committed taken out."""
+    segment file's bytes, the index rows and the manifest, with the run ids (random per
+    run, in every file name; an appended archive's runs numbered in their order) and what
+    only says when and as which version it was committed taken out."""
     import io
     import json
 
@@ -139,24 +139,30 @@ def canonical_files(url: str) -> dict:
 
     store = open_storage(url)
     m = compacted.load_manifest(store)
+    runs: list[str] = []  # every version's runs, in their order
+    for v in compacted.versions(store):
+        doc = json.loads(store.read(compacted.version_key(v)))
+        runs += [r for r in [*doc["runs"], doc["run"]] if r not in runs]
 
     def plain(key: str) -> str:
-        return key.replace(f"-{m.run}", "")
+        for i, run in enumerate(runs):
+            key = key.replace(f"-{run}", "" if len(runs) == 1 else f"-run{i}")
+        return key
 
     out = {"assignment": store.read(m.assignment)}
     for o in store.list():
         if o.key.startswith(compacted.GROUPS + "/"):
-            assert m.run in o.key, f"{o.key}: a file of another run"
+            assert any(r in o.key for r in runs), f"{o.key}: a file of a run the manifest does not name"
             out[plain(o.key)] = store.read(o.key)
         elif o.key.startswith(compacted.INDEX + "/"):
             rows = pq.read_table(io.BytesIO(store.read(o.key))).to_pylist()
             out[plain(o.key)] = [{k: plain(v) if k == "file" else v for k, v in r.items()} for r in rows]
-    doc = json.loads(store.read(compacted.version_key(m.version)))
     for k in ("run", "created_ms", "assignment", "index_runs", "runs"):
         doc.pop(k)
     doc["source"].pop("url")
     # which index files (their bytes name the run's segment files, so their checks differ)
     doc["index_files"] = sorted(plain(k) for k in doc["index_files"])
+    doc["dropped"] = [plain(k) if isinstance(k, str) else k for k in doc["dropped"]]
     out["manifest"] = doc
     return out
 

@@ -170,21 +170,6 @@ def test_an_appended_history_replays_as_the_grown_source_across_versions(tmp_pat
         assert got == want
 
 
-@pytest.fixture(scope="module")
-def full_source(tmp_path_factory):
-    """A generated source whose chunk files the tests below copy over in steps."""
-    from keyfill.synth.generate import GeneratorConfig, generate
-
-    src = str(tmp_path_factory.mktemp("grown") / "full")
-    generate(
-        GeneratorConfig(
-            out=src, records=12_000, keys=300, partitions=3, chunk_records=1_000, skew=1.1, rate=100.0, seed=8
-        ),
-        progress=False,
-    )
-    return src
-
-
 def copy_share(full: str, dest: str, share: float) -> None:
     """Copy the first `share` of each partition's chunk files of `full` to `dest` (a source
     that grows by new chunk files, as an archiving connector writes them)."""

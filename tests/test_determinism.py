@@ -34,6 +34,7 @@ from compactor.job import CompactConfig, compact, prepare
 from compactor.sources.envelope import write_chunk
 from keygroups import envelope
 from keygroups.storage import open_storage
+from tests.connect_client import CONNECT
 from tests.records import canonical_files, envelope_records
 from tests.test_compactor import small_archive
 
@@ -243,3 +244,18 @@ def test_drawn_archives_on_local2_in_any_chunk_order_write_the_in_process_bytes(
     reference = canonical_files(str(root / "in-process"))
     diff = differing({"local[2]": str(root / "local2")}, reference)
     assert not diff, f"archives that differ, and where: {diff}"
+
+
+@CONNECT
+def test_a_spark_connect_session_writes_the_in_process_bytes(connect, inputs, tmp_path):
+    """From a Spark Connect client (pyspark's own server, another process with its own
+    JVM and Python workers): the DataFrame-only path (`compactor.execution.OnSpark` on a
+    session with no SparkContext) writes the bytes of the in-process compactor, and so of
+    the classic sessions above, both cases with the chunks handed over shuffled too."""
+    source, reference = inputs
+    for case, options in CASES.items():
+        dests = {"connect": str(tmp_path / f"{case}-connect"), "connect, shuffled": str(tmp_path / f"{case}-shuffled")}
+        connect.run(compact_as, source, dests["connect"], options)
+        connect.run(compact_as, source, dests["connect, shuffled"], options, SHUFFLED)
+        diff = differing(dests, reference[case])
+        assert not diff, f"{case}: archives that differ from the in-process compaction, and where: {diff}"

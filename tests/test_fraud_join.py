@@ -16,6 +16,7 @@ from test_reader import source_table
 from compactor.job import CompactConfig, compact
 from jobs.fraud_join import run
 from keyfill.synth.generate import GeneratorConfig, generate
+from tests.connect_client import CONNECT
 from tests.records import below_handoff
 
 WITHIN_MS = 20_000
@@ -41,7 +42,18 @@ def payments_with_a_login(payments: pa.Table, logins: pa.Table) -> collections.C
 
 
 def test_the_fraud_join_finds_every_payment_with_a_login_pacing_both_sources(spark, tmp_path):
-    src, logins_src = str(tmp_path / "payments"), str(tmp_path / "logins")
+    fraud_join_finds_every_payment_with_a_login(spark, *topics(str(tmp_path)))
+
+
+@CONNECT
+def test_the_fraud_join_over_spark_connect_finds_every_payment_with_a_login(connect, tmp_path):
+    connect.run(fraud_join_finds_every_payment_with_a_login, *topics(str(tmp_path)))
+
+
+def topics(work: str) -> tuple:
+    """Payments and logins, compacted in this process: (the archives, each topic's records
+    below its hand-off, a scratch folder)."""
+    src, logins_src = f"{work}/payments", f"{work}/logins"
     generate(
         GeneratorConfig(
             out=src,
@@ -56,15 +68,18 @@ def test_the_fraud_join_finds_every_payment_with_a_login_pacing_both_sources(spa
         ),
         progress=False,
     )
-    urls = [str(tmp_path / "payments-compacted"), str(tmp_path / "logins-compacted")]
+    urls = [f"{work}/payments-compacted", f"{work}/logins-compacted"]
     for source, dest, d in zip((src, logins_src), urls, ("5s", "2s")):
         compact(CompactConfig(source=source, dest=dest, groups=3, slice_duration=d))  # in process
     payments, logins = (below_handoff(source_table(s), u) for s, u in zip((src, logins_src), urls))
+    return urls, payments, logins, work
 
+
+def fraud_join_finds_every_payment_with_a_login(spark, urls: list[str], payments, logins, work: str) -> None:
     args = argparse.Namespace(
         payments=urls[0],
         logins=urls[1],
-        out=str(tmp_path / "out"),
+        out=f"{work}/out",
         within=f"{WITHIN_MS // 1000} seconds",
         watermark_delay="5 seconds",
         stride="20 seconds",

@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
@@ -27,6 +28,7 @@ from reader.errors import DataLoss
 from reader.kafka_live import KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
 from reader.spark import KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
 from reader.spark_rows import CREATE_TIME, arrow_schema
+from tests.connect_client import CONNECT
 
 
 def produce(broker, topic: TopicArchive) -> str:
@@ -417,6 +419,19 @@ def test_a_query_for_the_kafka_source_runs_unchanged_from_a_time_into_the_topic(
     import reader.spark
 
     reader.spark.register(spark)
+    kafka_query_from_a_time(spark, *topic_from_a_time(keyfill_kafka, str(tmp_path)))
+
+
+@CONNECT
+def test_a_kafka_query_from_a_time_into_the_topic_over_spark_connect(connect, keyfill_kafka, tmp_path):
+    """The same query from a Spark Connect client: the live phase reads the broker from the
+    server's executors."""
+    connect.run(kafka_query_from_a_time, *topic_from_a_time(keyfill_kafka, str(tmp_path)))
+
+
+def topic_from_a_time(broker, work: str) -> tuple:
+    """The topic of the query above, produced and part archived: (its records by partition,
+    the topic's name, the archive, the hand-off, the time, the broker, a scratch folder)."""
     parts = tuple(
         tuple(
             Record(p, i, 1_000_000 + 1_000 * i + (700 if p else 0), b"u%d" % (i % 4), b"v", (("h", b"%d" % i),))
@@ -425,13 +440,17 @@ def test_a_query_for_the_kafka_source_runs_unchanged_from_a_time_into_the_topic(
         for p in range(2)
     )
     topic = TopicArchive("pay", parts, 10)
-    name = produce(keyfill_kafka, topic)
-    dest = archived(topic, [0.75, 0.25], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+    name = produce(broker, topic)
+    dest = archived(topic, [0.75, 0.25], Path(work), groups=2, slice_duration="5s", seal_all=True)
     hand = handoff.offsets(compacted.load_manifest(open_storage(dest)))
     t = 1_000_000 + 1_000 * 20 + 300  # partition 0: offset 21 on (in the archive); 1: 20 on (past its hand-off)
     assert hand[1] <= 20 < hand[0]
+    return parts, name, dest, hand, t, broker.bootstrap, work
+
+
+def kafka_query_from_a_time(spark, parts, name: str, dest: str, hand: dict, t: int, bootstrap: str, work: str) -> None:
     options = {  # as a Kafka query sets them
-        "kafka.bootstrap.servers": keyfill_kafka.bootstrap,
+        "kafka.bootstrap.servers": bootstrap,
         "subscribe": name,
         "startingTimestamp": str(t),
         "includeHeaders": "true",
@@ -440,15 +459,17 @@ def test_a_query_for_the_kafka_source_runs_unchanged_from_a_time_into_the_topic(
     }
     stream = spark.readStream.format("keyfill").options(**options).load(dest)
     stream.createOrReplaceTempView("events")
-    got = []
+    sink = f"events_{uuid.uuid4().hex[:8]}"  # a memory sink: a Connect client's foreachBatch runs on the server
     (
         spark.sql(KAFKA_QUERY)
-        .writeStream.foreachBatch(lambda b, i: got.extend(b.collect()))
-        .option("checkpointLocation", str(tmp_path / "ck"))
+        .writeStream.format("memory")
+        .queryName(sink)
+        .option("checkpointLocation", f"{work}/ck")
         .trigger(availableNow=True)
         .start()
         .awaitTermination()
     )
+    got = spark.table(sink).collect()
     want = [r for part in parts for r in part if r.offset >= next(q.offset for q in part if q.timestamp >= t)]
     assert sorted((r["partition"], r["offset"]) for r in got) == sorted((r.partition, r.offset) for r in want)
     assert {r["topic"] for r in got if r["offset"] < hand[r["partition"]]} <= {"pay"}

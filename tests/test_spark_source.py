@@ -25,6 +25,7 @@ from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from tests.connect_client import CONNECT
 from tests.records import archive_metas, below_handoff
 
 JITTER_MS = 4_000
@@ -87,6 +88,15 @@ def run_collecting(df, checkpoint: str) -> list[tuple[int, pa.Table]]:
 
 
 def test_batch_read_is_the_source_with_groups_and_slices(spark, archive):
+    batch_read_is_the_source(spark, archive)
+
+
+@CONNECT
+def test_batch_read_over_spark_connect_is_the_source(connect, archive):
+    connect.run(batch_read_is_the_source, archive)
+
+
+def batch_read_is_the_source(spark, archive) -> None:
     url, src = archive
     kafka = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
     plain = spark.read.format("keyfill").load(url)  # Spark's Kafka source's columns, headers only when asked
@@ -177,8 +187,17 @@ def test_windowed_counts_equal_a_batch_computation_over_the_source(spark, archiv
 
 
 def test_restart_from_checkpoint_after_k_batches_is_exactly_once(spark, archive, tmp_path):
+    restart_after_k_batches(spark, archive, str(tmp_path))
+
+
+@CONNECT
+def test_restart_from_checkpoint_over_spark_connect_is_exactly_once(connect, archive, tmp_path):
+    connect.run(restart_after_k_batches, archive, str(tmp_path))
+
+
+def restart_after_k_batches(spark, archive, work: str) -> None:
     url, src = archive
-    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    out, ck = f"{work}/out", f"{work}/ck"
     df = stream(spark, url, maxSlicesPerTrigger="1")
     q = (
         df.writeStream.format("parquet")
@@ -406,6 +425,15 @@ def assert_closed_windows(spark, windows_dir: str, src: pa.Table, minimum: int) 
 def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, archive, tmp_path):
     """jobs/fraud_backfill.py end to end: its Parquet windows equal per-user counts and sums
     computed straight from the source, for every window the final watermark has closed."""
+    fraud_backfill_writes_every_closed_window(spark, archive, str(tmp_path))
+
+
+@CONNECT
+def test_the_fraud_backfill_example_over_spark_connect_writes_every_closed_window(connect, archive, tmp_path):
+    connect.run(fraud_backfill_writes_every_closed_window, archive, str(tmp_path))
+
+
+def fraud_backfill_writes_every_closed_window(spark, archive, work: str) -> None:
     import argparse
 
     from jobs.fraud_backfill import run
@@ -413,7 +441,7 @@ def test_the_fraud_backfill_example_writes_every_closed_window_exactly(spark, ar
     url, src = archive
     args = argparse.Namespace(
         archive=url,
-        out=str(tmp_path / "fraud"),
+        out=f"{work}/fraud",
         window="1 minute",
         watermark_delay="10 seconds",
         max_slices_per_trigger=3,

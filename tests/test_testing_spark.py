@@ -19,6 +19,7 @@ from keyfill.testing import (
     check_job,
 )
 from keyfill.testing.spark import check_spark_query
+from tests.connect_client import CONNECT
 
 DELAY_MS = 10_000
 
@@ -36,6 +37,16 @@ def _counts(delay: str):
 
 
 def test_a_query_whose_watermark_delay_is_below_the_bound_is_caught_dropping_a_record(session):
+    late_drop_is_caught(session)
+
+
+@CONNECT
+def test_the_check_takes_a_spark_connect_session(connect):
+    """The same check from a Spark Connect client, whose sink runs on the server."""
+    connect.run(late_drop_is_caught)
+
+
+def late_drop_is_caught(session) -> None:
     # Slices of 10 s, one per micro-batch. Spark drops a row whose window closed under the
     # watermark of the micro-batch before last: in batch 2 (slice 2), 9 s (partition 0's
     # maximum in slice 0) with a 0 s delay. Partition 1's record at 5 s comes after one at

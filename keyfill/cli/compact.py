@@ -200,8 +200,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="compact a source archive into key groups (embedded local Spark)",
         description="Rewrite a partition-ordered archive as key groups (keys packed into volume-balanced "
         "groups), each group's records in segment files of consecutive event-time slices, with a piece index. "
-        "Runs on an embedded Spark (--master, default local[*]); on a cluster use "
-        "`spark-submit jobs/compact.py` with the same options.",
+        "Runs on an embedded Spark (--master, default local[*]), or on a Spark Connect server (--remote "
+        "sc://host:15002, or SPARK_REMOTE); on a cluster also `spark-submit jobs/compact.py` with the same options.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_compact_arguments(p)
@@ -209,21 +209,40 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def add_embedded_spark_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--master", default="local[*]", help="Spark master of the embedded session")
-    p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
+def add_embedded_spark_arguments(p: argparse.ArgumentParser, memory: bool = True) -> None:
+    """`--master` (an embedded Spark) or `--remote` (a Spark Connect server's), not both."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--master", help="Spark master of the embedded session (default: local[*])")
+    where.add_argument(
+        "--remote",
+        metavar="URL",
+        help="run on a Spark Connect server instead, e.g. sc://host:15002 (default: $SPARK_REMOTE when set); its "
+        "executors open the archives with the cluster's credentials and storage settings, not this machine's",
+    )
+    if memory:
+        p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
+
+
+def spark_for(args: argparse.Namespace, app: str, **kw):
+    """The session a command's `--master` / `--remote` name (`compactor.spark_session`)."""
+    from compactor.spark_session import embedded_spark, session_arguments
+
+    master, remote = session_arguments(args.master, args.remote)
+    memory = getattr(args, "driver_memory", None)
+    if memory is not None:
+        kw["driver_memory"] = memory
+    return embedded_spark(master, app=app, remote=remote, **kw)
 
 
 def run(args: argparse.Namespace) -> int:
     from compactor.job import compact, prepare
-    from compactor.spark_session import embedded_spark
+    from compactor.spark_session import session_arguments
 
+    session_arguments(args.master, args.remote)  # both given: refused before any work
     cfg = compact_config(args)
     prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
     with contextlib.ExitStack() as session:
         with prepared.abandoned_on_error():
-            spark = session.enter_context(
-                embedded_spark(args.master, app="keyfill compact", driver_memory=args.driver_memory)
-            )
+            spark = session.enter_context(spark_for(args, "keyfill compact"))
         print_compact_result(compact(cfg, spark, prepared), args.json)
     return 0

@@ -26,13 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from compactor.estimate import estimate
     from compactor.execution import for_session
     from compactor.job import analyse, prepare
-    from compactor.spark_session import embedded_spark
-    from keyfill.cli.compact import compact_config
+    from compactor.spark_session import session_arguments
+    from keyfill.cli.compact import compact_config, spark_for
 
+    session_arguments(args.master, args.remote)
     prepared = prepare(compact_config(args), dry_run=True)
-    with embedded_spark(
-        args.master, app="keyfill plan", driver_memory=args.driver_memory, progress=False, log_level="ERROR"
-    ) as spark:
+    with spark_for(args, "keyfill plan", progress=False, log_level="ERROR") as spark:
         e = estimate(prepared, analyse(prepared, for_session(spark), {}))
     if args.json:
         print(json.dumps(e.to_json(), indent=2))

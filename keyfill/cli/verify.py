@@ -6,7 +6,7 @@ import argparse
 import json
 
 from keyfill.cli.args import positive_int
-from keyfill.cli.compact import add_source_options
+from keyfill.cli.compact import add_embedded_spark_arguments, add_source_options
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -27,27 +27,31 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--spark",
         action="store_true",
-        help="check records on an embedded Spark (--master) instead of in this process: for archives "
-        "whose offsets do not fit in memory",
+        help="check records on Spark instead of in this process: an embedded one (--master), or a Spark Connect "
+        "server's (--remote); for archives whose offsets do not fit in memory",
     )
-    p.add_argument("--master", default="local[*]", help="Spark master with --spark")
+    add_embedded_spark_arguments(p, memory=False)
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from compactor.spark_session import session_arguments
     from compactor.verify import verify
-    from keyfill.cli.compact import source_from_args
+    from keyfill.cli.compact import source_from_args, spark_for
+    from keygroups.errors import OptionError
     from keygroups.storage import open_storage
 
+    session_arguments(args.master, args.remote)
+    if not args.spark and args.master is not None:
+        raise OptionError("--master applies to --spark only (the audit runs in this process without it)")
     source = source_from_args(args, args.source, threads=args.threads)
     dest = open_storage(args.dest, threads=args.threads)
-    if args.spark:
-        from compactor.spark_session import embedded_spark
+    if args.spark or args.remote is not None:
         from compactor.verify_spark import verify_spark
 
-        with embedded_spark(args.master, app="keyfill verify") as spark:
+        with spark_for(args, "keyfill verify") as spark:
             report = verify_spark(source, dest, spark)
     else:
         report = verify(source, dest, threads=args.threads, progress=not (args.no_progress or args.json))

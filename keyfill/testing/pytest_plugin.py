@@ -70,14 +70,39 @@ def keyfill_azure_url(keyfill_azure) -> str:
     return f"az://{keyfill_azure.container}/t-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(scope="session")
-def keyfill_spark():
-    """A local[2] Spark session with format("keyfill") registered (needs keyfill[spark])."""
+def spark_session(remote: str | None = None):
+    """What `keyfill_spark` yields: a local[2] session, or with `remote` (default:
+    SPARK_REMOTE) a Spark Connect session on that server; format("keyfill") registered."""
+    import os
+
     import reader.spark
     from compactor.spark_session import local_spark
+    from keygroups.spark_kind import set_log_level
 
-    session = local_spark("local[2]", app="keyfill-testing", driver_memory="2g", progress=False)
-    session.sparkContext.setLogLevel("ERROR")
+    remote = remote or os.environ.get("SPARK_REMOTE") or None
+    session = local_spark("local[2]", app="keyfill-testing", driver_memory="2g", progress=False, remote=remote)
+    set_log_level(session, "ERROR")
     reader.spark.register(session)
+    return session
+
+
+@pytest.fixture(scope="session")
+def keyfill_spark():
+    """A local[2] Spark session with format("keyfill") registered (needs keyfill[spark]); with
+    SPARK_REMOTE set, a Spark Connect session on that server instead (needs keyfill[connect]):
+    the same tests then check a query as a Connect client runs it."""
+    session = spark_session()
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def keyfill_connect() -> Iterator:
+    """A Spark Connect server (pyspark's own, needs keyfill[connect]) on 127.0.0.1 for the
+    session, in a process of its own with this process's environment. Yields the server:
+    `.url` (sc://127.0.0.1:<port>), for `SPARK_REMOTE` in a subprocess: PySpark runs one kind
+    of session per process, so a test process with a classic session reaches it from another."""
+    from keyfill.testing.connect_server import start_connect_server
+
+    with start_connect_server() as server:
+        yield server

@@ -31,6 +31,8 @@ check would need to know which columns name a row.)
 
 from __future__ import annotations
 
+import os
+import pickle
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from keyfill.synth.topic import TopicArchive
 from keyfill.testing.differential import DifferentialError, compact_example, compare_outputs, scratch
 from keyfill.testing.reference import late_in_partition, live_order
 from keyfill.testing.strategies import BackfillSettings
+from keygroups import spark_kind
 from keygroups.durations import parse_duration
 
 Build = Callable[..., Any]  # a DataFrame of the keyfill source's schema (one per archive) -> the output DataFrame
@@ -169,18 +172,29 @@ class _Run:
 def _collect(spark, df, checkpoint: str, stops: list[int] = ()) -> _Run:
     """Run `df` with AvailableNow into a sink keyed by batch id (a replayed batch replaces
     its first writing, as an idempotent sink does), crashing after `stops[i]` micro-batches
-    of run i and resuming from `checkpoint`."""
+    of run i and resuming from `checkpoint`.
+
+    The sink keeps each batch's rows in a file of its own beside the checkpoint, and counts
+    the batches a run wrote in files too: a Spark Connect session runs a `foreachBatch`
+    function on the server, in a process of its own, where nothing it keeps in memory
+    reaches this one (the check then needs a server that shares this machine's files: a
+    local one)."""
     from pyspark.errors import StreamingQueryException
 
-    written: dict[int, list] = {}
+    folder = checkpoint + "-batches"
+    os.makedirs(folder, exist_ok=True)
     dropped = batches = restarts = 0
-    for stop in [*stops, None]:
-        ran = [0]
+    for run, stop in enumerate([*stops, None]):
 
-        def sink(batch, batch_id, stop=stop, ran=ran):
-            written[batch_id] = [r.asDict(recursive=True) for r in batch.collect()]
-            ran[0] += 1
-            if stop is not None and ran[0] >= stop:
+        def sink(batch, batch_id, stop=stop, run=run, folder=folder):
+            rows = [r.asDict(recursive=True) for r in batch.collect()]
+            name = os.path.join(folder, f"{batch_id:010d}.pickle")
+            with open(name + ".part", "wb") as f:
+                pickle.dump(rows, f)
+            os.replace(name + ".part", name)
+            open(os.path.join(folder, f"run-{run}-{batch_id}"), "w").close()
+            ran = sum(n.startswith(f"run-{run}-") for n in os.listdir(folder))
+            if stop is not None and ran >= stop:
                 raise _Crash(MARKER)
 
         query = (
@@ -197,13 +211,17 @@ def _collect(spark, df, checkpoint: str, stops: list[int] = ()) -> _Run:
             if MARKER not in str(e):
                 raise
             crashed = True
-        for p in query.recentProgress:
+        for p in spark_kind.progress(query):
             batches += p["numInputRows"] > 0
             dropped += sum(op.get("numRowsDroppedByWatermark", 0) for op in p.get("stateOperators", []))
         if not crashed:
             break
         restarts += 1
-    return _Run([row for _, rows in sorted(written.items()) for row in rows], dropped, batches, restarts)
+    rows = []
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".pickle")):
+        with open(os.path.join(folder, name), "rb") as f:
+            rows += pickle.load(f)
+    return _Run(rows, dropped, batches, restarts)
 
 
 def _by_key(rows: list[dict], key: str) -> dict:
