@@ -44,10 +44,10 @@ def client(remote: str | None, *args: str, module: str = "keyfill") -> subproces
 def test_compact_plan_append_and_verify_over_spark_connect_make_the_in_process_archive(
     connect_server, full_source, tmp_path
 ):
-    """`keyfill plan|compact --remote`, then `python -m jobs.compact --append` and both
-    audits (`keyfill verify --spark`, `python -m jobs.verify`) under SPARK_REMOTE: each
-    version equals the in-process compactor's byte for byte (run ids aside), and the audits
-    pass."""
+    """`keyfill plan|compact --remote`, then `python -m jobs.compact --append`, both audits
+    (`keyfill verify --spark`, `python -m jobs.verify`) and the worked example's script under
+    SPARK_REMOTE: each version equals the in-process compactor's byte for byte (run ids
+    aside), the audits pass, and the example reads every record, none late."""
     src, dest, ref = str(tmp_path / "src"), str(tmp_path / "connect"), str(tmp_path / "in-process")
     url = connect_server.url
     copy_share(full_source, src, 0.5)
@@ -76,6 +76,13 @@ def test_compact_plan_append_and_verify_over_spark_connect_make_the_in_process_a
     assert report["ok"] and report["records"] == compacted.load_manifest(open_storage(dest)).totals["records"]
     job = client(url, src, dest, module="jobs.verify")
     assert job.returncode == 0 and "verified:" in job.stdout, job.stdout + job.stderr
+
+    # the worked example's own script (its session: `jobs.example_session`) on the archive
+    records = compacted.load_manifest(open_storage(dest)).totals["records"]
+    example = client(url, dest, "--out", str(tmp_path / "fraud"), "--overwrite", module="jobs.fraud_backfill")
+    assert example.returncode == 0, example.stdout + example.stderr
+    assert f"fraud backfill: {records:,} records from " in example.stdout, example.stdout
+    assert "0 records dropped as late" in example.stdout, example.stdout
 
 
 @CONNECT
