@@ -13,12 +13,15 @@ options given below.
 
 Runs alternate between the two; each compaction writes a fresh folder, and the two archives
 of the first run are compared byte for byte (run ids aside). Also printed: the seconds the
-compaction itself reports (no session start), which is what differs on a cluster.
+compaction itself reports (no session start), and the same compaction run twice in one
+session of each kind (`compactor.job.compact`, the second timed: both JVMs warm), which is
+what the kind of session itself costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -89,6 +92,7 @@ def main() -> None:
                 print(
                     f"run {run}: {kind:8} {seconds:6.1f} s (the compaction's own {inner[kind][-1]:.1f} s)", flush=True
                 )
+        warm = {k: _warm_twice(k, server.url, args, src) for k in kinds}
     equal = canonical_files(dests["classic"]) == canonical_files(dests["connect"])
     best = {k: min(v) for k, v in times.items()}
     own = {k: min(v) for k, v in inner.items()}
@@ -99,7 +103,47 @@ def main() -> None:
         print(f"{'keyfill compact, ' + k:<28} {best[k]:>10.1f} {own[k]:>13.1f}")
     print(f"Connect / classic: {best['connect'] / best['classic']:.2f}x the command, "
           f"{own['connect'] / own['classic']:.2f}x the compaction (best of {args.runs})")  # fmt: skip
+    print(
+        f"the second compaction in one warm session: classic {warm['classic']:.1f} s, connect {warm['connect']:.1f} s"
+    )
+    print(f"Connect / classic, warm: {warm['connect'] / warm['classic']:.2f}x")
     print(f"archives equal byte for byte (run ids aside): {'yes' if equal else 'NO'}")
+
+
+def _warm_twice(kind: str, url: str, args: argparse.Namespace, src: str) -> float:
+    """The seconds of the second of two compactions in one session of `kind`, in a process
+    of its own (PySpark runs one kind of session per process)."""
+    code = (
+        "import sys; from bench.bench_connect import twice; "
+        "print(twice(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]))"
+    )
+    where = args.master if kind == "classic" else url
+    dest = os.path.join(args.dir, f"warm-{kind}")
+    done = subprocess.run(
+        [sys.executable, "-c", code, kind, where, src, dest, str(args.groups), args.slice_duration],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable},
+    )
+    if done.returncode:
+        raise SystemExit(f"{kind}, warm: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def twice(kind: str, where: str, src: str, dest: str, groups: int, slice_duration: str) -> float:
+    from compactor.job import CompactConfig, compact
+    from compactor.spark_session import local_spark
+    from keygroups.spark_kind import set_log_level
+
+    remote = where if kind == "connect" else None
+    spark = local_spark(where if remote is None else "local[*]", app="bench", progress=False, remote=remote)
+    set_log_level(spark, "ERROR")
+    seconds = []
+    for _ in range(2):
+        cfg = CompactConfig(source=src, dest=dest, groups=groups, slice_duration=slice_duration, seal_all=True)
+        seconds.append(compact(dataclasses.replace(cfg, overwrite=True), spark).seconds)
+    spark.stop()
+    return seconds[-1]
 
 
 if __name__ == "__main__":
