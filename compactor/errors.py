@@ -38,3 +38,8 @@ class TaskInputError(KeyfillError, ValueError):
 
 class LeaseLost(KeyfillError, RuntimeError):
     """The run's lease went unrenewed long enough that vacuum may have deleted its files."""
+
+
+class ConnectPlanTooLarge(KeyfillError, RuntimeError):
+    """A Spark task's function larger than a Spark Connect request carries, with no run's
+    store to hand it through (`compactor.execution.OnSpark`)."""

@@ -9,6 +9,7 @@ an Arrow table in this process."""
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -18,11 +19,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactor.errors import ConnectPlanTooLarge
 from compactor.group_partitioning import group_slots
+from compactor.lease import best_effort
 from compactor.shuffle_codec import CODEC
 from compactor.task_errors import TaskErrors
-from keygroups import spark_kind, worker_gc
+from keygroups import compacted, spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
+from keygroups.storage import Storage
 
 Task = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 T = TypeVar("T")
@@ -65,6 +69,9 @@ class Execution(Protocol):
 
     def persisted(self, rows: Any, serialized: bool = False) -> Any:
         """A context in which `rows` are computed once for several actions."""
+
+    def close(self) -> None:
+        """Delete what the run's tasks were handed through its store (OnSpark on Connect)."""
 
 
 def for_session(spark=None, errors: TaskErrors | None = None) -> Execution:
@@ -111,6 +118,9 @@ class InProcess:
     def persisted(self, rows: pa.Table, serialized: bool = False) -> Iterator[pa.Table]:
         yield rows
 
+    def close(self) -> None:
+        pass
+
 
 class OnSpark:
     """Tasks on Spark, a classic session or a Spark Connect one alike: only the DataFrame
@@ -124,6 +134,7 @@ class OnSpark:
 
     def __init__(self, spark, errors: TaskErrors | None = None, description: str | None = None) -> None:
         self.spark, self.errors = spark, errors
+        self.stored: list[str] = []  # task functions handed through the run's store
         ship_to_executors(spark)
         self.parallelism = spark_kind.cores(spark)
         self.runs_here = spark_kind.runs_here(spark)
@@ -182,18 +193,68 @@ class OnSpark:
         finally:
             kept.unpersist()
 
+    def close(self) -> None:
+        if self.errors is not None and self.stored:
+            best_effort(lambda: self.errors.dest.delete_many(self.stored))
+        self.stored = []
+
     def _task(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
         def settled(items: Iterator[Any]) -> Iterator[Any]:
             worker_gc.settle()
             yield from task(items)
 
-        return settled if self.errors is None else self.errors.guard(settled)
+        guarded = settled if self.errors is None else self.errors.guard(settled)
+        return self._carried(guarded) if spark_kind.is_connect(self.spark) else guarded
+
+    def _carried(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+        """`task`, or when its pickled function (closure and all: a source's chunk list,
+        ~130 bytes a chunk) is larger than a Spark Connect request should carry, a stand-in
+        that loads it from the run's store. A Connect plan travels in one gRPC message, which
+        the server refuses past `spark.connect.grpc.maxInboundMessageSize` (128 MiB by
+        default; the client then retries for minutes), where a classic session broadcasts a
+        large function."""
+        from pyspark import cloudpickle
+
+        body = cloudpickle.dumps(task)
+        if len(body) <= CARRIED_BYTES:
+            return task
+        if self.errors is None:
+            raise ConnectPlanTooLarge(
+                f"a Spark task's function holds {len(body) / 2**20:,.0f} MiB (the source's chunk list), more than "
+                f"a Spark Connect request carries here ({CARRIED_BYTES >> 20} MiB): run this on a classic session "
+                "(spark-submit, or --master), or without --spark"
+            )
+        key = compacted.run_task_key(self.errors.run_id, hashlib.sha256(body).hexdigest()[:16])
+        self.errors.dest.write(key, body)
+        self.stored.append(key)
+        return _stored(self.errors.dest, key)
 
     def _run(self, name: str, action: Callable[[], T]) -> T:
         return action() if self.errors is None else self.errors.run(self.spark, name, action)
 
 
 _EACH_ROWS = "item long, result binary"
+# A task's pickled function past this size travels through the run's store on Spark Connect
+# (`OnSpark._carried`): a plan holds several, and a gRPC message is 128 MiB at most.
+CARRIED_BYTES = 8 << 20
+_loaded: dict[str, Callable[[Iterator[Any]], Iterator[Any]]] = {}  # in a worker: the functions it read
+
+
+def load_task(store: Storage, key: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The task function at `key`, read once per Python worker (a reused worker keeps it)."""
+    if key not in _loaded:
+        from pyspark import cloudpickle
+
+        _loaded.clear()  # one run's functions at a time: a worker may serve many runs
+        _loaded[key] = cloudpickle.loads(store.read(key))
+    return _loaded[key]
+
+
+def _stored(store: Storage, key: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def task(items: Iterator[Any]) -> Iterator[Any]:
+        return load_task(store, key)(items)
+
+    return task
 
 
 def _rows_of(inputs: pa.Table, task: Task) -> Task:

@@ -192,7 +192,11 @@ def compact(cfg: CompactConfig, spark=None, prepared: Prepared | None = None) ->
     compaction is most of the time. The files are byte for byte those Spark writes."""
     prepared = prepared or prepare(cfg)
     with prepared.abandoned_on_error():
-        result = _compact(prepared, spark)
+        execution = for_session(spark, TaskErrors(prepared.dest, prepared.run))
+        try:
+            result = _compact(prepared, execution)
+        finally:
+            execution.close()
     prepared.lease.release(failed=False)
     return result
 
@@ -310,20 +314,11 @@ def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) 
     return Analysis(cfg, stats, plan, groups, assignment, new_keys)
 
 
-def _compact(prepared: Prepared, spark) -> CompactResult:
+def _compact(prepared: Prepared, execution: Execution) -> CompactResult:
     started = time.perf_counter() - prepared.list_seconds
     phases: dict[str, float] = {"list": prepared.list_seconds}
-
-    cfg, source, dest, grows, start, run = (
-        prepared.cfg,
-        prepared.source,
-        prepared.dest,
-        prepared.grows,
-        prepared.start,
-        prepared.run,
-    )
-    topic, chunks, parent = prepared.topic, prepared.chunks, prepared.parent
-    execution = for_session(spark, TaskErrors(dest, run))
+    cfg, source, dest, grows, start = prepared.cfg, prepared.source, prepared.dest, prepared.grows, prepared.start
+    run, topic, chunks, parent = prepared.run, prepared.topic, prepared.chunks, prepared.parent
     found = analyse(prepared, execution, phases)
     cfg, plan, groups, assignment, new_keys = found.cfg, found.plan, found.groups, found.assignment, found.new_keys
     prepared.lease.set_groups(groups)

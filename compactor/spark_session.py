@@ -45,7 +45,7 @@ def local_spark(
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     if remote is not None:
-        return connect_session(builder, remote, app)
+        return connect_session(builder, remote, app, progress=progress)
     return (
         builder.master(master)
         .appName(app)
@@ -58,9 +58,10 @@ def local_spark(
     )
 
 
-def connect_session(builder, remote: str, app: str):
+def connect_session(builder, remote: str, app: str, *, progress: bool = True):
     """A Spark Connect session on `remote`, or one line saying why not (the client's
-    packages, or a server that does not answer)."""
+    packages, or a server that does not answer). `progress`: the running job's stages on a
+    terminal's stderr, as a classic session's console progress bar shows them."""
     try:
         import grpc  # noqa: F401 - the Connect client's transport
     except ImportError:
@@ -71,10 +72,29 @@ def connect_session(builder, remote: str, app: str):
     if remote.startswith("sc://"):
         _answers(remote)
     try:
-        return builder.remote(remote).appName(app).getOrCreate()
+        spark = builder.remote(remote).appName(app).getOrCreate()
     except Exception as exc:  # pyspark's errors carry the gRPC status in many lines
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KeyfillError(f"--remote {remote}: no Spark Connect session: {first}") from exc
+    if progress and sys.stderr.isatty():
+        spark.registerProgressHandler(_StageProgress())
+    return spark
+
+
+class _StageProgress:
+    """A Connect job's stages on one line of stderr, redrawn as the server reports them (the
+    Connect client's own bar is off by default and writes to stdout, where `--json` goes)."""
+
+    def __call__(self, stages=None, inflight_tasks: int = 0, operation_id=None, done: bool = False, **_) -> None:
+        stages = [st for st in stages or () if not st.done] if not done else []
+        if not stages:
+            sys.stderr.write("\r\033[K")
+        else:
+            st = stages[0]
+            sys.stderr.write(
+                f"\r\033[K[Stage {st.stage_id}: ({st.num_completed_tasks} + {inflight_tasks}) / {st.num_tasks}]"
+            )
+        sys.stderr.flush()
 
 
 CONNECT_PORT = 15002  # a Spark Connect URL's port when it names none

@@ -41,12 +41,13 @@ _INDEX_KIND = "(?:" + "|".join(INDEX_KINDS) + ")"
 # Every object this layout writes, and nothing else: what vacuum may delete.
 _ARCHIVE_KEY = re.compile(
     rf"{VERSIONS}/[0-9]{{20}}\.json|{ASSIGNMENTS}/{_RUN}\.parquet|{RUNS}/{_RUN}(?:\.error)?\.json"
+    rf"|{RUNS}/{_RUN}\.task-[0-9a-f]{{16}}\.pickle"
     rf"|{INDEX}/[0-9]{{10}}-{_RUN}\.{_INDEX_KIND}\.parquet|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}-{_RUN}\.avro"
 )
 # The run id in the name of a run's file (assignment, index, segment, lease), and a segment's group.
 _RUN_OF_KEY = re.compile(
     rf"(?:{ASSIGNMENTS}/|{RUNS}/|{INDEX}/[0-9]{{10}}-|{GROUPS}/(?P<group>[0-9]{{5,}})/[0-9]{{10}}-)"
-    rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|{_INDEX_KIND}\.parquet|avro)"
+    rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|task-[0-9a-f]{{16}}\.pickle|{_INDEX_KIND}\.parquet|avro)"
 )
 # What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
 _LEGACY_KEY = re.compile(
@@ -81,6 +82,12 @@ def lease_key(run: str) -> str:
 def run_error_key(run: str) -> str:
     """Where a Spark task of the run reports a deterministic input error (compactor.task_errors)."""
     return f"{RUNS}/{run}.error.json"
+
+
+def run_task_key(run: str, digest: str) -> str:
+    """A Spark task's function that the run's plan could not carry (compactor.execution):
+    a Spark Connect request has a size limit, the store has none."""
+    return f"{RUNS}/{run}.task-{digest}.pickle"
 
 
 def run_of_lease(key: str) -> str | None:

@@ -190,3 +190,49 @@ def executors_find_keyfill_or_are_given_it(spark) -> tuple:
     first = other.range(0, 1, 1, 1).mapInArrow(first_zip, "path string").toArrow().column(0)[0].as_py()
     other.stop()
     return found, shipped, first
+
+
+def test_a_connect_jobs_stages_are_drawn_on_one_line_of_stderr(capsys):
+    """What `keyfill compact --remote` shows on a terminal while a job runs: the first stage
+    not done, as Spark's console progress bar shows it, and the line cleared when done."""
+    from pyspark.sql.connect.shell.progress import StageInfo
+
+    from compactor.spark_session import _StageProgress
+
+    draw = _StageProgress()
+    draw(
+        stages=[StageInfo(2, 4, 4, 0, True), StageInfo(3, 8, 5, 0, False)],
+        inflight_tasks=2,
+        operation_id="o",
+        done=False,
+    )
+    draw(stages=[], inflight_tasks=0, operation_id="o", done=True)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "\r\033[K[Stage 3: (5 + 2) / 8]\r\033[K"
+
+
+@CONNECT
+def test_verify_on_connect_refuses_a_plan_too_large_for_a_request_in_one_line(connect, full_source, tmp_path):
+    """verify --spark has no run's store to hand a large task function through: past what a
+    Connect request carries it stops with keyfill's error, not a client retrying for
+    minutes (the limit lowered to nothing here, so the example's small list exceeds it)."""
+    src, dest = str(tmp_path / "src"), str(tmp_path / "c")
+    copy_share(full_source, src, 0.25)
+    compact(CompactConfig(source=src, dest=dest, groups=2, slice_duration="10s"))
+    assert connect.run(verify_with_nothing_carried, src, dest).startswith("a Spark task's function holds ")
+
+
+def verify_with_nothing_carried(spark, src: str, dest: str) -> str:
+    from compactor import execution
+    from compactor.errors import ConnectPlanTooLarge
+    from compactor.sources import open_source
+    from compactor.verify_spark import verify_spark
+
+    before, execution.CARRIED_BYTES = execution.CARRIED_BYTES, 0
+    try:
+        verify_spark(open_source(src), open_storage(dest), spark)
+    except ConnectPlanTooLarge as exc:
+        return str(exc)
+    finally:
+        execution.CARRIED_BYTES = before
+    raise AssertionError("verify_spark ran")

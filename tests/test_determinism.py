@@ -251,11 +251,35 @@ def test_a_spark_connect_session_writes_the_in_process_bytes(connect, inputs, tm
     """From a Spark Connect client (pyspark's own server, another process with its own
     JVM and Python workers): the DataFrame-only path (`compactor.execution.OnSpark` on a
     session with no SparkContext) writes the bytes of the in-process compactor, and so of
-    the classic sessions above, both cases with the chunks handed over shuffled too."""
+    the classic sessions above, both cases with the chunks handed over shuffled too; and
+    with every task's function handed to the executors through the run's store (as a
+    source's chunk list too large for a Connect request is), which leaves none behind."""
     source, reference = inputs
     for case, options in CASES.items():
-        dests = {"connect": str(tmp_path / f"{case}-connect"), "connect, shuffled": str(tmp_path / f"{case}-shuffled")}
+        dests = {name: str(tmp_path / f"{case}-{n}") for n, name in enumerate(["connect", "shuffled", "carried"])}
         connect.run(compact_as, source, dests["connect"], options)
-        connect.run(compact_as, source, dests["connect, shuffled"], options, SHUFFLED)
+        connect.run(compact_as, source, dests["shuffled"], options, SHUFFLED)
+        stored, left = connect.run(compact_carried, source, dests["carried"], options)
+        assert stored >= 4 and left == [], (stored, left)  # statistics, reduce, rewrite's two
         diff = differing(dests, reference[case])
         assert not diff, f"{case}: archives that differ from the in-process compaction, and where: {diff}"
+
+
+def compact_carried(spark, source: str, dest: str, options: dict) -> tuple[int, list[str]]:
+    """A compaction whose every task function goes through the run's store: how many went
+    so, and what of them is left in `_runs/` afterwards."""
+    from compactor import execution
+
+    before, close = execution.CARRIED_BYTES, execution.OnSpark.close
+    stored = []
+
+    def counted(self):
+        stored.extend(self.stored)
+        close(self)
+
+    execution.CARRIED_BYTES, execution.OnSpark.close = 0, counted
+    try:
+        compact_as(spark, source, dest, options)
+    finally:
+        execution.CARRIED_BYTES, execution.OnSpark.close = before, close
+    return len(set(stored)), [o.key for o in open_storage(dest).list("_runs/") if ".task-" in o.key]
