@@ -211,10 +211,13 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def add_embedded_spark_arguments(p: argparse.ArgumentParser, memory: bool = True) -> None:
     """`--master` (an embedded Spark) or `--remote` (a Spark Connect server's), not both."""
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--master", help="Spark master of the embedded session (default: local[*])")
+    where = p.add_mutually_exclusive_group()  # absent when not given (no "default: None" in --help)
+    where.add_argument(
+        "--master", default=argparse.SUPPRESS, help="Spark master of the embedded session (default: local[*])"
+    )
     where.add_argument(
         "--remote",
+        default=argparse.SUPPRESS,
         metavar="URL",
         help="run on a Spark Connect server instead, e.g. sc://host:15002 (default: $SPARK_REMOTE when set); its "
         "executors open the archives with the cluster's credentials and storage settings, not this machine's",
@@ -223,11 +226,19 @@ def add_embedded_spark_arguments(p: argparse.ArgumentParser, memory: bool = True
         p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
 
 
+def session_flags(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """`--master` and `--remote` as given (None: not), `SPARK_REMOTE` standing in for the
+    second; both refused (`compactor.spark_session.session_arguments`)."""
+    from compactor.spark_session import session_arguments
+
+    return session_arguments(getattr(args, "master", None), getattr(args, "remote", None))
+
+
 def spark_for(args: argparse.Namespace, app: str, **kw):
     """The session a command's `--master` / `--remote` name (`compactor.spark_session`)."""
-    from compactor.spark_session import embedded_spark, session_arguments
+    from compactor.spark_session import embedded_spark
 
-    master, remote = session_arguments(args.master, args.remote)
+    master, remote = session_flags(args)
     memory = getattr(args, "driver_memory", None)
     if memory is not None:
         kw["driver_memory"] = memory
@@ -236,9 +247,8 @@ def spark_for(args: argparse.Namespace, app: str, **kw):
 
 def run(args: argparse.Namespace) -> int:
     from compactor.job import compact, prepare
-    from compactor.spark_session import session_arguments
 
-    session_arguments(args.master, args.remote)  # both given: refused before any work
+    session_flags(args)  # both given: refused before any work
     cfg = compact_config(args)
     prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
     with contextlib.ExitStack() as session:

@@ -26,10 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from compactor.estimate import estimate
     from compactor.execution import for_session
     from compactor.job import analyse, prepare
-    from compactor.spark_session import session_arguments
-    from keyfill.cli.compact import compact_config, spark_for
+    from keyfill.cli.compact import compact_config, session_flags, spark_for
 
-    session_arguments(args.master, args.remote)
+    session_flags(args)
     prepared = prepare(compact_config(args), dry_run=True)
     with spark_for(args, "keyfill plan", progress=False, log_level="ERROR") as spark:
         e = estimate(prepared, analyse(prepared, for_session(spark), {}))

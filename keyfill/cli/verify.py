@@ -37,18 +37,17 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compactor.spark_session import session_arguments
     from compactor.verify import verify
-    from keyfill.cli.compact import source_from_args, spark_for
+    from keyfill.cli.compact import session_flags, source_from_args, spark_for
     from keygroups.errors import OptionError
     from keygroups.storage import open_storage
 
-    session_arguments(args.master, args.remote)
-    if not args.spark and args.master is not None:
+    session_flags(args)
+    if not args.spark and hasattr(args, "master"):
         raise OptionError("--master applies to --spark only (the audit runs in this process without it)")
     source = source_from_args(args, args.source, threads=args.threads)
     dest = open_storage(args.dest, threads=args.threads)
-    if args.spark or args.remote is not None:
+    if args.spark or hasattr(args, "remote"):
         from compactor.verify_spark import verify_spark
 
         with spark_for(args, "keyfill verify") as spark:
