@@ -27,7 +27,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from compactor.job import compact, prepare
     from compactor.spark_session import running_or_started
-    from keygroups.executor_code import ship_to_executors
 
     with ExitStack() as session:
         try:
@@ -36,7 +35,6 @@ def main(argv: list[str] | None = None) -> int:
             with prepared.abandoned_on_error():
                 start = SparkSession.builder.appName("keyfill compact").getOrCreate
                 spark = session.enter_context(running_or_started(start, "jobs/compact.py"))
-                ship_to_executors(spark)
         except BaseException:
             spark_log.release(held)
             raise

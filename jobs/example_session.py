@@ -1,7 +1,7 @@
-"""The Spark session the worked examples run in: UTC times, quiet logs, and keyfill made
-importable in the executors (`keygroups.executor_code`). A classic session or a Spark
-Connect one (`SPARK_REMOTE`, or spark-submit's `--conf spark.api.mode=connect`): the
-examples use the DataFrame API only."""
+"""The Spark session the worked examples run in: UTC times and quiet logs. A classic session
+or a Spark Connect one (`SPARK_REMOTE`): the examples use the DataFrame API only, and
+`reader.spark.register` makes keyfill importable in the executors
+(`keygroups.executor_code`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ def run_example(app: str, run: Callable[[Any, Any], dict], report: Callable[[dic
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from keygroups.executor_code import ship_to_executors
     from keygroups.spark_kind import set_log_level
 
     spark = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC").getOrCreate()
     set_log_level(spark, "ERROR")
-    ship_to_executors(spark)
     try:
         report(run(spark, args), args)
     finally:

@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from compactor.spark_session import running_or_started
     from compactor.verify_spark import verify_spark
-    from keygroups.executor_code import ship_to_executors
     from keygroups.storage import open_storage
 
     try:
@@ -38,7 +37,6 @@ def main(argv: list[str] | None = None) -> int:
         raise
     with running_or_started(SparkSession.builder.appName("keyfill verify").getOrCreate, "jobs/verify.py") as spark:
         spark_log.to_spark(spark, held)
-        ship_to_executors(spark)
         report = verify_spark(source, open_storage(args.dest), spark)
     print_verify_report(report, args.json)
     return 0 if report.ok else 1

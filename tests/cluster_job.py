@@ -16,14 +16,12 @@ def main(compact_script: str, source_url: str, dest_url: str, *compact_options: 
 
     from compactor.sources import open_source
     from compactor.verify_spark import verify_spark
-    from keygroups.executor_code import ship_to_executors
     from keygroups.storage import open_storage
     from reader.spark import register
 
     spark = SparkSession.builder.appName("keyfill cluster test").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    ship_to_executors(spark)
-    register(spark)
+    register(spark)  # also ships the wheel to the executors (keygroups.executor_code)
     try:
         compact_job = runpy.run_path(compact_script)  # as a module, not __main__: its main() is called
         assert compact_job["main"]([source_url, dest_url, *compact_options]) == 0
