@@ -7,8 +7,8 @@ step over whole, on a FIFO of its own. The consumer takes slice s's pieces from 
 thread's steps and yields the watermark of s once every thread is past s
 (`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
 of s and before any record of s + 1 (docs/design.md, invariants 1-4), and no thread waits for
-another. Inside a slice `reader.pacing` bounds how far threads
-drift apart in event time; `reader.checkpoint` is the position the consumer can resume from.
+another. Inside a slice `reader.pacing` bounds how far threads drift apart in event time;
+`reader.checkpoint` is the position the consumer can resume from.
 """
 
 from __future__ import annotations
@@ -170,7 +170,9 @@ class Replay:
             if self.pacer.max_drift_ms is None:
                 self._stepped(t, fetcher, first)
                 return
-            for s in range(first, plan.slices):  # under a drift bound every thread meets at every slice
+            for s, gap in plan.occupied(first):  # under a drift bound the threads meet at slices with pieces
+                if gap and not self._merge.put(t, [], s):  # past the empty slices before s, at once
+                    return
                 own = plan.thread_pieces(row_group_of(s), t).get(s, [])
                 fetcher.prefetch(s)
                 # No thread declares where slice s starts before every thread has finished
@@ -185,6 +187,7 @@ class Replay:
                 self.pacer.end_slice(t)
                 if not self._merge.put(t, [], s + 1):  # at once: the others wait at the next barrier
                     return
+            self._merge.put(t, [], plan.slices)  # past the empty slices at the end
         except (threading.BrokenBarrierError, ReadStopped):
             return
         except BaseException as exc:  # surfaces in the consumer

@@ -14,6 +14,7 @@ preload that went on to the next would walk the whole index of a long archive.""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 
 import numpy as np
@@ -94,6 +95,18 @@ class ReplayPlan:
                 if rg in self._row_groups:  # not dropped meanwhile
                     self._by_thread = {**self._by_thread, rg: by_thread}
         return by_thread[t]
+
+    def occupied(self, first: int) -> Iterator[tuple[int, bool]]:
+        """The slices from `first` on that some thread has pieces in, each with whether empty
+        slices came before it: under a drift bound the threads meet at those only, as an idle
+        stretch of 1 s slices is thousands of empty ones."""
+        s = after = first  # after: the slice after the last one yielded
+        while s < self.end:
+            rg = row_group_of(s)
+            for x in sorted({x for t in range(self.threads) for x in self.thread_pieces(rg, t) if s <= x < self.end}):
+                yield x, x > after
+                after = x + 1
+            s = row_group_start(rg + 1)
 
     def slice_spread(self, s: int) -> int:
         """From the earliest record of slice s's pieces to the latest, when two threads or

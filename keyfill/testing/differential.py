@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import tempfile
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -32,7 +33,7 @@ from typing import Any
 
 from keyfill.synth.topic import Record, TopicArchive, write_archive
 from keyfill.testing.reference import MAX_WATERMARK, Watermark, late_in_partition, records_of, reference_stream
-from keyfill.testing.strategies import BackfillSettings
+from keyfill.testing.strategies import BackfillSettings, untraced
 
 Job = Callable[[Iterable[Any]], Iterable[tuple[Hashable, Any]]]
 Replay = Callable[[str, BackfillSettings], Iterable[Any]]
@@ -125,8 +126,9 @@ def keyfill_replay(dest: str, settings: BackfillSettings) -> Iterator[Any]:
                 return
 
 
-def replay_stream(events: Iterable[Any]) -> list[tuple[Record, int | None] | Watermark]:
-    """Replay events as (record, the watermark it was emitted under) and `Watermark`s."""
+def replay_stream(events: Iterable[Any]) -> list[tuple[Record, int | None, int] | Watermark]:
+    """Replay events as (record, the watermark it was emitted under, its key group) and
+    `Watermark`s."""
     import reader
 
     out: list = []
@@ -136,7 +138,30 @@ def replay_stream(events: Iterable[Any]) -> list[tuple[Record, int | None] | Wat
             mark = ev.timestamp_ms
             out.append(Watermark(ev.timestamp_ms))
         elif isinstance(ev, reader.Records):
-            out += [(r, mark) for r in records_of(ev.batch)]
+            out += [(r, mark, ev.group) for r in records_of(ev.batch)]
+    return out
+
+
+def job_order(stream: list, seed: int) -> list[Record | Watermark]:
+    """The replay's records in the order the job gets them: between two watermarks, the key
+    groups' records merged in an order drawn from `seed`, each group's in the replay's order.
+    The replay's threads may deliver any such order; drawing it, rather than taking the one
+    the threads' timing gave, makes a failing example fail again when hypothesis runs it
+    again, which its shrinking needs (a bug seen once and then not is reported as flaky)."""
+    rng = random.Random(seed)
+    out: list[Record | Watermark] = []
+    groups: dict[int, list[Record]] = {}
+    for item in [*stream, None]:
+        if isinstance(item, tuple):
+            groups.setdefault(item[2], []).append(item[0])
+            continue
+        picks = [g for g in sorted(groups) for _ in groups[g]]  # sorted: not in the order the threads came
+        rng.shuffle(picks)
+        each = {g: iter(records) for g, records in groups.items()}
+        out += [next(each[g]) for g in picks]
+        groups = {}
+        if item is not None:
+            out.append(item)
     return out
 
 
@@ -157,7 +182,7 @@ def check_stream(stream: list, published: list[Record], bound_ms: int) -> set[tu
                 raise DifferentialError(f"the replay's watermark went back from {mark} to {item.timestamp_ms}")
             mark = item.timestamp_ms
             continue
-        r, under = item
+        r, under = item[0], item[1]
         at = (r.partition, r.offset)
         if at not in want:
             raise DifferentialError(f"the replay emitted {_name(r)}, a record the archive does not publish")
@@ -249,14 +274,14 @@ def check_job(
     one `MAX_WATERMARK`). `url`: where the archives go (a folder, or an s3://, gs:// or az://
     prefix; a temporary folder by default). `replay`: the events to check instead of keyfill's
     replay (to test the kit itself)."""
-    with scratch(url) as where:
+    bound = settings.watermark_bound_ms
+    with untraced(), scratch(url) as where:
         done = compact_example(archive, settings, where)
-        bound = settings.watermark_bound_ms
         stream = replay_stream((replay or keyfill_replay)(done.dest, settings)) if done.dest else []
-    late = check_stream(stream, done.records, bound)
-    on_time = [r for r in done.records if (r.partition, r.offset) not in late]
-    reference = reference_stream(on_time, bound)
-    backfill: list = [x if isinstance(x, Watermark) else x[0] for x in stream]
+        late = check_stream(stream, done.records, bound)
+        on_time = [r for r in done.records if (r.partition, r.offset) not in late]
+        reference = reference_stream(on_time, bound)
+    backfill = job_order(stream, settings.interleaving)
     backfill = [x for x in backfill if isinstance(x, Watermark) or (x.partition, x.offset) not in late]
     backfill.append(Watermark(MAX_WATERMARK))
     ref_out = _outputs(job, reference, watermarks)
