@@ -111,47 +111,43 @@ def topic_archives(
     idle stretch), each record drawn up to `jitter_ms` behind it, and now and then a record
     much later than that (late in its own partition for any small bound)."""
     with untraced():
-        return _topic(draw, partitions, keys, records, values, jitter_ms, null_keys, headers, topic)
+        n_parts = draw(partitions)
+        names = [b"hot"] + [b"k%d" % i for i in range(draw(keys))]
+        hot = draw(st.integers(1, 20))  # the hot key's weight against 1 for each other key
+        jitter = draw(jitter_ms)
+        value_of = (lambda key: values) if isinstance(values, st.SearchStrategy) else values
+        clock = [START_MS + draw(st.integers(0, 3)) * 60_000 for _ in range(n_parts)]  # partitions start apart
+        idle = draw(st.sets(st.integers(0, n_parts - 1), max_size=n_parts - 1))  # partitions that go quiet early
+        parts: list[list[Record]] = [[] for _ in range(n_parts)]
+        # One roll picks the key: 0 drops the record (so the shrinker can take out any record,
+        # not only the last ones: a failing topic shrinks in a few hundred runs, not thousands),
+        # 1..hot the hot key, then one value per other key, then about 1 in 20 for a null key.
+        keyed = hot + len(names) - 1
+        nulls = -(-keyed // 19) if null_keys else 0
+        roll_key, any_partition = st.integers(0, keyed + nulls), st.integers(0, n_parts - 1)
+        first_key = st.integers(1, keyed + nulls)  # the first is never dropped: `records` at least 1 means 1
+        behind_by = st.integers(0, jitter) if jitter else None
+        partition_of = {key: kafka_partition(key, n_parts) for key in names}
 
+        def record(draw, first: bool) -> None:
+            roll = draw(first_key if first else roll_key)
+            if roll == 0:
+                return
+            key = names[0] if roll <= hot else names[roll - hot] if roll <= keyed else None
+            p = partition_of[key] if key is not None else draw(any_partition)
+            if p in idle and len(parts[p]) >= 3:
+                return  # the partition went quiet (its keys stay on it, as Kafka's partitioner keeps them)
+            clock[p] += draw(_STEP)
+            behind = draw(behind_by) if behind_by is not None else 0
+            if draw(_LATE_ROLL) == 24:
+                behind += draw(_LATE_BY)  # already late in its partition
+            hdrs = draw(_HEADERS) if headers else ()
+            parts[p].append(Record(p, len(parts[p]), max(0, clock[p] - behind), key, draw(value_of(key)), hdrs))
 
-def _topic(draw, partitions, keys, records, values, jitter_ms, null_keys, headers, topic) -> TopicArchive:
-    n_parts = draw(partitions)
-    names = [b"hot"] + [b"k%d" % i for i in range(draw(keys))]
-    hot = draw(st.integers(1, 20))  # the hot key's weight against 1 for each other key
-    jitter = draw(jitter_ms)
-    value_of = (lambda key: values) if isinstance(values, st.SearchStrategy) else values
-    clock = [START_MS + draw(st.integers(0, 3)) * 60_000 for _ in range(n_parts)]  # partitions start apart
-    idle = draw(st.sets(st.integers(0, n_parts - 1), max_size=n_parts - 1))  # partitions that go quiet early
-    parts: list[list[Record]] = [[] for _ in range(n_parts)]
-    # One roll picks the key: 0 drops the record (so the shrinker can take out any record,
-    # not only the last ones: a failing topic shrinks in a few hundred runs, not thousands),
-    # 1..hot the hot key, then one value per other key, then about 1 in 20 for a null key.
-    keyed = hot + len(names) - 1
-    nulls = -(-keyed // 19) if null_keys else 0
-    roll_key, any_partition = st.integers(0, keyed + nulls), st.integers(0, n_parts - 1)
-    first_key = st.integers(1, keyed + nulls)  # the first is never dropped: `records` at least 1 means 1
-    behind_by = st.integers(0, jitter) if jitter else None
-    partition_of = {key: kafka_partition(key, n_parts) for key in names}
-
-    def record(draw, first: bool) -> None:
-        roll = draw(first_key if first else roll_key)
-        if roll == 0:
-            return
-        key = names[0] if roll <= hot else names[roll - hot] if roll <= keyed else None
-        p = partition_of[key] if key is not None else draw(any_partition)
-        if p in idle and len(parts[p]) >= 3:
-            return  # the partition went quiet (its keys stay on it, as Kafka's partitioner keeps them)
-        clock[p] += draw(_STEP)
-        behind = draw(behind_by) if behind_by is not None else 0
-        if draw(_LATE_ROLL) == 24:
-            behind += draw(_LATE_BY)  # already late in its partition
-        hdrs = draw(_HEADERS) if headers else ()
-        parts[p].append(Record(p, len(parts[p]), max(0, clock[p] - behind), key, draw(value_of(key)), hdrs))
-
-    n = draw(records)
-    for start in range(0, n, _CHUNK):
-        draw(_together(lambda d, a=start: [record(d, i == 0) for i in range(a, min(n, a + _CHUNK))]))
-    return TopicArchive(topic, tuple(tuple(ps) for ps in parts), draw(st.integers(5, 60)))
+        n = draw(records)
+        for start in range(0, n, _CHUNK):
+            draw(_together(lambda d, a=start: [record(d, i == 0) for i in range(a, min(n, a + _CHUNK))]))
+        return TopicArchive(topic, tuple(tuple(ps) for ps in parts), draw(st.integers(5, 60)))
 
 
 @st.composite
