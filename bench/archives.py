@@ -24,19 +24,25 @@ def cached_compacted(
     root: str,
     records: int,
     groups: int,
-    slice_duration: str,
+    slice_duration: str | None,
     spark_factory,
     *,
     chunk_records: int = 250_000,
     seal_all: bool = False,
+    keys: int = 100_000,
+    partitions: int = 4,
+    rate: float = 2_000.0,
 ) -> str:
     """A compacted payments archive of `records` records under `root` (reused when it is
     complete); `spark_factory()` is called only when it must be compacted. `seal_all`: every
-    slice published (with slices longer than the archive's span, none would be otherwise)."""
+    slice published (with slices longer than the archive's span, none would be otherwise).
+    `slice_duration` None: the compactor derives it, as `keyfill compact` does by default."""
     from compactor.job import CompactConfig, compact
     from keyfill.synth.generate import GeneratorConfig, generate
 
-    tag = f"{records}-{groups}-{slice_duration}" + ("-sealed" if seal_all else "")
+    tag = f"{records}-{groups}-{slice_duration or 'derived'}" + ("-sealed" if seal_all else "")
+    if (keys, partitions, rate) != (100_000, 4, 2_000.0):
+        tag += f"-{keys}k-{partitions}p-{rate:g}r"
     src, dest = os.path.join(root, f"source-{tag}"), os.path.join(root, f"compacted-{tag}")
     if not os.path.exists(os.path.join(dest, "_done")):
         shutil.rmtree(root, ignore_errors=True)
@@ -44,11 +50,11 @@ def cached_compacted(
         config = GeneratorConfig(
             out=src,
             records=records,
-            keys=100_000,
-            partitions=4,
+            keys=keys,
+            partitions=partitions,
             chunk_records=chunk_records,
             headers=True,
-            rate=2_000.0,
+            rate=rate,
         )
         generate(config, progress=False)
         print("compacting ...", flush=True)

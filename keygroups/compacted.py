@@ -30,6 +30,8 @@ By concept: `keygroups.layout` (file names), `keygroups.pieces` (a piece and its
 in its files' names; consecutive pieces fetched together are a *span*.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from keygroups.errors import CommitConflict, FormatError, IntegrityError  # what reading the format raises
 from keygroups.layout import (
     ASSIGNMENTS,
@@ -59,8 +61,26 @@ from keygroups.layout import (
     version_key,
 )
 from keygroups.manifest import Manifest, commit, content_id, dumps, index_run, load_manifest, version_numbers, versions
-from keygroups.piece_decode import read_piece, read_span, split_span
 from keygroups.pieces import PartitionRange, Piece, SliceMeta, crc32c, crc32c_value
+
+if TYPE_CHECKING:
+    from keygroups.piece_decode import read_piece, read_span, split_span
+
+_DECODING = ("read_piece", "read_span", "split_span")
+
+
+def __getattr__(name: str) -> Any:
+    """The decoder on first use: it loads numba and its compiled kernels (~0.3 s), which a
+    process that only plans reads never needs (the one Spark starts per streaming query
+    to plan it reads manifests and indexes, and its start is every query's)."""
+    if name not in _DECODING:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from keygroups import piece_decode
+
+    value = getattr(piece_decode, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ASSIGNMENTS",

@@ -188,13 +188,15 @@ class KeyfillBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()
+        from reader import spark_read  # in the task only: planning never loads the decoder (its docstring)
+
         if isinstance(partition, KafkaRange):
             rows = self.pushed.rows("key_group")  # live records: the group of their key, or null
-            batches = self.planner.read_live(partition)
+            batches = spark_read.read_live(self.planner.opts, partition)
             return batches if rows is None else rows.apply(batches)
         if not isinstance(partition, GroupsPartition):  # PySpark's stand-in when partitions() has none
             return iter(())
-        return self.planner.read(partition, self.pushed.rows("partition"))
+        return spark_read.read_archive(self.planner.opts, partition, self.pushed.rows("partition"))
 
 
 class KeyfillPushdownReader(KeyfillBatchReader):
@@ -369,10 +371,12 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()
+        from reader import spark_read  # in the task only: planning never loads the decoder (its docstring)
+
         if isinstance(partition, KafkaRange):
-            return self.planner.read_live(partition)
+            return spark_read.read_live(self.opts, partition)
         assert isinstance(partition, GroupsPartition)
-        return self.planner.read(partition)
+        return spark_read.read_archive(self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: offsets are positions in versions that never change (and Spark

@@ -1,42 +1,33 @@
-"""The Spark source's input partitions, without Spark's reader classes: planned on the
+"""The Spark source's input partitions, without Spark's reader classes, planned on the
 driver (`SourcePlanner`: whole slices of the archive per micro-batch, their pieces bundled
-by group into `GroupsPartition`s, then the live topic's offset ranges) and read in a task,
-through the replay's group reader (`reader.fetch.read_groups`). `reader.spark` adapts it to
-PySpark's Data Source API."""
+by group into `GroupsPartition`s, then the live topic's offset ranges); `reader.spark_read`
+reads them in a task, `reader.spark` adapts both to PySpark's Data Source API."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-import keygroups
 from keygroups import compacted, handoff
-from keygroups.assignment import cached_assignment
 from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex, piece_list
 from keygroups.storage import Storage, open_storage
 from reader.errors import ArchiveChanged, SourceOptionError
-from reader.fetch import read_groups
 from reader.kafka_live import (
-    GroupOf,
     KafkaOptions,
     KafkaRange,
     check_available,
     offsets_at_times,
     partition_marks,
     plan_ranges,
-    read_range,
 )
 from reader.memory import bounded_read_ahead
-from reader.pushdown import Pushdown, RowFilter
+from reader.pushdown import Pushdown
 from reader.spark_options import PACED_WITHOUT_START, Options
-from reader.spark_rows import arrow_schema, to_spark_batches
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
 
 NAME = "keyfill"
@@ -250,15 +241,6 @@ class SourcePlanner:
         first = check_available(self.topic, wanted, marks, k.fail_on_data_loss)
         return plan_ranges(self.topic, first, last, k.min_partitions, self.manifest.assignment)
 
-    def group_of(self, assignment: str) -> GroupOf:
-        """The key group of live records, by the assignment the range was planned with (a
-        key it lacks: null)."""
-        return cached_assignment(self.store, assignment).group_of
-
-    def read_live(self, r: KafkaRange) -> Iterator[pa.RecordBatch]:
-        schema = arrow_schema(self.opts.include_headers)
-        return read_range(self.kafka, r, self.opts.batch_size, schema, self.group_of(r.assignment))
-
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""
         rows = self.index.slice_rows(first, end)
@@ -278,9 +260,9 @@ class SourcePlanner:
         groups = sorted(by_group)
         if not groups:
             return []
-        weights = np.array([sum(p.length for p in by_group[g]) for g in groups], np.int64)
-        bundles = min(self.opts.num_partitions or self.partitions_for(int(weights.sum()), len(groups)), len(groups))
-        owner = keygroups.assign_threads(weights, bundles) if bundles < len(groups) else np.arange(len(groups))
+        weights = [sum(p.length for p in by_group[g]) for g in groups]
+        bundles = min(self.opts.num_partitions or self.partitions_for(sum(weights), len(groups)), len(groups))
+        owner = balanced(weights, bundles)
         parts = []
         for b in range(bundles):
             mine = tuple(p for i, g in enumerate(groups) if owner[i] == b for p in by_group[g])
@@ -300,25 +282,16 @@ class SourcePlanner:
             return groups
         return cores * max(1, -(-total_bytes // (cores * TASK_BYTES)))
 
-    def read(self, partition: GroupsPartition, rows: RowFilter | None = None) -> Iterator[pa.RecordBatch]:
-        """The partition's groups through the replay's group reader (`reader.fetch`), only
-        the records `rows` keeps."""
-        budget = bounded_read_ahead(self.opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
-        for step, batch in read_groups(
-            self.store,
-            partition.pieces,
-            read_ahead_bytes=budget,
-            part_bytes=self.opts.range_bytes,
-            headers=self.opts.include_headers,  # not decoded unless the query has the column
-        ):
-            slices = np.repeat(step.slice, step.records)
-            if partition.bounds is not None and any(map(partition.bounds.cuts, step.slice.tolist())):
-                keep = partition.bounds.keep(batch.column("partition").to_numpy(), batch.column("offset").to_numpy())
-                if keep is not None:
-                    batch, slices = batch.filter(keep), slices[keep]
-            if rows is not None:
-                keep = rows.keep(batch)
-                batch, slices = batch.filter(keep), slices[keep]
-            yield from to_spark_batches(
-                batch, partition.topic, int(step.group[0]), slices, self.opts.batch_size, self.opts.include_headers
-            )
+
+def balanced(weights: list[int], bundles: int) -> list[int]:
+    """The bundle of each weight: the heaviest first, each into the lightest bundle so far
+    (greedy LPT, at most 4/3 of the best possible heaviest bundle). Not keygroups' packing:
+    it loads numba and its kernels, 0.3 s of every streaming query's start in the process
+    that plans it, to balance a few hundred groups over a handful of tasks."""
+    loads = [(0, b) for b in range(bundles)]
+    owner = [0] * len(weights)
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        load, b = heapq.heappop(loads)
+        owner[i] = b
+        heapq.heappush(loads, (load + weights[i], b))
+    return owner

@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 from keygroups import compacted, handoff
 from keygroups.errors import OptionError
 from keygroups.piece_index import PieceIndex, piece_list
-from reader.fetch import read_groups
 
 SCAN_SLICES = 1024  # slice rows read at a time while looking for a partition's next records
 
@@ -147,6 +146,8 @@ def first_offsets_at(
 
 def _scan(index: PieceIndex, s: int, times: dict[int, int], reads: ScanReads) -> dict[int, tuple[int, int]]:
     """The first offsets at or after each partition's time among slice s's records."""
+    from reader.fetch import read_groups  # the decoder, loaded only when planning scans a slice (reader.spark_read)
+
     best: dict[int, int] = {}
     pieces = piece_list(index.piece_rows(s, s + 1))
     steps = read_groups(

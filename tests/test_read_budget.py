@@ -15,6 +15,7 @@ import reader
 import reader.fetch
 import reader.spark
 import reader.spark_partitions
+import reader.spark_read
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups.storage import open_storage
@@ -109,12 +110,12 @@ def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage
             budgets.append(self)
 
     monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
-    monkeypatch.setattr(reader.spark_partitions, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
+    monkeypatch.setattr(reader.spark_read, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
     opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(BUDGET), "numPartitions": "1"})
     planner = reader.spark_partitions.SourcePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)
     got = []
-    for batch in planner.read(partition):
+    for batch in reader.spark_read.read_archive(opts, partition):
         got.extend(_ids(batch))
         time.sleep(0.002)
     assert sorted(got) == expected

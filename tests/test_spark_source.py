@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 
@@ -355,6 +357,36 @@ def test_bundled_partitions_are_balanced_by_bytes(archive):
             per_group[f.group] += f.length
     assert max(loads) - min(loads) <= max(per_group.values())  # no worse than one group's bytes
     assert np.sum(loads) == sum(rdr.planner.manifest.group_file_bytes)
+
+
+@given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(1, 40))
+@hypothesis_settings(300)
+def test_bundles_are_no_further_apart_than_the_heaviest_group(weights, bundles):
+    owner = reader.spark_partitions.balanced(weights, bundles)
+    assert len(owner) == len(weights) and all(0 <= b < bundles for b in owner)
+    loads = [sum(w for w, b in zip(weights, owner) if b == k) for k in range(bundles)]
+    assert max(loads) - min(loads) <= max(weights, default=0)
+    assert owner == reader.spark_partitions.balanced(list(weights), bundles)  # the same plan every time
+
+
+def test_planning_a_streaming_query_loads_no_decoder(archive):
+    """Spark starts a Python process to plan each streaming query, and its start is the
+    query's: planning a micro-batch must not load numba or its kernels (reader.spark_read)."""
+    url, _ = archive
+    script = f"""
+import sys
+import reader.spark
+source = reader.spark.KeyfillDataSource({{"path": {url!r}}})
+source.session_cores = 2
+rdr = source.streamReader(None)
+start = rdr.initialOffset()
+rdr.prepareForTriggerAvailableNow()
+end = rdr.latestOffset(start, rdr.getDefaultReadLimit())
+assert rdr.partitions(start, end)
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 @pytest.mark.parametrize("cores", [None, 1, 3, 1000])
