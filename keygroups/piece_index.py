@@ -364,12 +364,12 @@ class PieceIndex:
     def slice_rows(self, first: int, end: int, columns: list[str] | None = None) -> pa.Table:
         """Slices [first, end) as SLICE_SCHEMA rows (only `columns`, "slice" first, if given),
         in slice order."""
-        empty = _empty(SLICE_SCHEMA)
+        empty = SLICE_SCHEMA.empty_table()
         return _concat([*self._rows("slices", first, end, columns)], empty.select(columns or empty.column_names))
 
     def piece_rows(self, first: int, end: int) -> pa.Table:
         """Pieces of slices [first, end) as PIECE_SCHEMA rows, by (slice, group)."""
-        return _concat([*self._rows("pieces", first, end)], _empty(PIECE_SCHEMA))
+        return _concat([*self._rows("pieces", first, end)], PIECE_SCHEMA.empty_table())
 
     def metas(self, first: int, end: int) -> list[SliceMeta]:
         """Slices [first, end) with their pieces; every slice must have its index row."""
@@ -392,9 +392,3 @@ class PieceIndex:
                 f"{self.store.url_for(self._key('slices', file_start(first)))}: slices {first}..{end - 1} "
                 "are not all in the slice index"
             )
-
-
-def _empty(schema: pa.Schema) -> pa.Table:
-    """No rows of `schema`. Not `schema.empty_table()`: pyarrow imports pandas for it (0.25 s
-    of every streaming query's start, in the process that plans it)."""
-    return pa.Table.from_batches([], schema=schema)
