@@ -161,6 +161,7 @@ class Run:
     wall: float  # start() to the end of awaitTermination()
     in_batches: float  # the micro-batches' triggerExecution, summed
     batches: int  # micro-batches with rows
+    all_batches: int  # with those without: a windowed query's last emits its windows
     jvm_cpu: float
     python_cpu: float
 
@@ -176,7 +177,8 @@ def measure(spark, df, ck: str) -> Run:
     progress = [p for p in q.recentProgress if p["numInputRows"]]
     in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
     shutil.rmtree(ck, ignore_errors=True)
-    return Run(sum(p["numInputRows"] for p in progress), wall, in_batches, len(progress), *cpu.seconds())
+    rows = sum(p["numInputRows"] for p in progress)
+    return Run(rows, wall, in_batches, len(progress), len(q.recentProgress), *cpu.seconds())
 
 
 def main() -> int:
@@ -224,7 +226,7 @@ def main() -> int:
                     runs.setdefault((q, s), []).append(run)
                     print(
                         f"round {i + 1}: {q:<9} {s:<14} {run.wall:6.2f} s, {records / run.wall:>10,.0f} rows/s "
-                        f"({run.batches} micro-batches, {run.in_batches:.2f} s in them)",
+                        f"({run.batches} micro-batches with rows of {run.all_batches}, {run.in_batches:.2f} s in them)",
                         flush=True,
                     )
         report(runs, queries, pythons, records, repeat)
@@ -252,14 +254,15 @@ def report(runs: dict[tuple[str, str], list[Run]], queries: list[str], pythons: 
             f"{kf / py:>12.2f}x{py_mark:<4}{kf / pq:>12.2f}x{pq_mark}"
         )
     print(
-        "\nwhere the time went (best run of each): seconds in micro-batches of the whole, micro-batches, CPU us a row"
+        "\nwhere the time went (best run of each): seconds in micro-batches of the whole, micro-batches "
+        "(with rows/all), CPU us a row"
     )
     print(f"{'query':<10}{'source':<16}{'whole s':>9}{'batches s':>11}{'batches':>9}{'JVM us':>9}{'Python us':>11}")
     for q in queries:
         for s in ["keyfill", *pythons, "parquet"]:
             r = best[(q, s)]
             print(
-                f"{q:<10}{s:<16}{r.wall:>9.2f}{r.in_batches:>11.2f}{r.batches:>9}"
+                f"{q:<10}{s:<16}{r.wall:>9.2f}{r.in_batches:>11.2f}{f'{r.batches}/{r.all_batches}':>9}"
                 f"{r.jvm_cpu / n * 1e6:>9.2f}{r.python_cpu / n * 1e6:>11.2f}"
             )
 
