@@ -102,3 +102,5 @@ class CompactResult:
     new_keys: int = 0  # keys this run placed
     made_late: int = 0  # records of idle partitions this run placed after their own slice (--idle-after)
     idle: list[int] = field(default_factory=list)  # partitions that did not hold the seal back
+    run: str = ""  # this run's id: `keyfill versions` names each version's
+    archive: str = ""  # the archive's id, in every offset a reader of it checkpoints

@@ -40,6 +40,11 @@ class LeaseLost(KeyfillError, RuntimeError):
     """The run's lease went unrenewed long enough that vacuum may have deleted its files."""
 
 
+class RunInProgress(KeyfillError, RuntimeError):
+    """Another compaction or append, started first, is still writing to the destination:
+    only one of them could commit the next version."""
+
+
 class ConnectPlanTooLarge(KeyfillError, RuntimeError):
     """A Spark task's function larger than a Spark Connect request carries, with no run's
     store to hand it through (`compactor.execution.OnSpark`)."""

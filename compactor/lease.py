@@ -28,8 +28,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 
-from compactor.errors import LeaseLost
+from compactor.errors import LeaseLost, RunInProgress
 from keygroups import compacted
 from keygroups.errors import KeyfillError, StorageError
 from keygroups.storage import Storage
@@ -112,6 +113,36 @@ def read_leases(store: Storage) -> dict[str, LeaseRecord]:
         if rec is not None and rec.run == run:
             out[run] = rec
     return out
+
+
+def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None) -> None:
+    """Refuse to go on beside a live run (its lease renewed in time and not marked failed)
+    that started first: only one of two runs can commit the next version, and the other
+    would find out after all its work. Each run creates its lease before it looks, so of two
+    that start at once each sees the other, and (started_ms, run), the same to both, lets the
+    later one stop. A run whose lease has lapsed (its process died) stops no one."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    live = [
+        r
+        for r in read_leases(store).values()
+        if r.run != mine.run
+        and r.state == "running"
+        and now <= r.expires_ms
+        and (r.started_ms, r.run) < (mine.started_ms, mine.run)
+    ]
+    if not live:
+        return
+    first = min(live, key=lambda r: (r.started_ms, r.run))
+    at = datetime.fromtimestamp(first.started_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    ends = datetime.fromtimestamp(first.expires_ms / 1000, timezone.utc).strftime("%H:%M:%S UTC")
+    what = "append" if first.kind == "append" else "compaction"
+    raise RunInProgress(
+        f"{store.url}: another {what} is writing here (run {first.run}, {first.host} pid {first.pid}, since {at}), "
+        "and only one run can commit the next version; this run stopped before writing any file of the archive. "
+        "When it has committed (keyfill versions), run this one with --append to add the "
+        f"source's new records, or --overwrite to replace it. If that run is gone, its lease "
+        f"{store.url_for(compacted.lease_key(first.run))} lapses at {ends} unless it is renewed"
+    )
 
 
 class Lease:

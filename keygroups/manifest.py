@@ -202,5 +202,6 @@ def commit(store: Storage, manifest: Manifest) -> None:
     except ObjectExists:
         raise CommitConflict(
             f"{store.url_for(key)}: another compaction committed version {manifest.version} while this one ran; "
-            "nothing of this run is visible (its files are left for `keyfill vacuum`); run it again"
+            "nothing of this run is visible (its files are left for `keyfill vacuum`). To build on that version, run "
+            "this one again with --append (the source's new records) or --overwrite (a version replacing it)"
         ) from None

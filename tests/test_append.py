@@ -380,6 +380,9 @@ def test_of_two_appends_racing_exactly_one_commits(spark, full_source, tmp_path,
     def rewrite_then_lose_the_race(*args, **kwargs):
         written = rewrite(*args, **kwargs)
         monkeypatch.setattr(job, "run_rewrite", rewrite)
+        # The rival sees this run's lease and would stop at once (lease.check_alone); here it
+        # does not (as if the two had started on stores whose listings lagged): the commit decides.
+        monkeypatch.setattr(job, "check_alone", lambda *args: None)
         assert compact(cfg, spark).version == 2  # the rival append commits while this one writes
         return written
 

@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from keyfill.cli import build_parser, main
+from keyfill.cli.versions import rows as versions_rows
+from keygroups.storage import open_storage
 from reader.options import ReplayOptions
 
 SUBCOMMANDS = ["generate", "inspect", "compact", "verify", "replay"]
@@ -178,6 +180,8 @@ def test_compact_and_verify_commands_end_to_end(spark, tmp_path, capsys):
     result = json.loads(out.stdout)
     # only sealed slices are published: the rest waits at the hand-off offsets
     assert result["records"] + result["withheld"] == 4000 and result["withheld"] >= 1 and result["groups"] == 3
+    (committed,) = versions_rows(open_storage(dest))  # the run and archive `keyfill versions` shows
+    assert (result["run"], result["archive"], result["version"]) == (committed["run"], committed["archive"], 1)
     capsys.readouterr()
     assert main(["verify", src, dest, "--spark", "--master", "local[2]"]) == 0
     assert f"verified: {result['records']:,} records" in capsys.readouterr().out

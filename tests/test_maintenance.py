@@ -21,18 +21,22 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import asdict
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reader
 from compactor import job as job_module
-from compactor.errors import CompactionError, HeldBack, HistoryChanged, LeaseLost
+from compactor.errors import CompactionError, HeldBack, HistoryChanged, LeaseLost, RunInProgress
 from compactor.job import CompactConfig, compact
-from compactor.lease import Lease, LeaseRecord
+from compactor.lease import Lease, LeaseRecord, check_alone
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.vacuum import plan_vacuum, vacuum
@@ -180,6 +184,54 @@ def test_a_lease_left_unrenewed_past_its_length_is_lost(tmp_path):
         frozen.check()
     frozen.release(failed=True)
     assert LeaseRecord.parse(store.read(compacted.lease_key(RUN_B))).state == "failed"
+
+
+def test_a_compaction_started_beside_a_running_one_stops_before_writing(full_source, tmp_path):
+    """Two runs into one destination: the one that started second stops at once, naming the
+    first and what to do, instead of finding out at its commit; a failed run's lease stops
+    no one. (In process: the check comes before any Spark job.)"""
+    url = str(tmp_path / "c")
+    store = open_storage(url)
+    rival = Lease(store, RUN_A, "compact").acquire()  # a run on another machine, still writing
+    try:
+        with pytest.raises(RunInProgress, match=f"run {RUN_A}") as err:
+            compact(CompactConfig(source=full_source, dest=url, groups=3))
+        assert store.url_for(compacted.lease_key(RUN_A)) in str(err.value) and "--append" in str(err.value)
+        leases = [read_lease(store, o.key) for o in store.list()]
+        assert sorted((r.run == RUN_A, r.state) for r in leases) == [(False, "failed"), (True, "running")]
+    finally:
+        rival.release(failed=True)
+    assert compact(CompactConfig(source=full_source, dest=url, groups=3)).version == 1
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), min_size=1, max_size=6))
+@settings(max_examples=150, deadline=None)
+def test_of_runs_starting_together_exactly_the_first_live_one_goes_on(runs):
+    """Runs that all created their leases and then looked (started_ms drawn from a few values,
+    so ties are common): only the earliest live one by (started_ms, run) goes on; a lease that
+    failed or lapsed stops no one."""
+    now = 10_000_000
+    with tempfile.TemporaryDirectory() as d:
+        store = open_storage(d)
+        records = []
+        for i, (started, failed, lapsed) in enumerate(runs):
+            rec = LeaseRecord(f"{i:016x}", "compact", "h", 1, started, started, now - 1 if lapsed else now + 60_000)
+            rec.state = "failed" if failed else "running"
+            store.write(compacted.lease_key(rec.run), compacted.dumps(asdict(rec)))
+            records.append(rec)
+        went_on = []
+        for rec in records:
+            try:
+                check_alone(store, rec, now_ms=now)
+                went_on.append(rec.run)
+            except RunInProgress as exc:
+                assert "keyfill versions" in str(exc)
+        live = [r for r in records if r.state == "running" and r.expires_ms >= now]
+        first = min(live, key=lambda r: (r.started_ms, r.run)) if live else None
+        # every run not behind the first live one goes on: the first itself, and the failed or lapsed before it
+        assert went_on == [
+            r.run for r in records if first is None or (r.started_ms, r.run) <= (first.started_ms, first.run)
+        ]
 
 
 @pytest.fixture(scope="module")

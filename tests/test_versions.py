@@ -95,6 +95,9 @@ def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, sour
     def rewrite_then_lose_the_race(*args, **kwargs):
         written = rewrite(*args, **kwargs)
         monkeypatch.setattr(job, "run_rewrite", rewrite)
+        # The rival would stop at once, seeing this run's live lease (lease.check_alone); here it
+        # does not (as if the two had started on stores whose listings lagged): the commit decides.
+        monkeypatch.setattr(job, "check_alone", lambda *args: None)
         assert compact(rival, spark).version == 2  # the rival commits while this run is writing
         return written
 
@@ -104,7 +107,7 @@ def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, sour
             CompactConfig(seal_all=True, source=source, dest=dest, groups=6, slice_duration="10s", overwrite=True),
             spark,
         )
-    assert store.url_for(compacted.version_key(2)) in str(err.value)
+    assert store.url_for(compacted.version_key(2)) in str(err.value) and "--overwrite" in str(err.value)
     assert compacted.versions(store) == [1, 2]
     winner = compacted.load_manifest(store)
     assert winner.groups == 4 and winner.parent == 1  # the rival's version, untouched by the loser
@@ -170,6 +173,11 @@ def test_vacuum_keeps_what_retained_versions_name_and_deletes_the_rest(spark, so
     out = capsys.readouterr().out
     assert "would delete" in out and store.url_for(compacted.version_key(1)) in out
     assert {o.key for o in store.list()} == before  # ... and deletes nothing
+    assert main(["vacuum", url, "--retain", "0s", "--json"]) == 0  # as a script reads it
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["deleted"], doc["retained"], doc["expired"]) == (False, [2], [1])
+    assert doc["files"] == [store.url_for(k) for k in plan.files] and doc["bytes"] == plan.bytes
+    assert {o.key for o in store.list()} == before
     assert main(["vacuum", url, "--retain", "0s", "--delete"]) == 0
     assert f"deleting {len(plan.files)} files" in capsys.readouterr().out
     after = {o.key for o in store.list()}

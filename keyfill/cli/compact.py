@@ -158,10 +158,14 @@ def print_compact_result(r, as_json: bool) -> None:
     if r.kind == "append":
         print(
             f"appended {r.new_records:,} records ({r.new_keys:,} new keys) as slices {r.first_slice}..{r.slices - 1} "
-            f"of {r.dest}, version {r.version}; the archive now holds {r.records:,} records ({mb(r.payload_bytes)})"
+            f"of {r.dest}, version {r.version} (run {r.run}); the archive now holds {r.records:,} records "
+            f"({mb(r.payload_bytes)})"
         )
     else:
-        print(f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}, version {r.version}")
+        print(
+            f"compacted {r.records:,} records ({mb(r.payload_bytes)} payload) into {r.dest}, version {r.version} "
+            f"(run {r.run})"
+        )
     print(
         f"  {r.groups} groups x {r.slices} slices ({r.empty_slices} empty): {r.pieces:,} pieces in {r.files} files, "
         f"{mb(r.file_bytes)}"

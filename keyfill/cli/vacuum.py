@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +23,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--retain", default="7d", help="keep versions that were the latest within this long ago (e.g. 12h, 7d, 0s)"
     )
     p.add_argument("--delete", action="store_true", help="delete the files listed (default: only list them)")
+    p.add_argument("--json", action="store_true", help="print what is (or would be) deleted and kept as JSON")
     p.set_defaults(run=run)
 
 
@@ -38,6 +40,21 @@ def run(args: argparse.Namespace) -> int:
         raise OptionError(f"--retain {args.retain!r}: expected a duration like 0s, 12h, 7d") from None
     store = open_storage(args.url)
     plan = plan_vacuum(store, retain_ms)
+    if args.json:
+        doc = {
+            "url": store.url,
+            "deleted": bool(args.delete),  # false: a dry run, nothing deleted
+            "files": [store.url_for(k) for k in plan.files],
+            "bytes": plan.bytes,
+            "retained": plan.retained,
+            "expired": plan.expired,
+            "kept_live": plan.kept_live,
+            "kept_unknown": plan.kept_unknown,
+        }
+        if args.delete:
+            vacuum(store, plan)
+        print(json.dumps(doc, indent=2))
+        return 0
     for key in plan.files:
         print(store.url_for(key))
     verb = "deleting" if args.delete else "would delete (dry run; pass --delete)"
