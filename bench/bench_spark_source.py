@@ -6,6 +6,9 @@ against two references over the same records in the same local[2] session:
   batches of the same records and columns as keyfill's (4 input partitions, the records
   memory-mapped from files written once, nothing else per batch), at each of --python-rows
   rows a batch; the best of them is the ceiling;
+- python+decode: the same prebuilt source, each task also reading and decoding its share of
+  keyfill's pieces (keyfill's task side, the records dropped) as it hands over batches: what
+  any source that must decode this archive in Python can reach;
 - parquet: the same records as Parquet files (written once by Spark), read by Spark's own file
   source at its defaults (every file in one micro-batch).
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -45,6 +49,7 @@ from reader.spark_rows import arrow_schema
 PYTHON_TARGET, PARQUET_TARGET = 0.9, 0.75
 PYTHON_PARTITIONS = 4
 QUERIES = ("source", "windowed")
+DECODING = "python+decode"  # the prebuilt source, decoding keyfill's pieces as it goes
 
 
 def write_records(url: str, dest: str) -> list[str]:
@@ -66,6 +71,14 @@ def write_records(url: str, dest: str) -> list[str]:
     return files
 
 
+def write_partitions(url: str, path: str) -> str:
+    """keyfill's input partitions of the whole archive, one per Python source partition, pickled."""
+    planner = rs.SourcePlanner(rs.Options.parse({"path": url, "numPartitions": str(PYTHON_PARTITIONS)}))
+    with open(path, "wb") as f:
+        pickle.dump(planner.plan(0, planner.manifest.slices), f)
+    return path
+
+
 def write_parquet(spark, url: str, dest: str) -> None:
     """The archive's records (keyfill's columns) as Parquet files, written by Spark at its
     defaults from a batch read of the archive (cached: `_done`)."""
@@ -83,7 +96,9 @@ def query(spark, source: str, url: str, windowed: bool, extra: dict):
         df = spark.readStream.schema(rs.schema_ddl(False)).parquet(extra["parquet"])
     elif source.startswith("python"):
         df = spark.readStream.format("prebuilt").option("files", ",".join(extra["files"]))
-        df = df.option("rows", source.split("-")[1]).load()
+        if source.startswith(DECODING):
+            df = df.option("decode", extra["decode"]).option("url", url)
+        df = df.option("rows", source.split("-")[-1]).load()
     else:
         df = spark.readStream.format("keyfill").load(url)
     if windowed:
@@ -194,7 +209,7 @@ def main() -> int:
     repeat = args.repeat or (1 if args.quick else 2)
     queries = [q for q in QUERIES if q in args.queries.split(",")]
     pythons = [f"python-{int(r)}" for r in args.python_rows.split(",")]
-    sources = ["keyfill", *pythons, "parquet"]
+    sources = ["keyfill", *pythons, f"{DECODING}-65536", "parquet"]
 
     # Workers import the Python source by reference (bench.python_source): they need the
     # checkout (where `python -m bench...` runs) on their path.
@@ -214,6 +229,7 @@ def main() -> int:
             root, records, 16, None, lambda: spark, seal_all=True, keys=20_000, partitions=8, rate=1_000.0
         )
         extra = {"files": write_records(url, url.rstrip("/") + ".arrow"), "parquet": url.rstrip("/") + ".parquet"}
+        extra["decode"] = write_partitions(url, os.path.join(tmp, "partitions.pickle"))
         write_parquet(spark, url, extra["parquet"])
         for s in sources:  # workers started, numba compiled and loaded, the JVM's code warm
             measure(spark, query(spark, s, url, True, extra), os.path.join(tmp, "warm"))
@@ -229,40 +245,50 @@ def main() -> int:
                         f"({run.batches} micro-batches with rows of {run.all_batches}, {run.in_batches:.2f} s in them)",
                         flush=True,
                     )
-        report(runs, queries, pythons, records, repeat)
+        report(runs, queries, pythons, records, repeat, sources)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         spark.stop()
     return 0
 
 
-def report(runs: dict[tuple[str, str], list[Run]], queries: list[str], pythons: list[str], n: int, repeat: int) -> None:
+def report(
+    runs: dict[tuple[str, str], list[Run]],
+    queries: list[str],
+    pythons: list[str],
+    n: int,
+    repeat: int,
+    sources: list[str],
+) -> None:
     best = {k: min(v, key=lambda r: r.wall) for k, v in runs.items()}
     print(
         f"\n{n:,} records, local[2], every source at its defaults, whole query (start() to the end), best of {repeat}"
     )
+    decoding = next(s for s in sources if s.startswith(DECODING))
     print(
-        f"{'query':<10}{'keyfill':>12}{'python (rows)':>22}{'parquet':>12}{'keyfill/python':>16}{'keyfill/parquet':>17}"
+        f"{'query':<10}{'keyfill':>11}{'python (rows)':>21}{'parquet':>11}{'keyfill/python':>16}"
+        f"{'keyfill/parquet':>17}{'keyfill/(python+decode)':>25}"
     )
     for q in queries:
         top = min(pythons, key=lambda s: best[(q, s)].wall)
-        kf, py, pq = (n / best[(q, s)].wall for s in ("keyfill", top, "parquet"))
+        kf, py, pq, dec = (n / best[(q, s)].wall for s in ("keyfill", top, "parquet", decoding))
         py_mark = " ok" if kf / py >= PYTHON_TARGET else " low"
         pq_mark = "" if q != "windowed" else (" ok" if kf / pq >= PARQUET_TARGET else " low")
         print(
-            f"{q:<10}{kf:>12,.0f}{py:>12,.0f} ({top.split('-')[1]:>7}){pq:>12,.0f}"
-            f"{kf / py:>12.2f}x{py_mark:<4}{kf / pq:>12.2f}x{pq_mark}"
+            f"{q:<10}{kf:>11,.0f}{py:>11,.0f} ({top.split('-')[-1]:>7}){pq:>11,.0f}"
+            f"{kf / py:>12.2f}x{py_mark:<4}{kf / pq:>12.2f}x{pq_mark:<4}{kf / dec:>20.2f}x"
         )
+    print("rows/s; python+decode: the prebuilt source, each task also decoding its share of keyfill's pieces")
     print(
         "\nwhere the time went (best run of each): seconds in micro-batches of the whole, micro-batches "
         "(with rows/all), CPU us a row"
     )
-    print(f"{'query':<10}{'source':<16}{'whole s':>9}{'batches s':>11}{'batches':>9}{'JVM us':>9}{'Python us':>11}")
+    print(f"{'query':<10}{'source':<22}{'whole s':>9}{'batches s':>11}{'batches':>9}{'JVM us':>9}{'Python us':>11}")
     for q in queries:
-        for s in ["keyfill", *pythons, "parquet"]:
+        for s in sources:
             r = best[(q, s)]
             print(
-                f"{q:<10}{s:<16}{r.wall:>9.2f}{r.in_batches:>11.2f}{f'{r.batches}/{r.all_batches}':>9}"
+                f"{q:<10}{s:<22}{r.wall:>9.2f}{r.in_batches:>11.2f}{f'{r.batches}/{r.all_batches}':>9}"
                 f"{r.jvm_cpu / n * 1e6:>9.2f}{r.python_cpu / n * 1e6:>11.2f}"
             )
 

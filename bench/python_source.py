@@ -1,7 +1,11 @@
 """The ceiling of PySpark's Python Data Source path for `bench.bench_spark_source`: a
 streaming source that yields prebuilt Arrow batches and does nothing else. A module of its
 own that imports only pyarrow and pyspark, so the Python process Spark starts to plan each
-streaming query pays no import of keyfill's."""
+streaming query pays no import of keyfill's.
+
+With the `decode` option (a pickle of keyfill's input partitions, one per file) each task
+also reads and decodes its partition's pieces through keyfill's task side, as it goes, and
+drops them: the ceiling of a source that must decode this archive."""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ SCHEMA = (  # format("keyfill")'s, without headers
 class Prebuilt(InputPartition):
     path: str  # an Arrow IPC file of this partition's records
     rows: int  # rows a batch
+    decode: str = ""  # keyfill's input partitions, pickled: decode the `index`th
+    index: int = 0
+    url: str = ""
 
 
 class PrebuiltStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -33,6 +40,7 @@ class PrebuiltStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
         self.files = options["files"].split(",")
         self.rows = int(options["rows"])
+        self.decode, self.url = options.get("decode", ""), options.get("url", "")
 
     def initialOffset(self) -> dict:
         return {"batch": 0}
@@ -41,12 +49,15 @@ class PrebuiltStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"batch": 1}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [Prebuilt(f, self.rows) for f in self.files] if start != end else []
+        if start == end:
+            return []
+        return [Prebuilt(f, self.rows, self.decode, i, self.url) for i, f in enumerate(self.files)]
 
     def read(self, partition: Prebuilt) -> Iterator[pa.RecordBatch]:
         with pa.memory_map(partition.path) as f:
             table = pa.ipc.open_file(f).read_all()
-        return iter(table.to_batches(max_chunksize=partition.rows))
+        batches = table.to_batches(max_chunksize=partition.rows)
+        return iter(batches) if not partition.decode else _decoding(partition, batches)
 
     def prepareForTriggerAvailableNow(self) -> None:
         pass  # everything is there from the start
@@ -65,3 +76,26 @@ class PrebuiltDataSource(DataSource):
 
     def streamReader(self, schema) -> PrebuiltStreamReader:
         return PrebuiltStreamReader(dict(self.options))
+
+
+def _decoding(partition: Prebuilt, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`batches`, each after decoding about as many of keyfill's records (then the rest)."""
+    import pickle
+
+    from reader.spark_options import Options
+    from reader.spark_read import read_archive
+
+    with open(partition.decode, "rb") as f:
+        mine = pickle.load(f)[partition.index]
+    decoded = read_archive(Options.parse({"path": partition.url}), mine)
+    have = 0
+    for batch in batches:
+        while have < batch.num_rows:
+            got = next(decoded, None)
+            if got is None:
+                break
+            have += got.num_rows
+        have -= batch.num_rows
+        yield batch
+    for _ in decoded:
+        pass
