@@ -37,7 +37,7 @@ from compactor.errors import CompactionError, HeldBack
 from compactor.execution import Execution, for_session
 from compactor.executor_access import check_executors_reach
 from compactor.history import check_history
-from compactor.lease import Lease, check_alone
+from compactor.lease import Lease, take_lease
 from compactor.rewrite import run_rewrite
 from compactor.slicing import Continuation, SlicePlan, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
@@ -153,13 +153,7 @@ def prepare(cfg: CompactConfig, *, dry_run: bool = False) -> Prepared:
     chunks = listed if start is None else chunks_from(listed, start.handoff)
     log.info("%d chunks of topic %s in %s", len(chunks), topic, source.url)
     run = compacted.new_run()
-    lease = None if dry_run else Lease(dest, run, "compact" if start is None else "append").acquire()
-    if lease is not None:
-        try:
-            check_alone(dest, lease.record)  # a rival started first: stop now, not after the whole run
-        except BaseException:
-            lease.release(failed=True)
-            raise
+    lease = None if dry_run else take_lease(dest, run, "compact" if start is None else "append")
     return Prepared(cfg, source, dest, parent, grows, topic, listed, chunks, start, run, lease, time.perf_counter() - t)
 
 

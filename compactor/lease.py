@@ -228,3 +228,16 @@ class Lease:
             (log.info if failed else log.warning)(
                 "could not release the run's lease %s: %s", self.store.url_for(self.key), why
             )
+
+
+def take_lease(store: Storage, run: str, kind: str) -> Lease:
+    """The run's lease, held, unless a live run that started first writes here
+    (`check_alone`): then the lease is left marked failed and RunInProgress raised, before
+    the run writes anything else, not after its whole rewrite."""
+    lease = Lease(store, run, kind).acquire()
+    try:
+        check_alone(store, lease.record)
+    except BaseException:
+        lease.release(failed=True)
+        raise
+    return lease

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_reader import check_invariants, hypothesis_settings, run, running_max_before, source_table
 
 import reader
-from compactor import job
+from compactor import job, lease
 from compactor.errors import NothingSealed
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
@@ -382,7 +382,7 @@ def test_of_two_appends_racing_exactly_one_commits(spark, full_source, tmp_path,
         monkeypatch.setattr(job, "run_rewrite", rewrite)
         # The rival sees this run's lease and would stop at once (lease.check_alone); here it
         # does not (as if the two had started on stores whose listings lagged): the commit decides.
-        monkeypatch.setattr(job, "check_alone", lambda *args: None)
+        monkeypatch.setattr(lease, "check_alone", lambda *args: None)
         assert compact(cfg, spark).version == 2  # the rival append commits while this one writes
         return written
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import reader
-from compactor import job
+from compactor import job, lease
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.vacuum import plan_vacuum as vacuum_plan
@@ -97,7 +97,7 @@ def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, sour
         monkeypatch.setattr(job, "run_rewrite", rewrite)
         # The rival would stop at once, seeing this run's live lease (lease.check_alone); here it
         # does not (as if the two had started on stores whose listings lagged): the commit decides.
-        monkeypatch.setattr(job, "check_alone", lambda *args: None)
+        monkeypatch.setattr(lease, "check_alone", lambda *args: None)
         assert compact(rival, spark).version == 2  # the rival commits while this run is writing
         return written
 
