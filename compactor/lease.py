@@ -120,7 +120,9 @@ def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None) ->
     that started first: only one of two runs can commit the next version, and the other
     would find out after all its work. Each run creates its lease before it looks, so of two
     that start at once each sees the other, and (started_ms, run), the same to both, lets the
-    later one stop. A run whose lease has lapsed (its process died) stops no one."""
+    later one stop. A run whose lease has lapsed, or whose process on this host has exited
+    (killed, or it failed against a store that no longer answered, so its lease could not be
+    marked), stops no one."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     live = [
         r
@@ -129,6 +131,7 @@ def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None) ->
         and r.state == "running"
         and now <= r.expires_ms
         and (r.started_ms, r.run) < (mine.started_ms, mine.run)
+        and not _gone(r)
     ]
     if not live:
         return
@@ -143,6 +146,20 @@ def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None) ->
         f"source's new records, or --overwrite to replace it. If that run is gone, its lease "
         f"{store.url_for(compacted.lease_key(first.run))} lapses at {ends} unless it is renewed"
     )
+
+
+def _gone(r: LeaseRecord) -> bool:
+    """Whether the run's process has exited, when it ran on this host (elsewhere: unknown,
+    so not gone). A pid since reused by another process counts as alive: the safe side."""
+    if r.host != socket.gethostname():
+        return False
+    try:
+        os.kill(r.pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists, another user's
+    return False
 
 
 class Lease:

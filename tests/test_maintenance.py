@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -201,6 +202,13 @@ def test_a_compaction_started_beside_a_running_one_stops_before_writing(full_sou
         assert sorted((r.run == RUN_A, r.state) for r in leases) == [(False, "failed"), (True, "running")]
     finally:
         rival.release(failed=True)
+    # A run of this host whose process has exited without ending its lease (killed, or its
+    # store stopped answering as it failed) stops no one either.
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = LeaseRecord(
+        "e" * 16, "compact", socket.gethostname(), int(exited.stdout), 1, 1, int(time.time() * 1000) + 60_000
+    )
+    store.write(compacted.lease_key(dead.run), compacted.dumps(asdict(dead)))
     assert compact(CompactConfig(source=full_source, dest=url, groups=3)).version == 1
 
 
