@@ -16,6 +16,11 @@ class ArchiveChanged(KeyfillError, ValueError):
     """A query's checkpointed offsets belong to another archive than the one now at its URL."""
 
 
+class VersionGone(KeyfillError, RuntimeError):
+    """A file of the version being read was deleted while it was read, a newer version not
+    naming it (a vacuum with a short --retain): names the file and the latest version."""
+
+
 class DataLoss(KeyfillError):
     """Offsets the query must read are no longer (or not yet) in the topic: names them."""
 

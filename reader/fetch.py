@@ -13,12 +13,14 @@ from concurrent.futures import Future
 import numpy as np
 import pyarrow as pa
 
+from keygroups import compacted
 from keygroups.compacted import Piece
-from keygroups.errors import FormatError, IntegrityError, KeyfillError
+from keygroups.errors import FormatError, IntegrityError, KeyfillError, ObjectNotFound
 from keygroups.piece_columns import PieceColumns
 from keygroups.piece_index import row_group_of, row_group_start
 from keygroups.storage import Storage
 from reader.coalesce import parts, span
+from reader.errors import VersionGone
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.fetched_span import FetchedSpan
 from reader.read_budget import ReadBudget
@@ -282,6 +284,28 @@ class PieceFetcher:
             spans.clear()
 
 
+def read_failed(store: Storage, p: Piece, exc: BaseException) -> KeyfillError:
+    """The error for a failed read of piece p, naming it. A file gone from under the reader
+    while the latest version no longer names its run is VersionGone: the version being read
+    was vacuumed while it was read (nothing of another version was delivered); a file the
+    latest version names is damage."""
+    where = p.where(store.url_for(p.file))
+    if isinstance(exc, ObjectNotFound):
+        found = compacted.run_of(p.file)
+        try:
+            latest = compacted.load_manifest(store)
+        except KeyfillError:
+            latest = None  # the archive itself is gone or unreadable: the file's error says enough
+        if found is not None and latest is not None and found[0] not in latest.runs:
+            return VersionGone(
+                f"{where}: gone; the version this read opened was deleted while it read it (a vacuum with a short "
+                f"--retain) and version {latest.version} is the latest. Nothing of another version was delivered: "
+                f"start again on version {latest.version}, or resume from the checkpoint if that version is an "
+                "append of the one read (`keyfill versions`)"
+            )
+    return IntegrityError(f"{where}: {exc}")
+
+
 def read_groups(
     store: Storage,
     pieces: Sequence[Piece],
@@ -343,7 +367,7 @@ def read_groups(
                 except FormatError:
                     raise
                 except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
-                    raise IntegrityError(f"{at.where(store.url_for(at.file))}: {exc}") from None
+                    raise read_failed(store, at, exc) from None
                 yield step, batch
                 budget.give(held)  # the consumer has it now
                 s = int(step.slice[-1]) + 1

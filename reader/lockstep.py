@@ -30,7 +30,7 @@ from keygroups.piece_index import row_group_of
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint, State
 from reader.errors import ReplayError
-from reader.fetch import PieceFetcher, span_bytes
+from reader.fetch import PieceFetcher, read_failed, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead
 from reader.options import ReplayOptions
@@ -285,7 +285,7 @@ class Replay:
         except ReadStopped:
             raise
         except BaseException as exc:
-            raise ReplayError(f"{p.where(self.store.url_for(p.file))}: {exc}") from exc
+            raise ReplayError(str(read_failed(self.store, p, exc))) from exc
 
     def _skipped(self, p: compacted.Piece, records: int) -> int:
         """Records of piece p (of `records`) emitted before the checkpoint this replay resumed

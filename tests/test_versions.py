@@ -13,6 +13,7 @@ from compactor import job, lease
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.vacuum import plan_vacuum as vacuum_plan
+from compactor.vacuum import vacuum as vacuum_files
 from compactor.verify import verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
@@ -83,6 +84,53 @@ def test_a_failed_overwrite_leaves_the_previous_version_and_a_rerun_commits(spar
         assert sorted(keys_of(events)) == source_keys(source)
     assert compact(CompactConfig(**new), spark).version == 2  # invariant 5: a re-run succeeds
     assert compacted.load_manifest(store).groups == 5 and verify(open_source(source), store).ok
+
+
+@pytest.mark.parametrize("backend", ["local", "s3", "gcs", "azure"])
+def test_a_version_vacuumed_under_a_replay_fails_it_naming_the_file_and_the_latest(source, request, backend):
+    """An overwrite commits and a vacuum with --retain 0s deletes the version a running replay
+    reads: the replay fails naming the file it could not read and the version now latest,
+    having delivered each record once and nothing of the new version. (In process: the
+    stores are what is tested.)"""
+    url = request.getfixturevalue(f"{backend}_url")
+    compact(CompactConfig(seal_all=True, source=source, dest=url, groups=4, slice_duration="5s"))
+    got = []
+    with pytest.raises(reader.ReplayError) as err:
+        with reader.replay(url, threads=2, batch_size=50, queue_batches=1, read_ahead_bytes=1 << 12) as events:
+            it = iter(events)
+            got += keys_of([next(it) for _ in range(3)])
+            compact(
+                CompactConfig(seal_all=True, source=source, dest=url, groups=3, slice_duration="5s", overwrite=True)
+            )
+            store = open_storage(url)
+            vacuum_files(store, vacuum_plan(store, retain_ms=0))
+            for ev in it:
+                got += keys_of([ev])
+    message = str(err.value)
+    assert "gone; the version this read opened was deleted" in message and "version 2 is the latest" in message
+    assert f"{url}/{compacted.GROUPS}/" in message and compacted.load_manifest(store).run not in message
+    assert len(got) == len(set(got)) and set(got) < set(source_keys(source))
+
+
+def test_a_spark_task_whose_version_was_vacuumed_fails_naming_the_file(source, tmp_path):
+    """The Spark source's task side, planned on version 1, reading after an overwrite and a
+    vacuum with --retain 0s: the same VersionGone as the replay, naming the file."""
+    import reader.spark_options
+    import reader.spark_partitions
+    import reader.spark_read
+    from reader.errors import VersionGone
+
+    url = str(tmp_path / "c")
+    compact(CompactConfig(seal_all=True, source=source, dest=url, groups=4, slice_duration="5s"))
+    opts = reader.spark_options.Options.parse({"path": url, "numPartitions": "1"})
+    planner = reader.spark_partitions.SourcePlanner(opts)
+    (partition,) = planner.plan(0, planner.manifest.slices)
+    compact(CompactConfig(seal_all=True, source=source, dest=url, groups=3, slice_duration="5s", overwrite=True))
+    store = open_storage(url)
+    vacuum_files(store, vacuum_plan(store, retain_ms=0))
+    with pytest.raises(VersionGone, match="version 2 is the latest") as err:
+        list(reader.spark_read.read_archive(opts, partition))
+    assert store.url_for(partition.pieces[0].file) in str(err.value)
 
 
 def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, source, tmp_path, monkeypatch):
