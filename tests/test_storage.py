@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from keygroups.storage import (
     open_storage,
 )
 from keygroups.storage import local as storage_mod
+from keygroups.storage.azure_client import credential_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -724,6 +726,36 @@ def test_a_wrong_azure_key_is_access_denied_naming_the_url(azure_server, monkeyp
         with pytest.raises(StorageError) as info:
             op()
         assert "access denied" in str(info.value) and f"az://{azure_server.container}/denied" in str(info.value)
+
+
+def test_an_expired_azure_sas_is_named_with_its_expiry(azure_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SAS with a short life ends in the middle of a long run: the denial names the object,
+    where the credential came from and when it expired, in one line."""
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    from keyfill.testing.azurite import ACCOUNT, ACCOUNT_KEY
+
+    store = open_storage(f"az://{azure_server.container}/sas")
+    store.write("k", b"x")
+    expired = datetime.now(timezone.utc) - timedelta(minutes=1)
+    sas = generate_account_sas(
+        ACCOUNT,
+        ACCOUNT_KEY,
+        ResourceTypes(service=True, container=True, object=True),
+        AccountSasPermissions(read=True, list=True),
+        expired,
+    )
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", f"BlobEndpoint={azure_server.endpoint};SharedAccessSignature={sas}"
+    )
+    with pytest.raises(StorageError) as info:
+        open_storage(f"az://{azure_server.container}/sas").read("k")
+    message = str(info.value)
+    assert "\n" not in message and f"az://{azure_server.container}/sas/k" in message
+    assert "a SAS in AZURE_STORAGE_CONNECTION_STRING that expired at " in message, message
+    later = (datetime.now(timezone.utc) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"BlobEndpoint=x;SharedAccessSignature=se={later}&sp=r")
+    assert credential_source() == f"a SAS in AZURE_STORAGE_CONNECTION_STRING that expires at {later}"
 
 
 def test_missing_cloud_credentials_are_named_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -18,7 +18,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from keygroups.errors import ObjectNotFound, StorageError
-from keygroups.storage.azure_client import BLOCK_BYTES, STORAGE_SCOPE, AzureClient, DeadlineExceeded
+from keygroups.storage.azure_client import (
+    BLOCK_BYTES,
+    STORAGE_SCOPE,
+    AzureClient,
+    DeadlineExceeded,
+    credential_source,
+)
 from keygroups.storage.base import ObjectInfo, ObjectStore, check_prefix
 
 log = logging.getLogger(__name__)
@@ -84,7 +90,9 @@ class AzureStorage(ObjectStore):
             or getattr(exc, "status_code", None) == 403
         ):
             detail = code or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            return StorageError(f"access denied to {url}: check the Azure credentials and role ({detail})")
+            return StorageError(
+                f"access denied to {url} ({detail}): check the credential, {credential_source()}, and its role"
+            )
         if isinstance(exc, DeadlineExceeded):
             return StorageError(f"Azure request for {url} failed: {exc}")
         if isinstance(exc, aex.HttpResponseError):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from keygroups.errors import StorageError
 from keygroups.storage.clients import LazyClient
@@ -150,3 +151,32 @@ class AzureClient(LazyClient):
         finally:
             quiet.setLevel(level)
         return credential
+
+
+def credential_source(now: datetime | None = None) -> str:
+    """Where this process's Azure credential comes from, in the order `AzureClient` takes
+    them, for an error that says access was denied; a SAS says when it expires or expired
+    (its `se` field): a SAS with a short life ends in the middle of a long run."""
+    conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    if conn:
+        fields = dict(part.split("=", 1) for part in conn.split(";") if "=" in part)
+        sas = fields.get("SharedAccessSignature")
+        return _sas_source("AZURE_STORAGE_CONNECTION_STRING", sas, now) if sas else "AZURE_STORAGE_CONNECTION_STRING"
+    if os.environ.get("AZURE_STORAGE_KEY"):
+        return "AZURE_STORAGE_KEY"
+    sas = os.environ.get("AZURE_STORAGE_SAS_TOKEN")
+    if sas:
+        return _sas_source("AZURE_STORAGE_SAS_TOKEN", sas, now)
+    return "azure-identity's DefaultAzureCredential"
+
+
+def _sas_source(variable: str, sas: str, now: datetime | None) -> str:
+    expiry = parse_qs(sas.lstrip("?")).get("se", [""])[0]
+    try:
+        ends = datetime.fromisoformat(expiry.replace("Z", "+00:00"))
+    except ValueError:
+        return f"a SAS in {variable}"
+    if ends.tzinfo is None:
+        ends = ends.replace(tzinfo=timezone.utc)
+    passed = ends <= (now or datetime.now(timezone.utc))
+    return f"a SAS in {variable} that {'expired' if passed else 'expires'} at {expiry}"
