@@ -193,7 +193,7 @@ def main() -> int:
     from keygroups.storage import open_storage
 
     server = start_seaweedfs("keyfill-bench-spark-io")
-    proxy = LatencyProxy(server.endpoint).start()
+    proxy = LatencyProxy(server.endpoint)
     spark = None
     try:
         # Spark's JVM, and through it every Python worker, keeps the environment it starts
@@ -247,7 +247,7 @@ def main() -> int:
     finally:
         if spark is not None:
             spark.stop()
-        proxy.stop()
+        proxy.close()
         server.stop()
 
     print(f"\n=== results (load average {os.getloadavg()[0]:.1f} at end; best of {repeat}) ===")

@@ -1,138 +1,22 @@
-"""A TCP proxy on 127.0.0.1 that adds a fixed delay to every request it forwards: object-store
-latency that reaches every process talking to the endpoint (Spark's Python workers too, which
-a botocore hook in the driver never sees).
+"""Object-store latency for the benchmarks: `keyfill.testing.tcp_proxy.FaultProxy` on
+127.0.0.1 adds a fixed delay before every request it forwards, which reaches every process
+talking to the endpoint (Spark's Python workers too, which a botocore hook in the driver
+never sees).
 
     python -m bench.latency_proxy --check    # SeaweedFS behind the proxy: median GET at 0, 30, 100 ms
-
-Each accepted connection gets a connection to the upstream and two threads. The
-client->server one sleeps `delay_ms` before forwarding the first chunk of a request: a chunk
-that arrives on a new connection or after the server has answered (HTTP/1.1 keep-alive
-without pipelining, as boto3 sends, puts one request at a time on a connection). The
-server->client one forwards as bytes come. So each request on each connection waits once,
-concurrent requests wait side by side, and a large response streams at full speed.
-`delay_ms` may be changed while the proxy runs; it applies to requests that start after.
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import threading
 import time
-from urllib.parse import urlparse
 
-CHUNK = 1 << 20
+from keyfill.testing.tcp_proxy import FaultProxy
 
-
-class LatencyProxy:
-    """Forwards 127.0.0.1:`port` (0: any free port) to `upstream` ("host:port" or an
-    http:// URL), sleeping `delay_ms` before each request."""
-
-    def __init__(self, upstream: str, delay_ms: float = 0.0, port: int = 0) -> None:
-        u = urlparse(upstream if "://" in upstream else f"tcp://{upstream}")
-        self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
-        self.delay_ms = delay_ms
-        self._listener = socket.create_server(("127.0.0.1", port), backlog=256)
-        self.port = self._listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._closed = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self.requests = 0  # requests delayed (first chunks forwarded), for a sanity check
-
-    def start(self) -> LatencyProxy:
-        threading.Thread(target=self._accept, name="latency-proxy-accept", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        with self._lock:
-            conns, self._conns = list(self._conns), set()
-        for s in conns:
-            _close(s)
-
-    def __enter__(self) -> LatencyProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream, timeout=10)
-            except OSError:
-                _close(client)
-                continue
-            server.settimeout(None)
-            for s in (client, server):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._conns.update((client, server))
-            fresh = [True]  # the next client chunk starts a request
-            done = [0]
-
-            def finish(client=client, server=server, done=done) -> None:
-                with self._lock:
-                    done[0] += 1
-                    last = done[0] == 2
-                    if last:
-                        self._conns.difference_update((client, server))
-                if last:
-                    _close(client)
-                    _close(server)
-
-            threading.Thread(
-                target=self._upstream, args=(client, server, fresh, finish), name="latency-proxy-c2s", daemon=True
-            ).start()
-            threading.Thread(
-                target=self._downstream, args=(server, client, fresh, finish), name="latency-proxy-s2c", daemon=True
-            ).start()
-
-    def _upstream(self, src: socket.socket, dst: socket.socket, fresh: list[bool], finish) -> None:
-        def before(_: bytes) -> None:
-            if fresh[0]:  # the first chunk of a request: wait before it goes on
-                fresh[0] = False
-                self.requests += 1
-                if self.delay_ms > 0:
-                    time.sleep(self.delay_ms / 1000)
-
-        _pump(src, dst, before, finish)
-
-    def _downstream(self, src: socket.socket, dst: socket.socket, fresh: list[bool], finish) -> None:
-        def before(_: bytes) -> None:
-            fresh[0] = True  # the server is answering: the client's next chunk is a new request
-
-        _pump(src, dst, before, finish)
-
-
-def _pump(src: socket.socket, dst: socket.socket, before, finish) -> None:
-    """Copy src to dst until src closes, calling `before(chunk)` ahead of each chunk."""
-    try:
-        while True:
-            data = src.recv(CHUNK)
-            if not data:
-                break
-            before(data)
-            dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-    finally:
-        finish()
-
-
-def _close(s: socket.socket) -> None:
-    try:
-        s.close()
-    except OSError:
-        pass
+# The proxy is the testing kit's: the same delay before each request, and faults on command.
+LatencyProxy = FaultProxy
 
 
 def median_get_ms(endpoint: str, bucket: str, key: str, n: int = 20) -> float:

@@ -530,6 +530,55 @@ def test_a_broker_gone_fails_the_switch_and_a_live_read_in_bounded_time_naming_i
     assert f"{name}[0] offsets 15 to 29" in message
 
 
+def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connections(tmp_path):
+    """The broker keeps its data while the network between it and keyfill breaks: every
+    connection reset between planning and reading, every third batch read, and once all
+    traffic held for a second (within kafkaConsumer.pollTimeoutMs). The archive and then
+    the topic, each record exactly once and each partition in offset order."""
+    import threading
+
+    from keyfill.testing.kafka_broker import start_broker
+
+    parts = tuple(
+        tuple(Record(p, i, 1_000 * i + p, b"k%d" % (i % 4), b"v%d-%d" % (p, i)) for i in range(n))
+        for p, n in enumerate([70, 45])
+    )
+    topic = TopicArchive("t", parts, 10)
+    with start_broker(proxied=True) as broker:
+        name = produce(broker, topic)
+        dest = archived(topic, [0.3, 0.3], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+        opts = {"path": dest, "kafka.bootstrap.servers": broker.bootstrap, "subscribe": name}
+        opts |= {"includeHeaders": "true", "batchSize": "4", "maxOffsetsPerTrigger": "30"}
+        opts["kafkaConsumer.pollTimeoutMs"] = "30000"
+        rdr = KeyfillStreamReader(Options.parse(opts))
+        start, rows, read, reset = rdr.initialOffset(), [], 0, 0
+        for _ in range(100):
+            end = json.loads(json.dumps(rdr.latestOffset(start, rdr.getDefaultReadLimit())))
+            if end == start:
+                break
+            planned = rdr.partitions(start, end)
+            reset += broker.proxy.drop()  # between planning and reading
+            for part in planned:
+                for batch in rdr.read(part):
+                    rows += batch.to_pylist()
+                    read += 1
+                    if read % 3 == 0:
+                        reset += broker.proxy.drop()
+                    if read == 10:  # held, both ways, for a second
+                        broker.proxy.stall()
+                        threading.Timer(1.0, broker.proxy.resume).start()
+            start = end
+    assert reset >= 5  # the faults happened while the live phase read
+    assert Counter((r["partition"], r["offset"]) for r in rows) == Counter(
+        (r.partition, r.offset) for p in parts for r in p
+    )
+    by_key: dict[tuple, list[int]] = {}
+    for r in rows:
+        by_key.setdefault((r["key"], r["partition"]), []).append(r["offset"])
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())  # each key in its offset order
+    assert sorted(as_records(rows), key=lambda r: (r.partition, r.offset)) == [r for p in parts for r in p]
+
+
 def test_progress_says_how_far_behind_the_latest_the_query_is(keyfill_kafka, tmp_path):
     parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(50)),)
     topic = TopicArchive("t", parts, 10)
