@@ -56,6 +56,7 @@ class FaultProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._closed = threading.Event()
+        self._cuts: list[tuple[int, str]] = []  # cut(): armed faults, taken by responses in turn
         threading.Thread(target=self._accept, name="fault-proxy-accept", daemon=True).start()
 
     def drop(self) -> int:
@@ -66,10 +67,36 @@ class FaultProxy:
         for s in victims:
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                # close() alone neither wakes a pump blocked in recv() on it nor ends the
+                # connection while that call holds the socket: shutdown() does both
+                s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             s.close()
         return len(victims) // 2
+
+    def cut(self, after_bytes: int, how: str = "reset", times: int = 1) -> None:
+        """The next `times` responses (bytes from the upstream, each on the connection that
+        receives them next) stop after `after_bytes`: their connection is then reset
+        ("reset": a body cut short) or holds the rest back forever ("stall": a body that
+        stops coming)."""
+        if how not in ("reset", "stall"):
+            raise ValueError(f"how={how!r}: reset or stall")
+        with self._lock:
+            self._cuts = [(after_bytes, how)] * times
+
+    def _take_cut(self) -> tuple[int, str] | None:
+        with self._lock:
+            return self._cuts.pop(0) if self._cuts else None
+
+    def _end_cut(self, conn: _Connection, how: str) -> None:
+        if how == "stall":  # hold: the client waits for bytes that never come, until it gives up
+            while not self._closed.is_set() and conn.ended == 0:  # until the client gives up
+                time.sleep(0.05)
+            return
+        client = conn.sockets[0]
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.shutdown(socket.SHUT_RDWR)
 
     def stall(self) -> None:
         """Hold every byte, both ways, on every connection, until `resume()`."""
@@ -113,6 +140,7 @@ class FaultProxy:
                 ).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, conn: _Connection, upstream: bool) -> None:
+        cut: tuple[int, str] | None = None  # this response's: bytes still to pass, then how it ends
         try:
             while True:
                 data = src.recv(CHUNK)
@@ -120,7 +148,15 @@ class FaultProxy:
                     break
                 self._flowing.wait()
                 if not upstream:
+                    if not conn.fresh:  # the first bytes of a response
+                        cut = self._take_cut()
                     conn.fresh = True  # the server is answering: the client's next chunk is a new request
+                    if cut is not None:
+                        if len(data) >= cut[0]:
+                            dst.sendall(data[: cut[0]])
+                            self._end_cut(conn, cut[1])
+                            return
+                        cut = (cut[0] - len(data), cut[1])
                 elif conn.fresh:
                     conn.fresh = False
                     self.requests += 1

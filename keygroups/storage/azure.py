@@ -95,11 +95,11 @@ class AzureStorage(ObjectStore):
             )
         if isinstance(exc, DeadlineExceeded):
             return StorageError(f"Azure request for {url} failed: {exc}")
-        if isinstance(exc, aex.HttpResponseError):
-            status = getattr(exc, "status_code", "")
-            return StorageError(f"Azure error on {url}: {status} {code or exc.reason}".rstrip())
-        if isinstance(exc, aex.AzureError):
-            return StorageError(f"Azure request for {url} failed: {exc.message}")
+        if isinstance(exc, aex.HttpResponseError) and getattr(exc, "status_code", None) is not None:
+            return StorageError(f"Azure error on {url}: {exc.status_code} {code or exc.reason}".rstrip())
+        if isinstance(exc, aex.AzureError):  # no answer from the service (a body cut short or stalled: no status)
+            first = (str(exc.message or exc).strip().splitlines() or [type(exc).__name__])[0]
+            return StorageError(f"Azure request for {url} failed: {first}")
         if type(exc).__name__ == "CredentialUnavailableError":
             return StorageError(f"no Azure credentials found for {url}: {exc}")
         return StorageError(f"Azure request for {url} failed: {type(exc).__name__}: {exc}")

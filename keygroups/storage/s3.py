@@ -52,7 +52,9 @@ class S3Storage(ObjectStore):
             return StorageError(
                 f"no AWS credentials found for {url}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
             )
-        return StorageError(f"S3 request for {url} failed: {exc}")
+        endpoint = self.client.meta.endpoint_url
+        where = "" if endpoint in str(exc) else f" (endpoint {endpoint})"  # a body's read timeout names none
+        return StorageError(f"S3 request for {url} failed{where}: {exc}")
 
     @contextmanager
     def _errors(self, key: str) -> Iterator[None]:
@@ -75,7 +77,7 @@ class S3Storage(ObjectStore):
             try:
                 self.client.head_bucket(Bucket=self.bucket)
             except Exception as e:
-                code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+                code = str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", ""))
                 if code in ("404", "NoSuchBucket", "NotFound"):
                     return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {self.url_for(key)})")
                 raise
@@ -107,7 +109,7 @@ class S3Storage(ObjectStore):
         return self._get(key, Range=f"bytes={start}-{start + length - 1}")
 
     def _past_end(self, cause: BaseException | None) -> bool:
-        code = getattr(cause, "response", {}).get("Error", {}).get("Code")
+        code = (getattr(cause, "response", None) or {}).get("Error", {}).get("Code")  # some errors carry None
         return bool(code == "InvalidRange")
 
     def write(self, key: str, data: bytes) -> None:
