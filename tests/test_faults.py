@@ -660,21 +660,17 @@ def test_responses_cut_short_under_a_replay_are_fetched_again_each_record_once(
     """The network resets the first responses of a replay partway through their bodies
     (a FaultProxy in front of the emulator): each is fetched again, and the replay delivers
     the archive's records, each once, nothing decoded from a short body."""
-    from keyfill.testing.tcp_proxy import FaultProxy
+    from keyfill.testing.tcp_proxy import in_front_of
 
     server = request.getfixturevalue(f"{backend}_server")
     url = request.getfixturevalue(f"{backend}_url")
     remote, local = open_storage(url), open_storage(archive)
     for o in local.list():
         remote.write(o.key, local.read(o.key))
-    root = server.endpoint.rsplit("/", 1)[0] if backend == "azure" else server.endpoint
-    with FaultProxy(root) as proxy:
-        if backend == "s3":
-            monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        elif backend == "gcs":
-            monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        else:
-            monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string.replace(root, proxy.url))
+    proxy, env = in_front_of(server)
+    with proxy:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
         # the first two responses of 2 KB or more: a store gives up on an object after its
         # third cut body (S3 and Azure; GCS retries until the deadline)
         proxy.cut(2_000, "reset", times=2)

@@ -767,20 +767,16 @@ def test_a_body_cut_short_or_stalled_is_fetched_again_or_reported_never_returned
     with a StorageError naming the object (once an AttributeError from the S3 layer), and
     never hands back fewer bytes than asked for. Under short limits (1 s reads, 3 s
     deadline), through a `FaultProxy` in front of the emulator."""
-    from keyfill.testing.tcp_proxy import FaultProxy
+    from keyfill.testing.tcp_proxy import in_front_of
 
     server = request.getfixturevalue(f"{backend}_server")
     url = request.getfixturevalue(f"{backend}_url")
     data = os.urandom(3 << 20)
     open_storage(url).write("obj", data)
-    root = server.endpoint.rsplit("/", 1)[0] if backend == "azure" else server.endpoint
-    with FaultProxy(root) as proxy:
-        if backend == "s3":
-            monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        elif backend == "gcs":
-            monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        else:
-            monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string.replace(root, proxy.url))
+    proxy, env = in_front_of(server)
+    with proxy:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
         monkeypatch.setenv("KEYFILL_STORAGE_READ_TIMEOUT", "1")
         monkeypatch.setenv("KEYFILL_STORAGE_DEADLINE", "3")
         store = open_storage(url)

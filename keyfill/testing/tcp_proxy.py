@@ -22,6 +22,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 CHUNK = 1 << 20
@@ -175,3 +176,13 @@ class FaultProxy:
             if last:
                 for s in conn.sockets:
                     s.close()
+
+
+def in_front_of(server: Any) -> tuple[FaultProxy, dict[str, str | None]]:
+    """A FaultProxy forwarding to `server` (one of keyfill.testing's store servers: SeaweedFS,
+    fake-gcs-server, Azurite), and the server's `env()` with its endpoint replaced by the
+    proxy's: clients set up from that environment go through the proxy."""
+    u = urlparse(server.endpoint)
+    root = f"{u.scheme}://{u.netloc}"
+    proxy = FaultProxy(root)
+    return proxy, {k: (v.replace(root, proxy.url) if v else v) for k, v in server.env().items()}
