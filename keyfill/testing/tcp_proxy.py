@@ -86,6 +86,12 @@ class FaultProxy:
         with self._lock:
             self._cuts = [(after_bytes, how)] * times
 
+    @property
+    def cuts_left(self) -> int:
+        """Faults armed by `cut()` that no response has met yet."""
+        with self._lock:
+            return len(self._cuts)
+
     def _take_cut(self) -> tuple[int, str] | None:
         with self._lock:
             return self._cuts.pop(0) if self._cuts else None
