@@ -664,26 +664,28 @@ def test_responses_cut_short_under_a_replay_are_fetched_again_each_record_once(
 
     server = request.getfixturevalue(f"{backend}_server")
     url = request.getfixturevalue(f"{backend}_url")
+    # this server's variables: this module's frozen_s3 fixture points the process at its own
+    # SeaweedFS (same bucket name) while it lives
+    use_env(monkeypatch, server.env())
     remote, local = open_storage(url), open_storage(archive)
     for o in local.list():
         remote.write(o.key, local.read(o.key))
-    for _ in range(100):  # listed directly, before the proxy (a precondition, not what is tested)
-        if compacted.versions(remote) == [1]:
-            break
-        time.sleep(0.1)
-    assert compacted.versions(remote) == [1]
     proxy, env = in_front_of(server)
     with proxy:
-        for k, v in env.items():
-            monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
+        use_env(monkeypatch, env)
         got = []
         with reader.replay(url, threads=3) as events:
-            # the next two responses past 20 KB, the pieces' spans (a CI run once read an empty
-            # version listing with smaller ones cut: not understood, see the stop note); a
-            # store gives up on an object after its third cut body (S3, Azure)
+            # the next two responses past 20 KB, the pieces' spans; a store gives up on an object
+            # after its third cut body (S3, Azure)
             proxy.cut(20_000, "reset", times=2)
             for ev in events:
                 if isinstance(ev, reader.Records):
                     got += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
         assert proxy.cuts_left == 0  # every cut was met
     assert len(got) == len(set(got)) and set(got) == set(source_records(source, archive))
+
+
+def use_env(monkeypatch, env: dict) -> None:
+    """Set a server's variables (None: unset) for this test."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)

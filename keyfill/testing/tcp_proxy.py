@@ -66,14 +66,7 @@ class FaultProxy:
         with self._lock:
             victims, self._open = list(self._open), set()
         for s in victims:
-            try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                # close() alone neither wakes a pump blocked in recv() on it nor ends the
-                # connection while that call holds the socket: shutdown() does both
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+            _reset(s)
         return len(victims) // 2
 
     def cut(self, after_bytes: int, how: str = "reset", times: int = 1) -> None:
@@ -101,9 +94,7 @@ class FaultProxy:
             while not self._closed.is_set() and conn.ended == 0:  # until the client gives up
                 time.sleep(0.05)
             return
-        client = conn.sockets[0]
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        client.shutdown(socket.SHUT_RDWR)
+        _reset(conn.sockets[0])
 
     def stall(self) -> None:
         """Hold every byte, both ways, on every connection, until `resume()`."""
@@ -182,6 +173,19 @@ class FaultProxy:
             if last:
                 for s in conn.sockets:
                     s.close()
+
+
+def _reset(s: socket.socket) -> None:
+    """End the connection with a RST, as a peer that vanished: with SO_LINGER 0 the close
+    resets instead of a FIN that a reader of a body without a length would take for its end.
+    close() alone neither wakes a pump blocked in recv() on the socket nor ends the connection
+    while that call holds it; shutdown(SHUT_RD) wakes it, without sending anything."""
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
+    s.close()
 
 
 def in_front_of(server: Any) -> tuple[FaultProxy, dict[str, str | None]]:
