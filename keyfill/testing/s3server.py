@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from keyfill.testing.servers import ScratchServer, packaged_binary, started
+from keygroups.storage.s3 import error_code
 
 ACCESS_KEY = "keyfill-test-key"
 SECRET_KEY = "keyfill-test-secret"
@@ -140,7 +141,7 @@ def _start_once(bucket: str, timeout: float) -> S3Server:
             client.create_bucket(Bucket=bucket)
             client.head_bucket(Bucket=bucket)
         except Exception as e:
-            if getattr(e, "response", {}).get("Error", {}).get("Code") not in _OURS_ALREADY:
+            if error_code(e) not in _OURS_ALREADY:
                 raise
 
     server.await_ready(bucket_made, timeout, "weed mini (SeaweedFS S3)")

@@ -20,6 +20,12 @@ MIN_PART_BYTES = 5 << 20
 MAX_COPY_PART_BYTES = 1 << 30
 
 
+def error_code(exc: BaseException | None) -> str:
+    """The service's error code (NoSuchKey, 404, ...) of a botocore error, "" when there is
+    none: an error without an answer (a body cut short, a read timeout) carries response=None."""
+    return str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code") or "")
+
+
 class S3Storage(ObjectStore):
     """Objects under ``s3://bucket/prefix``. PUT is atomic on S3, so no temp objects."""
 
@@ -39,15 +45,15 @@ class S3Storage(ObjectStore):
 
         url = self.url_for(key)
         if isinstance(exc, ClientError):
-            err = exc.response.get("Error", {})
-            code = str(err.get("Code", ""))
+            code = error_code(exc)
             if code == "NoSuchBucket":
                 return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {url})")
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectNotFound(f"no such object: {url}")
             if code in ("AccessDenied", "403", "Forbidden"):
                 return StorageError(f"access denied to {url}: check AWS credentials and policy")
-            return StorageError(f"S3 error on {url}: {code} {err.get('Message', '')}".rstrip())
+            message = exc.response.get("Error", {}).get("Message", "")
+            return StorageError(f"S3 error on {url}: {code} {message}".rstrip())
         if isinstance(exc, NoCredentialsError):
             return StorageError(
                 f"no AWS credentials found for {url}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
@@ -77,8 +83,7 @@ class S3Storage(ObjectStore):
             try:
                 self.client.head_bucket(Bucket=self.bucket)
             except Exception as e:
-                code = str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", ""))
-                if code in ("404", "NoSuchBucket", "NotFound"):
+                if error_code(e) in ("404", "NoSuchBucket", "NotFound"):
                     return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {self.url_for(key)})")
                 raise
         return ObjectNotFound(f"no such object: {self.url_for(key)}")
@@ -109,8 +114,7 @@ class S3Storage(ObjectStore):
         return self._get(key, Range=f"bytes={start}-{start + length - 1}")
 
     def _past_end(self, cause: BaseException | None) -> bool:
-        code = (getattr(cause, "response", None) or {}).get("Error", {}).get("Code")  # some errors carry None
-        return bool(code == "InvalidRange")
+        return error_code(cause) == "InvalidRange"
 
     def write(self, key: str, data: bytes) -> None:
         full = self._name(key)
@@ -193,7 +197,7 @@ class S3Storage(ObjectStore):
                 # what is created this way is small (a version's manifest).
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
             except ClientError as e:
-                code = str(e.response.get("Error", {}).get("Code", ""))
+                code = error_code(e)
                 if code in ("PreconditionFailed", "412"):
                     self._create_refused(key, data)
                     return
@@ -224,7 +228,7 @@ class S3Storage(ObjectStore):
             try:
                 return int(self.client.head_object(Bucket=self.bucket, Key=full)["ContentLength"])
             except ClientError as e:
-                if str(e.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+                if error_code(e) in ("404", "NoSuchKey", "NotFound"):
                     return None
                 raise
 
