@@ -47,12 +47,17 @@ def _deadline_hook(limits: StoreLimits) -> Any:
     return hook
 
 
+def _connection_fields() -> dict[str, str]:
+    """The `Name=value` fields of AZURE_STORAGE_CONNECTION_STRING (none when it is unset)."""
+    raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    pairs = (part.split("=", 1) for part in raw.split(";") if "=" in part)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def connection_string_account() -> str:
     """The account of AZURE_STORAGE_CONNECTION_STRING: its AccountName, or for a SAS string
     without one the first label of its BlobEndpoint's host ("" when none is set)."""
-    raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
-    pairs = (part.split("=", 1) for part in raw.split(";") if "=" in part)
-    fields = {k.strip(): v.strip() for k, v in pairs}
+    fields = _connection_fields()
     if fields.get("AccountName"):
         return fields["AccountName"]
     host = urlparse(fields.get("BlobEndpoint", "")).hostname or ""
@@ -157,10 +162,8 @@ def credential_source(now: datetime | None = None) -> str:
     """Where this process's Azure credential comes from, in the order `AzureClient` takes
     them, for an error that says access was denied; a SAS says when it expires or expired
     (its `se` field): a SAS with a short life ends in the middle of a long run."""
-    conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
-    if conn:
-        fields = dict(part.split("=", 1) for part in conn.split(";") if "=" in part)
-        sas = fields.get("SharedAccessSignature")
+    if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
+        sas = _connection_fields().get("SharedAccessSignature")
         return _sas_source("AZURE_STORAGE_CONNECTION_STRING", sas, now) if sas else "AZURE_STORAGE_CONNECTION_STRING"
     if os.environ.get("AZURE_STORAGE_KEY"):
         return "AZURE_STORAGE_KEY"
