@@ -91,7 +91,7 @@ class FaultProxy:
 
     def _end_cut(self, conn: _Connection, how: str) -> None:
         if how == "stall":  # hold: the client waits for bytes that never come, until it gives up
-            while not self._closed.is_set() and conn.ended == 0:  # until the client gives up
+            while not self._closed.is_set() and conn.ended == 0:
                 time.sleep(0.05)
             return
         _reset(conn.sockets[0])
