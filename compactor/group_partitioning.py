@@ -16,16 +16,22 @@ bytes, plus its last). With more cores than groups, raise --groups.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import numpy.typing as npt
 
-_found: dict[int, np.ndarray] = {}  # by partition count: Spark's hash does not change within a process
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_found: dict[int, npt.NDArray[np.int64]] = {}  # by partition count: Spark's hash does not change within a process
 
 
-def group_slots(spark, groups: int) -> np.ndarray:
+def group_slots(spark: SparkSession, groups: int) -> npt.NDArray[np.int64]:
     """slots[g]: the smallest non-negative long that `repartition(groups, slot)` sends to
     partition g."""
     if groups in _found:
-        return _found[groups].copy()
+        return np.copy(_found[groups])
     n = 64 * groups  # enough for every residue with overwhelming probability; widened if not
     while True:
         rows = (
@@ -38,4 +44,4 @@ def group_slots(spark, groups: int) -> np.ndarray:
     for part, slot in rows:
         slots[part] = slot
     _found[groups] = slots
-    return slots.copy()
+    return np.copy(slots)

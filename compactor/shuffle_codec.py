@@ -22,7 +22,7 @@ def pack(message: pa.Buffer, codec: str | None) -> bytes | pa.Buffer:
     return message.size.to_bytes(8, "little") + pa.compress(message, codec=codec, asbytes=True)
 
 
-def unpack(value, codec: str | None) -> pa.Buffer:
+def unpack(value: bytes | pa.Buffer, codec: str | None) -> pa.Buffer:
     """The message of a packed value (bytes or a buffer). Without a codec it is a view on
     `value`; with one, memory of its own."""
     if codec is None:

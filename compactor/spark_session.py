@@ -9,12 +9,16 @@ import os
 import socket
 import sys
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from keygroups.errors import KeyfillError
 from keygroups.spark_kind import master, set_log_level
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.shell.progress import StageInfo
 
 
 def local_spark(
@@ -25,7 +29,7 @@ def local_spark(
     progress: bool = True,
     conf: dict[str, str] | None = None,
     remote: str | None = None,
-):
+) -> SparkSession:
     """A local SparkSession whose Python workers run this interpreter (else they may start
     another Python that lacks keyfill and fail to connect back). `conf`: more settings (a
     benchmark's event log). `remote`: a Spark Connect session on that server instead
@@ -58,7 +62,7 @@ def local_spark(
     )
 
 
-def connect_session(builder, remote: str, app: str, *, progress: bool = True):
+def connect_session(builder: SparkSession.Builder, remote: str, app: str, *, progress: bool = True) -> SparkSession:
     """A Spark Connect session on `remote`, or one line saying why not (the client's
     packages, or a server that does not answer). `progress`: the running job's stages on a
     terminal's stderr, as a classic session's console progress bar shows them."""
@@ -77,7 +81,10 @@ def connect_session(builder, remote: str, app: str, *, progress: bool = True):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KeyfillError(f"--remote {remote}: no Spark Connect session: {first}") from exc
     if progress and sys.stderr.isatty():
-        spark.registerProgressHandler(_StageProgress())
+        # pyspark types the handler as its ProgressHandler ABC, yet documents and calls any callable
+        # of that signature (its own example passes a function); subclassing it here would import the
+        # Connect client's protobuf modules with this one.
+        spark.registerProgressHandler(_StageProgress())  # type: ignore[arg-type]
     return spark
 
 
@@ -85,12 +92,19 @@ class _StageProgress:
     """A Connect job's stages on one line of stderr, redrawn as the server reports them (the
     Connect client's own bar is off by default and writes to stdout, where `--json` goes)."""
 
-    def __call__(self, stages=None, inflight_tasks: int = 0, operation_id=None, done: bool = False, **_) -> None:
-        stages = [st for st in stages or () if not st.done] if not done else []
-        if not stages:
+    def __call__(
+        self,
+        stages: Iterable[StageInfo] | None = None,
+        inflight_tasks: int = 0,
+        operation_id: str | None = None,
+        done: bool = False,
+        **_: object,
+    ) -> None:
+        running = [st for st in stages or () if not st.done] if not done else []
+        if not running:
             sys.stderr.write("\r\033[K")
         else:
-            st = stages[0]
+            st = running[0]
             sys.stderr.write(
                 f"\r\033[K[Stage {st.stage_id}: ({st.num_completed_tasks} + {inflight_tasks}) / {st.num_tasks}]"
             )
@@ -120,11 +134,11 @@ def embedded_spark(
     progress: bool = True,
     log_level: str = "WARN",
     remote: str | None = None,
-) -> AbstractContextManager:
+) -> AbstractContextManager[SparkSession]:
     """The session a command runs on: this process's (see `running_or_started`), else a
     local one on `master` (default local[*]), or a Spark Connect one on `remote`."""
 
-    def start():
+    def start() -> SparkSession:
         spark = local_spark(
             master or "local[*]", app=app, driver_memory=driver_memory, progress=progress, remote=remote
         )
@@ -149,7 +163,7 @@ def session_arguments(master: str | None, remote: str | None) -> tuple[str | Non
 
 
 @contextmanager
-def running_or_started(start: Callable[[], Any], app: str) -> Iterator:
+def running_or_started(start: Callable[[], SparkSession], app: str) -> Iterator[SparkSession]:
     """The Spark session this process already runs (a notebook, a pyspark shell, a driver
     program calling `keyfill.cli.main` or a job's `main()`), left running as it was:
     stopping it would end the caller's work. Else the one `start()` makes, stopped after."""
@@ -166,7 +180,7 @@ def running_or_started(start: Callable[[], Any], app: str) -> Iterator:
         spark.stop()
 
 
-def _active_session():
+def _active_session() -> SparkSession | None:
     try:
         from pyspark.sql import SparkSession
     except ImportError:

@@ -30,7 +30,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from compactor.errors import TaskInputError
 from compactor.lease import best_effort
@@ -38,7 +38,12 @@ from keygroups import compacted
 from keygroups.errors import InvalidKey, KeyfillError, ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage import Storage
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 T = TypeVar("T")
+In = TypeVar("In")
+Out = TypeVar("Out")
 POLL_S = 1.0  # how often the driver looks for the error object while a job runs
 
 
@@ -89,11 +94,11 @@ class TaskErrors:
 
         return best_effort(create)
 
-    def guard(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def guard(self, task: Callable[[Iterator[In]], Iterator[Out]]) -> Callable[[Iterator[In]], Iterator[Out]]:
         """`task` (a mapInArrow or mapPartitions function) that reports a deterministic error
         and stops, instead of raising it (raising it still when it cannot be recorded)."""
 
-        def guarded(batches: Iterator[Any]) -> Iterator[Any]:
+        def guarded(batches: Iterator[In]) -> Iterator[Out]:
             try:
                 yield from task(batches)
             except Exception as exc:
@@ -117,12 +122,12 @@ class TaskErrors:
             message += f"; the task's traceback is in {self.dest.url_for(self.key)}"
         return _as_raised(str(found.get("type")), message)
 
-    def run(self, spark, description: str, action: Callable[[], T]) -> T:
+    def run(self, spark: SparkSession, description: str, action: Callable[[], T]) -> T:
         """`action()` (a Spark action) in a job group of its own, cancelled as soon as a task
         reports an error, which is then raised here; an action that fails raises its task's
         error (`raised_in_task`)."""
         jobs = _Jobs.of(spark, f"keyfill-{self.run_id}-{threading.get_ident()}-{description}")
-        result: list = []
+        result: list[T] = []
         failure: list[BaseException] = []
         seen = threading.Event()  # the error object appeared: the group is cancelled
 
@@ -173,11 +178,11 @@ class _Jobs:
     it). A classic session's tags do not reach the jobs PySpark's Arrow collection starts
     (pyspark 4.3: `interruptTag` found none), hence one class per kind."""
 
-    def __init__(self, spark, group: str) -> None:
+    def __init__(self, spark: SparkSession, group: str) -> None:
         self.spark, self.group = spark, group
 
     @staticmethod
-    def of(spark, group: str) -> _Jobs:
+    def of(spark: SparkSession, group: str) -> _Jobs:
         from keygroups.spark_kind import is_connect
 
         return _Tagged(spark, group) if is_connect(spark) else _Jobs(spark, group)
@@ -195,7 +200,7 @@ class _Jobs:
 
 
 class _Tagged(_Jobs):
-    def __init__(self, spark, group: str) -> None:
+    def __init__(self, spark: SparkSession, group: str) -> None:
         super().__init__(spark, group.replace(",", ";"))  # a tag holds no comma
 
     @contextmanager
