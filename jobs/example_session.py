@@ -8,10 +8,22 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from argparse import Namespace
+
+    from pyspark.sql import SparkSession
+
+Result = dict[str, Any]  # what a worked example's run found, for its report
 
 
-def run_example(app: str, run: Callable[[Any, Any], dict], report: Callable[[dict, Any], None], args: Any) -> int:
+def run_example(
+    app: str,
+    run: Callable[[SparkSession, Namespace], Result],
+    report: Callable[[Result, Namespace], None],
+    args: Namespace,
+) -> int:
     """`report(run(spark, args), args)` in a session named `app`, stopped afterwards."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -30,8 +30,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from keygroups import spark_kind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 PAYMENT = "user string, amount double, merchant string, currency string, ts long"
 
@@ -83,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def fraud_windows(source, window: str = "1 minute", watermark_delay: str = "10 seconds"):
+def fraud_windows(source: DataFrame, window: str = "1 minute", watermark_delay: str = "10 seconds") -> DataFrame:
     """The job's logic over a DataFrame of the keyfill source's schema (streaming or not):
     per user and tumbling window, payments, spend, largest payment and distinct merchants,
     under a watermark. Kept apart from the I/O so `keyfill.testing.spark` can check it."""
@@ -115,7 +120,7 @@ def fraud_windows(source, window: str = "1 minute", watermark_delay: str = "10 s
     )
 
 
-def run(spark, args: argparse.Namespace) -> dict:
+def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     import reader.spark
@@ -186,7 +191,7 @@ def run(spark, args: argparse.Namespace) -> dict:
     }
 
 
-def follow_live(query, seconds: float | None) -> None:
+def follow_live(query: StreamingQuery, seconds: float | None) -> None:
     """Wait while the query runs (until `seconds` have passed, or Ctrl-C), saying once when
     it has moved from the archive to the topic."""
     import json
@@ -208,7 +213,7 @@ def follow_live(query, seconds: float | None) -> None:
     query.stop()
 
 
-def report(r: dict, args: argparse.Namespace) -> None:
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"fraud backfill: {r['records']:,} records from {r['slices']} slices in {r['batches']} micro-batches, "
         f"{r['seconds']:.1f} s; {r['windows']:,} user windows in {r['windows_dir']}; "

@@ -30,8 +30,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from keygroups import spark_kind
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 PAYMENT = "user string, amount double, merchant string"
 LOGIN = "user string, device string"
@@ -66,7 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def fraud_join(payments, logins, within: str = "10 minutes", watermark_delay: str = "1 minute"):
+def fraud_join(
+    payments: DataFrame, logins: DataFrame, within: str = "10 minutes", watermark_delay: str = "1 minute"
+) -> DataFrame:
     """The payments whose user logged in within `within` before them, both sides under a
     watermark (the join's state is evicted by it). Kept apart from the I/O for tests."""
     from pyspark.sql import functions as F
@@ -100,7 +106,7 @@ def first_time(urls: list[str]) -> int:
     return min(compacted.load_manifest(open_storage(u)).bounds(0)[0] for u in urls)
 
 
-def run(spark, args: argparse.Namespace) -> dict:
+def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     import reader.spark
     from keyfill.cli.args import time_ms
     from keygroups.storage import StorageError, open_storage, overlapping
@@ -121,8 +127,10 @@ def run(spark, args: argparse.Namespace) -> dict:
         options = {"maxSlicesPerTrigger": str(args.max_slices_per_trigger)}
     else:
         options = {"maxEventTimePerTrigger": args.stride, "startingTimestamp": str(start)}
-    sources = [spark.readStream.format("keyfill").options(**options).load(u) for u in (args.payments, args.logins)]
-    joined = fraud_join(*sources, within=args.within, watermark_delay=args.watermark_delay)
+    payments, logins = (
+        spark.readStream.format("keyfill").options(**options).load(u) for u in (args.payments, args.logins)
+    )
+    joined = fraud_join(payments, logins, within=args.within, watermark_delay=args.watermark_delay)
     policy = getattr(args, "watermark_policy", None) or ("min" if args.max_slices_per_trigger else "max")
     # the policy is the query's from its first batch on (Spark keeps it in the checkpoint); every
     # progress is kept, so the figures cover a run of more than Spark's default 100 batches
@@ -166,7 +174,7 @@ def run(spark, args: argparse.Namespace) -> dict:
     }
 
 
-def report(r: dict, args: argparse.Namespace) -> None:
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     pacing = (
         f"{args.max_slices_per_trigger} slices a source a batch (unpaced)"
         if args.max_slices_per_trigger

@@ -13,14 +13,21 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LOGGER = "keyfill"
 
 
 class SparkLog(logging.Handler):
-    def __init__(self, spark) -> None:
+    def __init__(self, spark: SparkSession) -> None:
         super().__init__()
-        self._log = spark._jvm.org.apache.logging.log4j.LogManager.getLogger(LOGGER)
+        jvm = spark._jvm
+        if jvm is None:  # a Spark Connect session, whose records `to_spark` sends to stderr instead
+            raise TypeError("SparkLog forwards to the JVM of a classic Spark session, and this one has none")
+        self._log = jvm.org.apache.logging.log4j.LogManager.getLogger(LOGGER)
         self.setFormatter(logging.Formatter("%(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -50,7 +57,7 @@ def hold() -> logging.handlers.MemoryHandler:
     return held
 
 
-def to_spark(spark, held: logging.handlers.MemoryHandler) -> None:
+def to_spark(spark: SparkSession, held: logging.handlers.MemoryHandler) -> None:
     """From now on keyfill's records go to the driver's log4j; the held ones first."""
     from keygroups.spark_kind import is_connect
 
