@@ -16,7 +16,7 @@ import typing
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
@@ -60,6 +60,9 @@ class Option:
     metavar: str | None
 
 
+_Options = TypeVar("_Options", bound="SourceOptions")
+
+
 def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -90,7 +93,7 @@ class SourceOptions:
         """The options as keyword arguments of the format's class."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def continued(self, recorded: Mapping[str, Any]) -> SourceOptions:
+    def continued(self: _Options, recorded: Mapping[str, Any]) -> _Options:
         """The options an append uses, given those the archive recorded (its manifest's
         `source`): by default the archive's, so the appended records read as its own did."""
         kept = {f.name: recorded[f.name] for f in dataclasses.fields(self) if f.name in recorded}
@@ -107,7 +110,7 @@ class SourceArchive(ABC):
 
     format: ClassVar[str]
     Options: ClassVar[type[SourceOptions]] = SourceOptions
-    layouts: ClassVar[tuple[re.Pattern, ...]] = ()
+    layouts: ClassVar[tuple[re.Pattern[str], ...]] = ()
 
     store: Storage
     # Whether consecutive records of a partition have consecutive offsets (gaps are then
@@ -120,6 +123,11 @@ class SourceArchive(ABC):
     # Whether the source URL is a storage root (open_storage); False: the source opens it
     # itself (an Iceberg metadata file or catalog URL), and it is never a compacted archive.
     storage_url = True
+
+    if TYPE_CHECKING:
+        # What `open` calls: every format's constructor takes its store (or, where
+        # `storage_url` is False, the URL itself), `threads`, and its options by name.
+        def __init__(self, where: Storage | str, /, *, threads: int = 16, **options: Any) -> None: ...
 
     @classmethod
     def open(cls, url: str, options: SourceOptions, *, threads: int = 16) -> SourceArchive:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 
 
-def _layouts() -> dict[str, tuple[re.Pattern, ...]]:
+def _layouts() -> dict[str, tuple[re.Pattern[str], ...]]:
     # imported here: each source module imports this one for its errors
     from compactor.sources import FORMATS
 
