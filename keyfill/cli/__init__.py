@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from keyfill.cli import (
     compact,
@@ -99,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log_to_terminal(args.verbosity)
 
+    run: Callable[[argparse.Namespace], int] = args.run  # the subcommand's, set by its `add`
     try:
-        return args.run(args)
+        return run(args)
     except KeyfillError as exc:
         print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from typing import TYPE_CHECKING, Any
 
 from compactor import defaults
 from keyfill.cli.args import byte_size, fraction, mb, positive_int
 from keygroups import envelope  # loaded anyway: the source registry's flags import it
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from compactor.config import CompactConfig, CompactResult
+    from compactor.sources import SourceArchive
 
 _OPTION_DEST = "source_option."  # a format's option `name` is parsed into `source_option.<name>`
 
@@ -29,7 +36,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
                 first, action = added[o.flag]
                 if first.switch != o.switch:
                     raise AssertionError(f"{o.flag}: a switch for one format and not for another")
-                action.help += f" (also --format {name})"
+                action.help = f"{action.help} (also --format {name})"
                 continue
             group = group or p.add_argument_group(f"options of --format {name}")
             kw = {"action": "store_true"} if o.switch else {"metavar": o.metavar}
@@ -39,12 +46,12 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
             added[o.flag] = (o, action)
 
 
-def source_options_from_args(args: argparse.Namespace) -> dict:
+def source_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The format options given on the command line, by name (checked by the format)."""
     return {k.removeprefix(_OPTION_DEST): v for k, v in vars(args).items() if k.startswith(_OPTION_DEST)}
 
 
-def source_from_args(args: argparse.Namespace, url: str, **kw):
+def source_from_args(args: argparse.Namespace, url: str, **kw: Any) -> SourceArchive:
     """The source archive at `url` as the options of `add_source_options` describe it
     (`kw`: e.g. threads), for the subcommands and jobs that read a source."""
     from compactor.sources import open_source
@@ -112,7 +119,7 @@ def add_compact_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def compact_config(args: argparse.Namespace):
+def compact_config(args: argparse.Namespace) -> CompactConfig:
     from compactor.job import CompactConfig
 
     return CompactConfig(
@@ -148,7 +155,7 @@ def log_to_terminal(verbosity: int = 0) -> None:
     logging.getLogger("keyfill").setLevel(ours)
 
 
-def print_compact_result(r, as_json: bool) -> None:
+def print_compact_result(r: CompactResult, as_json: bool) -> None:
     from dataclasses import asdict
 
     if as_json:
@@ -198,7 +205,7 @@ def print_compact_result(r, as_json: bool) -> None:
     print(f"  {r.seconds:.1f} s ({rate:,.0f} records/s): {phases}")
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "compact",
         help="compact a source archive into key groups (embedded local Spark)",
@@ -238,7 +245,7 @@ def session_flags(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return session_arguments(getattr(args, "master", None), getattr(args, "remote", None))
 
 
-def spark_for(args: argparse.Namespace, app: str, **kw):
+def spark_for(args: argparse.Namespace, app: str, **kw: Any) -> contextlib.AbstractContextManager[SparkSession]:
     """The session a command's `--master` / `--remote` name (`compactor.spark_session`)."""
     from compactor.spark_session import embedded_spark
 

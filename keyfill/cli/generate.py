@@ -9,7 +9,7 @@ from keyfill.cli.args import fraction, iso_ms, mb, positive_int
 from keygroups.durations import parse_duration
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from keyfill.synth.generate import GeneratorConfig as G
     from keygroups import envelope
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "handoff",
         help="print where a live Kafka consumer starts after the backfill",

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from keyfill.cli.args import iso, mb
 
+if TYPE_CHECKING:
+    from keygroups.compacted import Manifest
+    from keygroups.storage import Storage
 
-def summary(store) -> dict:
+
+def summary(store: Storage) -> dict[str, Any]:
     from keygroups import compacted
 
     m = compacted.load_manifest(store)
@@ -41,7 +46,7 @@ def summary(store) -> dict:
     }
 
 
-def _gets(m) -> int:
+def _gets(m: Manifest) -> int:
     """GETs of a replay with default options: each group's bytes in GET_BYTES ranges (files
     are not listed in the manifest; a group's files add at most one GET each)."""
     from keygroups import compacted
@@ -49,7 +54,7 @@ def _gets(m) -> int:
     return compacted.replay_gets(m.group_file_bytes)
 
 
-def run(store, as_json: bool) -> int:
+def run(store: Storage, as_json: bool) -> int:
     s = summary(store)
     if as_json:
         print(json.dumps(s, indent=2))

@@ -9,7 +9,7 @@ from keyfill.cli.args import iso, mb, positive_int
 from keyfill.cli.compact import add_source_options
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "inspect",
         help="summarise a source or compacted archive",

@@ -13,7 +13,7 @@ JOBS = {
 }
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "jobs",
         help="print the paths of the spark-submit job scripts",
@@ -26,7 +26,10 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def path(name: str) -> str:
-    return importlib.util.find_spec(JOBS[name][0]).origin
+    spec = importlib.util.find_spec(JOBS[name][0])
+    if spec is None or spec.origin is None:  # an installation without the jobs package's files
+        raise RuntimeError(f"job {name}: module {JOBS[name][0]} not found in this installation")
+    return spec.origin
 
 
 def run(args: argparse.Namespace) -> int:

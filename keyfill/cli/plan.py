@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from compactor.estimate import Estimate
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from keyfill.cli.compact import add_compact_arguments, add_embedded_spark_arguments
 
     p = sub.add_parser(
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_estimate(e) -> None:
+def print_estimate(e: Estimate) -> None:
     from keyfill.cli.args import mb
 
     how = "derived from the data" if e.derived else "as given"

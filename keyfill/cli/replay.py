@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from keyfill.cli.args import iso, non_negative_int, positive_int, time_ms
 from reader.options import ReplayOptions
 
+if TYPE_CHECKING:
+    from reader.checkpoint import State
+
 DEFAULTS = ReplayOptions()  # the flags are ReplayOptions' fields, with its defaults (docs/options.md)
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="replay a compacted archive to a null sink, with progress",
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if folder and not os.path.isdir(folder):
         raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: folder {folder} does not exist")
 
-    def save(state: dict) -> None:
+    def save(state: State) -> None:
         if args.checkpoint_file:
             tmp = args.checkpoint_file + ".tmp"
             try:

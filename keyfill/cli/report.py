@@ -15,7 +15,7 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "report",
         help="write an HTML report with pictures of a compacted archive",

@@ -6,7 +6,7 @@ import argparse
 import json
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "vacuum",
         help="delete files no retained version of a compacted archive needs (dry run unless --delete)",

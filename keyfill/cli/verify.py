@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from keyfill.cli.args import positive_int
 from keyfill.cli.compact import add_embedded_spark_arguments, add_source_options
 
+if TYPE_CHECKING:
+    from compactor.verify import VerifyReport
 
-def add(sub: argparse._SubParsersAction) -> None:
+
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "verify",
         help="audit a compacted archive against its source",
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def print_verify_report(report, as_json: bool) -> None:
+def print_verify_report(report: VerifyReport, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:

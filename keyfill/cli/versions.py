@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from keygroups.storage import Storage
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "versions",
         help="list the committed versions of a compacted archive",
@@ -20,7 +24,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def rows(store) -> list[dict]:
+def rows(store: Storage) -> list[dict[str, Any]]:
     from keygroups import compacted
 
     out = []

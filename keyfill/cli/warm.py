@@ -6,7 +6,7 @@ import argparse
 import time
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "warm",
         help="compile keyfill's numba kernels into this machine's cache (for an image build)",
