@@ -22,16 +22,24 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, TypedDict
 
 PACKAGES = ("keyfill", "keygroups", "compactor", "reader", "jobs")
 
 
-def kernels() -> dict[str, dict]:
+class Kernel(TypedDict):
+    file: str  # the source file
+    cache: str | None  # numba's cache folder of it (None: not cached)
+    compiled: int  # signatures compiled in this process (cache misses)
+    loaded: int  # signatures loaded from the cache (hits)
+
+
+def kernels() -> dict[str, Kernel]:
     """Every numba kernel in keyfill's loaded modules: its source file, cache folder, and
     the signatures compiled (cache misses) and loaded (cache hits) in this process."""
     from numba.core.registry import CPUDispatcher
 
-    found: dict[str, dict] = {}
+    found: dict[str, Kernel] = {}
     for name, module in list(sys.modules.items()):
         if module is None or name.split(".")[0] not in PACKAGES:
             continue
@@ -107,7 +115,7 @@ def run_tasks(work: Path) -> int:
     return replayed
 
 
-def warm() -> dict[str, dict]:
+def warm() -> dict[str, Kernel]:
     """Run the tasks in this process, in a scratch folder; the kernels afterwards."""
     with tempfile.TemporaryDirectory(prefix="keyfill-warm-") as work:
         run_tasks(Path(work))
@@ -118,7 +126,7 @@ def _files(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if p.suffix in (".nbi", ".nbc"))
 
 
-def build_seed(code: Path, out: Path | None = None) -> dict:
+def build_seed(code: Path, out: Path | None = None) -> dict[str, Any]:
     """Compile every kernel of the packages under `code` for the generic CPU, in a fresh
     process with an empty cache, and write the cache files and `seed.json` to `out`
     (default: `code`/keygroups/_numba_cache, where the wheel picks them up)."""
@@ -143,7 +151,7 @@ def build_seed(code: Path, out: Path | None = None) -> dict:
         )
         if proc.returncode:
             raise RuntimeError(f"compiling the kernels failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        found = json.loads(proc.stdout.splitlines()[-1])
+        found: dict[str, Kernel] = json.loads(proc.stdout.splitlines()[-1])
         dirs: dict[str, list[str]] = {}
         shutil.rmtree(out, ignore_errors=True)
         for info in found.values():

@@ -13,6 +13,7 @@ import html
 import io
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from keygroups import compacted
 from keygroups.errors import KeyfillError
 from keygroups.piece_index import PieceIndex
 from keygroups.storage import open_storage
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -87,7 +91,7 @@ def throughput(url: str, seconds: float, threads: int) -> Throughput:
     return out
 
 
-def _figures():
+def _figures() -> type[Figure]:
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -95,7 +99,7 @@ def _figures():
     return Figure
 
 
-def _png(fig) -> str:
+def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode("ascii")

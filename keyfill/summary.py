@@ -5,10 +5,12 @@ from __future__ import annotations
 import heapq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
-from compactor.sources import SourceArchive
+from compactor.errors import ArchiveError
+from compactor.sources import SourceArchive, SourceChunk
 from compactor.sources.envelope import ArchiveIndex, build_index, read_chunk
 from keygroups.envelope import record_bytes
 from keygroups.storage import Storage
@@ -49,24 +51,33 @@ class ArchiveSummary:
     distinct_keys: int | None = None
     heaviest_keys: list[KeyVolume] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _header_stats(c: SourceChunk) -> tuple[int, int, int, int]:
+    """Records, last offset, least and greatest timestamp, from the chunk's header (an
+    envelope chunk's header holds them all)."""
+    if c.records is None or c.last_offset is None or c.min_timestamp is None or c.max_timestamp is None:
+        raise ArchiveError(f"{c.key}: no record counts, offsets or times in the chunk's header")
+    return c.records, c.last_offset, c.min_timestamp, c.max_timestamp
 
 
 def summarize_index(index: ArchiveIndex) -> ArchiveSummary:
     parts = []
     for (topic, p), chunks in sorted(index.chunks.items()):
+        stats = [_header_stats(c) for c in chunks]
         parts.append(
             PartitionSummary(
                 topic=topic,
                 partition=p,
                 chunks=len(chunks),
-                records=sum(c.records for c in chunks),
+                records=sum(s[0] for s in stats),
                 bytes=sum(c.size for c in chunks),
                 first_offset=chunks[0].first_offset,
-                last_offset=chunks[-1].last_offset,
-                min_timestamp=min(c.min_timestamp for c in chunks),
-                max_timestamp=max(c.max_timestamp for c in chunks),
+                last_offset=stats[-1][1],
+                min_timestamp=min(s[2] for s in stats),
+                max_timestamp=max(s[3] for s in stats),
             )
         )
     return ArchiveSummary(
@@ -135,6 +146,9 @@ def _add_heaviest(summary: ArchiveSummary, partials: list[pa.Table], top: int) -
     ]
 
 
+_ChunkStats = tuple[int, int, int, int, int]  # records, least and greatest offset, least and greatest timestamp
+
+
 def inspect_source(source: SourceArchive, *, top: int = 10, progress: bool = False, threads: int = 8) -> ArchiveSummary:
     """Any source format: formats without per-chunk statistics in their headers (Kafka
     segments, Kafka Connect) are read once, chunk by chunk, for counts, offsets, times and
@@ -143,21 +157,21 @@ def inspect_source(source: SourceArchive, *, top: int = 10, progress: bool = Fal
 
     chunks = source.list_chunks()
 
-    def one(chunk):
+    def one(chunk: SourceChunk) -> tuple[SourceChunk, _ChunkStats | None, pa.Table]:
         b = source.read(chunk)
         ts = b.column("timestamp").cast(pa.int64()).to_numpy()
         off = b.column("offset").to_numpy()
         stats = (b.num_rows, int(off.min()), int(off.max()), int(ts.min()), int(ts.max())) if b.num_rows else None
         return chunk, stats, _key_volumes(b)
 
-    per: dict[tuple[str, int], list] = {}
+    per: dict[tuple[str, int], list[tuple[SourceChunk, _ChunkStats | None]]] = {}
     partials: list[pa.Table] = []
     with (
         ThreadPoolExecutor(max_workers=threads) as pool,
         tqdm(total=len(chunks), unit="chunk", desc="scan", disable=not progress) as bar,
     ):
-        for chunk, stats, volumes in pool.map(one, chunks):
-            per.setdefault((chunk.topic, chunk.partition), []).append((chunk, stats))
+        for chunk, chunk_stats, volumes in pool.map(one, chunks):
+            per.setdefault((chunk.topic, chunk.partition), []).append((chunk, chunk_stats))
             partials.append(volumes)
             bar.update(1)
     parts = []
