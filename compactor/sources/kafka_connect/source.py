@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -87,7 +89,7 @@ class KafkaConnectOptions(SourceOptions):
         default=False,
     )
 
-    def continued(self, recorded):
+    def continued(self, recorded: Mapping[str, Any]) -> KafkaConnectOptions:
         """The archive's fields; thinned files accepted if the archive or this run accepts them."""
         kept = super().continued(recorded)
         return dataclasses.replace(kept, allow_dropped=self.allow_dropped or bool(recorded.get("allow_dropped")))
@@ -152,10 +154,11 @@ class KafkaConnectSource(SourceArchive):
 
     # -- listing
 
-    def list_chunks(self) -> list[ConnectChunk]:
-        """One chunk per value file, from a single listing. Raises ArchiveError for names
-        outside the layout, two value files of a partition with the same start offset, and
-        keys/headers files without their value file or two of a kind for one."""
+    def list_chunks(self) -> list[SourceChunk]:
+        """One chunk per value file (a `ConnectChunk`), from a single listing. Raises
+        ArchiveError for names outside the layout, two value files of a partition with the
+        same start offset, and keys/headers files without their value file or two of a kind
+        for one."""
         from compactor.sources.hints import hint
 
         url = self.store.url_for
@@ -183,9 +186,9 @@ class KafkaConnectSource(SourceArchive):
                 )
             stem = obj.key[: m.start("kind") if m["kind"] else m.start("ext")]
             if m["kind"]:
-                other = siblings.setdefault((stem, m["kind"]), obj.key)
-                if other != obj.key:
-                    raise ArchiveError(f"{url(other)} and {url(obj.key)}: two {m['kind'][1:]} files for one value file")
+                seen = siblings.setdefault((stem, m["kind"]), obj.key)
+                if seen != obj.key:
+                    raise ArchiveError(f"{url(seen)} and {url(obj.key)}: two {m['kind'][1:]} files for one value file")
                 continue
             start = int(m["start"])
             chunk = ConnectChunk(key=obj.key, topic=topic, partition=part, first_offset=start, size=obj.size)
@@ -206,17 +209,18 @@ class KafkaConnectSource(SourceArchive):
             if stem not in value_stems:
                 raise ArchiveError(f"{url(key)}: has no value file ({url(stem)}<.avro|.json|...>)")
         ordered = [chunks[k] for k in sorted(chunks)]
-        out = []
+        out: list[SourceChunk] = []
         for c, nxt in zip(ordered, [*ordered[1:], None]):
-            same = nxt is not None and (nxt.topic, nxt.partition) == (c.topic, c.partition)
+            # the next value file of the same partition
+            following = nxt if nxt is not None and (nxt.topic, nxt.partition) == (c.topic, c.partition) else None
             stem = stems[c.key]
             out.append(
                 dataclasses.replace(
                     c,
                     keys_file=siblings.get((stem, ".keys")),
                     headers_file=siblings.get((stem, ".headers")),
-                    next_file=nxt.key if same else None,
-                    next_offset=nxt.first_offset if same else None,
+                    next_file=following.key if following else None,
+                    next_offset=following.first_offset if following else None,
                 )
             )
         return out
@@ -241,7 +245,7 @@ class KafkaConnectSource(SourceArchive):
         self._check_next(chunk, n)
         ts = timestamps_ms(values, name, first, self.timestamp_field)
 
-        if keys_data is not None:
+        if chunk.keys_file and keys_data is not None:  # keys_data: read when there is a keys file
             keys_name = url(chunk.keys_file)
             keys = file_format(chunk.keys_file).keys(keys_data, keys_name, first)
             check_count(keys_name, "keys", len(keys), name, n, first)
@@ -250,7 +254,7 @@ class KafkaConnectSource(SourceArchive):
         else:
             keys = pa.nulls(n, pa.binary())
 
-        if headers_data is not None:
+        if chunk.headers_file and headers_data is not None:
             headers_name = url(chunk.headers_file)
             headers = file_format(chunk.headers_file).headers(headers_data, headers_name, first)
             check_count(headers_name, "headers", len(headers), name, n, first)
@@ -273,7 +277,7 @@ class KafkaConnectSource(SourceArchive):
         """The next file's start offset bounds this file's records: more is an overlap, fewer
         means the connector dropped records (or a file is missing) and positions after the
         drop are not the records' offsets."""
-        if chunk.next_offset is None:
+        if chunk.next_offset is None or chunk.next_file is None:  # both set, or neither (the last file)
             return
         url = self.store.url_for
         span = chunk.next_offset - chunk.first_offset
