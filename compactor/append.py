@@ -56,7 +56,7 @@ def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArc
         groups=parent.groups,
         slice_duration=c["slice_duration"],
         topic=parent.topic,
-        source_options=cfg.source_options.continued(parent.source),
+        source_options=cfg.options.continued(parent.source),
         codec=c["codec"],
         block_bytes=c["block_bytes"],
         target_file_bytes=c["target_file_bytes"],

@@ -3,6 +3,8 @@ archive visible. Checks that the rewrite wrote exactly what the statistics count
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -108,7 +110,7 @@ def write_manifest(
         "idle_after": cfg.idle_after,
     }
     manifest = Manifest(
-        source=prior.source or {"url": source_url, "format": cfg.source_format, **cfg.source_options.kwargs()},
+        source=prior.source or {"url": source_url, "format": cfg.source_format, **cfg.options.kwargs()},
         config=config,
         topic=topic,
         groups=groups,
@@ -184,14 +186,14 @@ def check_named(dest: Storage, manifest: Manifest, pieces: list[pa.Table]) -> No
 class _Nothing:
     """What a full compaction continues from: nothing."""
 
-    source: dict = {}
-    group_records: list = []
-    group_file_bytes: list = []
-    totals: dict = {}
-    gaps: list = []
-    runs: list = []
-    last_records: dict = {}
-    index_files: dict = {}
+    source: dict[str, Any] = {}
+    group_records: list[int] = []
+    group_file_bytes: list[int] = []
+    totals: dict[str, Any] = {}
+    gaps: list[str] = []
+    runs: list[str] = []
+    last_records: dict[str, dict[str, Any]] = {}
+    index_files: dict[str, dict[str, Any]] = {}
 
 
 _EMPTY = _Nothing()
@@ -206,7 +208,8 @@ def file_sizes(pieces: pa.Table) -> list[int]:
     """Each segment file's size (headers included), once per file."""
     if not pieces.num_rows:
         return []
-    return _sizes_by_file(pieces).column("file_bytes_max").to_pylist()
+    sizes: list[int] = _sizes_by_file(pieces).column("file_bytes_max").to_pylist()
+    return sizes
 
 
 def repoint(old_rows: pa.Table, pieces: pa.Table, continued: dict[int, Tail], run: str) -> tuple[pa.Table, list[Tail]]:

@@ -72,8 +72,14 @@ class CompactConfig:
     def idle_after_ms(self) -> int | None:
         return None if self.idle_after is None else parse_duration(self.idle_after, option="--idle-after")
 
+    @property
+    def options(self) -> SourceOptions:
+        """`source_options` as `__post_init__` checked them: the format's options object."""
+        assert isinstance(self.source_options, SourceOptions)
+        return self.source_options
+
     def open_source(self) -> SourceArchive:
-        return source_class(self.source_format).open(self.source, self.source_options, threads=self.threads)
+        return source_class(self.source_format).open(self.source, self.options, threads=self.threads)
 
 
 @dataclass
