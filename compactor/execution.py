@@ -5,17 +5,19 @@ both backends run the same task functions and write the same bytes; what only Sp
 size) stays here.
 
 Rows a backend hands between its operations are opaque to the phases: a Spark DataFrame, or
-an Arrow table in this process."""
+an Arrow table in this process (`Execution[Rows]`; the phases are generic in `Rows`, so they
+can only hand the rows back to the backend)."""
 
 from __future__ import annotations
 
 import hashlib
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from typing import Any, Protocol, TypeVar
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,32 +30,44 @@ from keygroups import compacted, spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
 from keygroups.storage import Storage
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 Task = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 T = TypeVar("T")
 R = TypeVar("R")
+Rows = TypeVar("Rows")  # what a backend's operations hand each other: a DataFrame, an Arrow table
 
 
-class Execution(Protocol):
-    codec: str | None  # how a shuffle's values are packed (`compactor.shuffle_codec`)
-    parallelism: int  # tasks that run at once
-    runs_here: bool  # tasks run in this process's environment (its credentials, its disk)
+class Execution(Protocol[Rows]):
+    @property
+    def codec(self) -> str | None:
+        """How a shuffle's values are packed (`compactor.shuffle_codec`)."""
 
-    def slots(self, partitions: int) -> np.ndarray:
+    @property
+    def parallelism(self) -> int:
+        """Tasks that run at once."""
+
+    @property
+    def runs_here(self) -> bool:
+        """Tasks run in this process's environment (its credentials, its disk)."""
+
+    def slots(self, partitions: int) -> npt.NDArray[np.int64]:
         """slots[p]: a `slot` value the shuffle sends to partition p."""
 
-    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> Any:
+    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> Rows:
         """`task` over the input rows (a task per few rows), yielding `schema`'s rows."""
 
-    def where(self, rows: Any, column: str, values: Sequence[int], columns: Sequence[str]) -> Any:
+    def where(self, rows: Rows, column: str, values: Sequence[int], columns: Sequence[str]) -> Rows:
         """The rows whose `column` is one of `values`, with `columns` only."""
 
-    def collect(self, name: str, rows: Any) -> pa.Table:
+    def collect(self, name: str, rows: Rows) -> pa.Table:
         """The rows, in an action (a job) called `name`."""
 
     def shuffle(
         self,
         name: str,
-        rows: Any,
+        rows: Rows,
         partitions: int,
         task: Task,
         schema: pa.Schema,
@@ -67,14 +81,16 @@ class Execution(Protocol):
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """`task` of every item, a task per item."""
 
-    def persisted(self, rows: Any, serialized: bool = False) -> Any:
+    def persisted(self, rows: Rows, serialized: bool = False) -> AbstractContextManager[Rows]:
         """A context in which `rows` are computed once for several actions."""
 
     def close(self) -> None:
         """Delete what the run's tasks were handed through its store (OnSpark on Connect)."""
 
 
-def for_session(spark=None, errors: TaskErrors | None = None) -> Execution:
+def for_session(
+    spark: SparkSession | None = None, errors: TaskErrors | None = None
+) -> Execution[pa.Table] | Execution[DataFrame]:
     """Spark's, or with no session this process's."""
     return InProcess() if spark is None else OnSpark(spark, errors)
 
@@ -87,7 +103,7 @@ class InProcess:
     parallelism = 1
     runs_here = True
 
-    def slots(self, partitions: int) -> np.ndarray:
+    def slots(self, partitions: int) -> npt.NDArray[np.int64]:
         return np.zeros(partitions, np.int64)
 
     def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> pa.Table:
@@ -101,7 +117,16 @@ class InProcess:
     def collect(self, name: str, rows: pa.Table) -> pa.Table:
         return rows
 
-    def shuffle(self, name, rows, partitions, task, schema, sort=(), batch_bytes=None) -> pa.Table:
+    def shuffle(
+        self,
+        name: str,
+        rows: pa.Table,
+        partitions: int,
+        task: Task,
+        schema: pa.Schema,
+        sort: Sequence[str] = (),
+        batch_bytes: int | None = None,
+    ) -> pa.Table:
         """The rows handed to one task in the order a Spark task sorts its own (one row a
         batch when sorted: views, not copies)."""
         batches = [b for b in rows.to_batches() if b.num_rows]
@@ -132,7 +157,7 @@ class OnSpark:
 
     codec = CODEC
 
-    def __init__(self, spark, errors: TaskErrors | None = None, description: str | None = None) -> None:
+    def __init__(self, spark: SparkSession, errors: TaskErrors | None = None, description: str | None = None) -> None:
         self.spark, self.errors = spark, errors
         self.stored: list[str] = []  # task functions handed through the run's store
         ship_to_executors(spark)
@@ -141,10 +166,10 @@ class OnSpark:
         if description is not None and not spark_kind.is_connect(spark):
             spark.sparkContext.setJobDescription(description)
 
-    def slots(self, partitions: int) -> np.ndarray:
+    def slots(self, partitions: int) -> npt.NDArray[np.int64]:
         return group_slots(self.spark, partitions)
 
-    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema):
+    def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> DataFrame:
         """The input rows travel in the task's closure, and a range of their indexes is what
         Spark splits: a few rows a task, consecutive ones together, with no RDD (a Connect
         session has none) and no shuffle."""
@@ -152,15 +177,24 @@ class OnSpark:
         indexes = self.spark.range(0, inputs.num_rows, 1, parallel)
         return indexes.mapInArrow(self._task(_rows_of(inputs.combine_chunks(), task)), spark_ddl(schema))
 
-    def where(self, rows, column: str, values: Sequence[int], columns: Sequence[str]):
+    def where(self, rows: DataFrame, column: str, values: Sequence[int], columns: Sequence[str]) -> DataFrame:
         from pyspark.sql import functions as F
 
         return rows.filter(F.col(column).isin([int(v) for v in values])).select(*columns)
 
-    def collect(self, name: str, rows) -> pa.Table:
+    def collect(self, name: str, rows: DataFrame) -> pa.Table:
         return self._run(name, rows.toArrow)
 
-    def shuffle(self, name, rows, partitions, task, schema, sort=(), batch_bytes=None) -> pa.Table:
+    def shuffle(
+        self,
+        name: str,
+        rows: DataFrame,
+        partitions: int,
+        task: Task,
+        schema: pa.Schema,
+        sort: Sequence[str] = (),
+        batch_bytes: int | None = None,
+    ) -> pa.Table:
         frame = rows.repartition(partitions, "slot")
         if sort:
             frame = frame.sortWithinPartitions(*sort)
@@ -184,7 +218,7 @@ class OnSpark:
         return [pickle.loads(by_item[i]) for i in range(len(items))]
 
     @contextmanager
-    def persisted(self, rows, serialized: bool = False):
+    def persisted(self, rows: DataFrame, serialized: bool = False) -> Iterator[DataFrame]:
         from pyspark import StorageLevel
 
         kept = rows.persist(StorageLevel.MEMORY_AND_DISK) if serialized else rows.persist()
@@ -194,19 +228,20 @@ class OnSpark:
             kept.unpersist()
 
     def close(self) -> None:
-        if self.errors is not None and self.stored:
-            best_effort(lambda: self.errors.dest.delete_many(self.stored))
+        errors, stored = self.errors, self.stored
+        if errors is not None and stored:
+            best_effort(lambda: errors.dest.delete_many(stored))
         self.stored = []
 
-    def _task(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-        def settled(items: Iterator[Any]) -> Iterator[Any]:
+    def _task(self, task: Task) -> Task:
+        def settled(items: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             worker_gc.settle()
             yield from task(items)
 
         guarded = settled if self.errors is None else self.errors.guard(settled)
         return self._carried(guarded) if spark_kind.is_connect(self.spark) else guarded
 
-    def _carried(self, task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def _carried(self, task: Task) -> Task:
         """`task`, or when its pickled function (closure and all: a source's chunk list,
         ~130 bytes a chunk) is larger than a Spark Connect request should carry, a stand-in
         that loads it from the run's store. A Connect plan travels in one gRPC message, which
@@ -215,7 +250,8 @@ class OnSpark:
         large function."""
         from pyspark import cloudpickle
 
-        body = cloudpickle.dumps(task)
+        # pyspark's vendored cloudpickle is unannotated.
+        body: bytes = cloudpickle.dumps(task)  # type: ignore[no-untyped-call]
         if len(body) <= CARRIED_BYTES:
             return task
         if self.errors is None:
@@ -237,10 +273,10 @@ _EACH_ROWS = "item long, result binary"
 # A task's pickled function past this size travels through the run's store on Spark Connect
 # (`OnSpark._carried`): a plan holds several, and a gRPC message is 128 MiB at most.
 CARRIED_BYTES = 8 << 20
-_loaded: dict[str, Callable[[Iterator[Any]], Iterator[Any]]] = {}  # in a worker: the functions it read
+_loaded: dict[str, Task] = {}  # in a worker: the functions it read
 
 
-def load_task(store: Storage, key: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def load_task(store: Storage, key: str) -> Task:
     """The task function at `key`, read once per Python worker (a reused worker keeps it)."""
     if key not in _loaded:
         from pyspark import cloudpickle
@@ -250,8 +286,8 @@ def load_task(store: Storage, key: str) -> Callable[[Iterator[Any]], Iterator[An
     return _loaded[key]
 
 
-def _stored(store: Storage, key: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    def task(items: Iterator[Any]) -> Iterator[Any]:
+def _stored(store: Storage, key: str) -> Task:
+    def task(items: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return load_task(store, key)(items)
 
     return task
@@ -276,7 +312,7 @@ _MAX_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 
 @contextmanager
-def _arrow_batches_of(spark, size: int):
+def _arrow_batches_of(spark: SparkSession, size: int) -> Iterator[None]:
     """The session's Arrow batch byte limit lowered to `size` while an action runs (a
     session setting: other queries of the session running meanwhile see it too)."""
     before = spark.conf.get(_MAX_BATCH_BYTES, None)
@@ -288,3 +324,8 @@ def _arrow_batches_of(spark, size: int):
             spark.conf.unset(_MAX_BATCH_BYTES)
         else:
             spark.conf.set(_MAX_BATCH_BYTES, before)
+
+
+if TYPE_CHECKING:  # mypy checks that each backend is an `Execution`, of the rows it hands around
+    _in_process: type[Execution[pa.Table]] = InProcess
+    _on_spark: type[Execution[DataFrame]] = OnSpark

@@ -10,7 +10,7 @@ with it, one task per store reads what the passes will read and one line names t
 
 from __future__ import annotations
 
-from compactor.execution import Execution
+from compactor.execution import Execution, Rows
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import compacted
 from keygroups.errors import ExecutorsCannotRun
@@ -25,7 +25,7 @@ WHY = (
 
 
 def check_executors_reach(
-    execution: Execution, source: SourceArchive, chunks: list[SourceChunk], dest: Storage, run: str | None
+    execution: Execution[Rows], source: SourceArchive, chunks: list[SourceChunk], dest: Storage, run: str | None
 ) -> None:
     """Raise ExecutorsCannotRun when a task cannot read the source's first chunk or, for a
     run that holds a lease (`run`), does not see the lease this process wrote."""

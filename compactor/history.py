@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.errors import HistoryChanged
-from compactor.execution import Execution
+from compactor.execution import Execution, Rows
 from compactor.slicing import SlicePlan
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import compacted
@@ -31,7 +33,7 @@ from keygroups import compacted
 log = logging.getLogger("keyfill.compact")
 
 
-def _framed(h, data: bytes | None) -> None:
+def _framed(h: hashlib._Hash, data: bytes | None) -> None:
     if data is None:
         h.update(b"\x00")
     else:
@@ -57,7 +59,7 @@ def batch_digests(batch: pa.RecordBatch, rows: list[int]) -> list[str]:
     return [record_digest(r["key"], r["value"], [(h["key"], h["value"]) for h in r["headers"] or []]) for r in picked]
 
 
-def last_records(plan: SlicePlan, previous: dict[str, dict] | None = None) -> dict[str, dict]:
+def last_records(plan: SlicePlan, previous: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Per partition (a string key, as in the manifest), the fingerprint of the last record
     the new version holds: this compaction's last published record, or the previous version's."""
     out = dict(previous or {})
@@ -90,7 +92,9 @@ def expected_records(chunks: list[SourceChunk], manifest: compacted.Manifest) ->
     return out
 
 
-def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
+def _found_task(
+    source: SourceArchive, chunks: list[SourceChunk]
+) -> Callable[[tuple[int, int]], tuple[int, int | None, str | None]]:
     def task(item: tuple[int, int]) -> tuple[int, int | None, str | None]:
         idx, offset = item
         batch = source.read(chunks[idx])
@@ -104,7 +108,7 @@ def _found_task(source: SourceArchive, chunks: list[SourceChunk]):
 
 
 def check_history(
-    execution: Execution, source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest
+    execution: Execution[Rows], source: SourceArchive, chunks: list[SourceChunk], manifest: compacted.Manifest
 ) -> None:
     """Refuse an append whose source no longer holds, at each partition's last archived
     offset, the record the archive holds there. `chunks`: the topic's chunks as listed (not

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +35,7 @@ from compactor.commit import file_sizes, write_manifest
 from compactor.config import CompactConfig, CompactResult
 from compactor.destination import check_destination, remove_legacy
 from compactor.errors import CompactionError, HeldBack
-from compactor.execution import Execution, for_session
+from compactor.execution import Execution, Rows, for_session
 from compactor.executor_access import check_executors_reach
 from compactor.history import check_history
 from compactor.lease import Lease, take_lease
@@ -58,6 +59,9 @@ from keygroups.assignment import (
 from keygroups.errors import OptionError
 from keygroups.piece_index import PieceIndex
 from keygroups.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["CompactConfig", "CompactResult", "CompactionError", "Prepared", "compact", "prepare"]
 
@@ -182,7 +186,7 @@ def check_held_back(plan: SlicePlan, limit: float | None, url: str) -> None:
         log.info(message)
 
 
-def compact(cfg: CompactConfig, spark=None, prepared: Prepared | None = None) -> CompactResult:
+def compact(cfg: CompactConfig, spark: SparkSession | None = None, prepared: Prepared | None = None) -> CompactResult:
     """Run the whole compaction on `spark`; returns the summary. Raises on any bad input
     with a message naming the object at fault, leaving no visible archive. `prepared`: the
     run's `prepare(cfg)`, when the caller checked before starting Spark.
@@ -191,13 +195,16 @@ def compact(cfg: CompactConfig, spark=None, prepared: Prepared | None = None) ->
     small archives (tests, `keyfill.testing`), where a Spark job's fixed cost of ~1.5 s per
     compaction is most of the time. The files are byte for byte those Spark writes."""
     prepared = prepared or prepare(cfg)
+    lease = prepared.lease
+    if lease is None:  # a dry run's (keyfill plan), which writes nothing
+        raise ValueError("compact() needs the run's lease: prepare(cfg), not prepare(cfg, dry_run=True)")
     with prepared.abandoned_on_error():
         execution = for_session(spark, TaskErrors(prepared.dest, prepared.run))
         try:
-            result = _compact(prepared, execution)
+            result = _compact(prepared, lease, execution)
         finally:
             execution.close()
-    prepared.lease.release(failed=False)
+    lease.release(failed=False)
     return result
 
 
@@ -228,17 +235,11 @@ class Analysis:
     new_keys: int
 
 
-def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) -> Analysis:
+def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, float]) -> Analysis:
     """The history check of an append, the statistics pass, the slice length, the slices
     and the packing; `phases` gets their times."""
-    cfg, source, dest, grows, start, chunks = (
-        prepared.cfg,
-        prepared.source,
-        prepared.dest,
-        prepared.grows,
-        prepared.start,
-        prepared.chunks,
-    )
+    cfg, source, dest, grows = prepared.cfg, prepared.source, prepared.dest, prepared.grows
+    start, chunks = prepared.start, prepared.chunks
 
     clock = PhaseClock(phases)
     if not execution.runs_here:
@@ -314,14 +315,14 @@ def analyse(prepared: Prepared, execution: Execution, phases: dict[str, float]) 
     return Analysis(cfg, stats, plan, groups, assignment, new_keys)
 
 
-def _compact(prepared: Prepared, execution: Execution) -> CompactResult:
+def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> CompactResult:
     started = time.perf_counter() - prepared.list_seconds
     phases: dict[str, float] = {"list": prepared.list_seconds}
     cfg, source, dest, grows, start = prepared.cfg, prepared.source, prepared.dest, prepared.grows, prepared.start
     run, topic, chunks, parent = prepared.run, prepared.topic, prepared.chunks, prepared.parent
     found = analyse(prepared, execution, phases)
     cfg, plan, groups, assignment, new_keys = found.cfg, found.plan, found.groups, found.assignment, found.new_keys
-    prepared.lease.set_groups(groups)
+    lease.set_groups(groups)
     assignment_key = compacted.assignment_key(run)
     write_assignment(dest, assignment_key, assignment)
     clock = PhaseClock(phases)
@@ -361,7 +362,7 @@ def _compact(prepared: Prepared, execution: Execution) -> CompactResult:
         continues=grows,
         old_pieces=old_pieces,
         continued=continued,
-        lease=prepared.lease,
+        lease=lease,
     )
     remove_legacy(dest)
     clock.done("commit")

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from compactor.chunks import chunk_rows, read_checked
 from compactor.config import CompactConfig
 from compactor.errors import CompactionError
-from compactor.execution import Execution
+from compactor.execution import Execution, Rows, Task
 from compactor.shuffle_codec import pack, unpack
 from compactor.slicing import SlicePlan, record_slices
 from compactor.sources import SourceArchive, SourceChunk
@@ -66,9 +67,9 @@ def _parcels_task(
     duration_ms: int,
     base: int,
     published: int,
-    slots: np.ndarray,
+    slots: npt.NDArray[np.int64],
     shuffle_codec: str | None = None,
-):
+) -> Task:
     """Tags each record with its slice and group, drops records of slices past the
     `published` ones (unsealed: left for a later compaction), and yields the records as parcels
     (PARCELS rows) every `flush_bytes(groups)`, each addressed to its group's shuffle slot
@@ -124,7 +125,7 @@ def _parcels_task(
     return task
 
 
-def _parcels(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -> Iterator[pa.RecordBatch]:
+def _parcels(held: list[pa.RecordBatch], slots: npt.NDArray[np.int64], codec: str | None) -> Iterator[pa.RecordBatch]:
     """The held records sorted by group and piece order, cut at group changes and every
     PARCEL_BYTES, each parcel one Arrow IPC record batch message (PARCEL_SCHEMA, not repeated in
     each): PARCELS rows, in batches of about PARCEL_BYTES (a binary column's offsets are
@@ -134,7 +135,9 @@ def _parcels(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -
     record_offsets = binary_buffers(table.column("record").chunk(0)).offsets
     ends = record_offsets[1:] - record_offsets[0]  # bytes of the records up to each one
     body = table.select(PARCEL_SCHEMA.names)
-    messages, rows, size = [], [], 0
+    messages: list[bytes | pa.Buffer] = []
+    rows: list[tuple[int, int, int]] = []
+    size = 0
     a = 0
     for end in np.r_[np.flatnonzero(np.diff(grp)) + 1, len(grp)].tolist():
         while a < end:  # parcels of the group's records [a, end): PARCEL_BYTES at most, one record at least
@@ -151,7 +154,7 @@ def _parcels(held: list[pa.RecordBatch], slots: np.ndarray, codec: str | None) -
         yield _parcel_rows(rows, messages)
 
 
-def _parcel_rows(rows: list[tuple[int, int, int]], messages: list) -> pa.RecordBatch:
+def _parcel_rows(rows: list[tuple[int, int, int]], messages: list[bytes | pa.Buffer]) -> pa.RecordBatch:
     bounds = np.r_[0, np.cumsum([len(m) for m in messages], dtype=np.int64)]
     if bounds[-1] >= 2**31:  # unreachable while PARCEL_BYTES is small: a batch ends once it passes PARCEL_BYTES
         raise RuntimeError(f"{bounds[-1]} bytes of parcels in one batch: more than a binary column holds")
@@ -222,7 +225,7 @@ def _write_task(
     target_bytes: int,
     tails: dict[int, Tail],
     shuffle_codec: str | None = None,
-):
+) -> Task:
     """Each task holds whole groups, their parcels sorted by group and first slice: one
     SegmentWriter per group (continuing the group's tail, for an append). Before it reads a
     parcel that starts at slice s, every slice below s is complete in the parcels read so far, so
@@ -234,7 +237,7 @@ def _write_task(
         pending = _Pending()
         finished: set[int] = set()  # groups this task has begun
 
-        def written(close: bool = False) -> Iterator[pa.RecordBatch]:
+        def written(writer: SegmentWriter, close: bool = False) -> Iterator[pa.RecordBatch]:
             """Index rows of the pieces in files written since the last call (with `close`,
             the group's last file too)."""
             if close:
@@ -243,7 +246,7 @@ def _write_task(
             if new:
                 yield piece_index.piece_table(new).cast(_SPARK_PIECES).to_batches()[0]
 
-        def write_below(bound: int | None) -> Iterator[pa.RecordBatch]:
+        def write_below(writer: SegmentWriter, bound: int | None) -> Iterator[pa.RecordBatch]:
             records = pending.take_below(bound)
             if records is None:
                 return
@@ -259,7 +262,7 @@ def _write_task(
                     pa.large_binary(), b - a, [None, offsets.slice((data.offset + a) * 8), values]
                 )
                 writer.add_encoded(int(sl[a]), piece, ts[a:b])
-                yield from written()
+                yield from written(writer)
 
         for batch in batches:
             groups, lo, parcels = batch.column("grp").to_numpy(), batch.column("lo").to_numpy(), batch.column("parcel")
@@ -267,8 +270,8 @@ def _write_task(
                 g = int(groups[i])
                 if writer is None or g != writer.group:  # a new group: a writer of its own
                     if writer is not None:
-                        yield from write_below(None)
-                        yield from written(close=True)
+                        yield from write_below(writer, None)
+                        yield from written(writer, close=True)
                     if g in finished:  # the sort keeps a task's groups apart; never write one twice
                         raise RuntimeError(f"group {g} came back after other groups in one rewrite task")
                     finished.add(g)
@@ -281,11 +284,11 @@ def _write_task(
                         target_bytes=target_bytes,
                         tail=tails.get(g),
                     )
-                yield from write_below(int(lo[i]))
+                yield from write_below(writer, int(lo[i]))
                 pending.add(pa.ipc.read_record_batch(_message(parcels[i].as_buffer(), shuffle_codec), PARCEL_SCHEMA))
         if writer is not None:
-            yield from write_below(None)
-            yield from written(close=True)
+            yield from write_below(writer, None)
+            yield from written(writer, close=True)
 
     return task
 
@@ -302,7 +305,7 @@ _SPARK_PIECES = pa.schema([f.with_type(pa.int64()) if f.type == pa.uint32() else
 
 
 def run_rewrite(
-    execution: Execution,
+    execution: Execution[Rows],
     cfg: CompactConfig,
     groups: int,
     source: SourceArchive,

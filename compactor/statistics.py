@@ -19,13 +19,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 from functools import partial
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.chunks import chunk_rows, read_checked
-from compactor.execution import Execution
+from compactor.execution import Execution, Rows, Task
 from compactor.history import batch_digests
 from compactor.key_sums import by_key, from_blobs, record_sums, to_blob
 from compactor.slicing import ChunkStats, Stretch, chunk_stretches
@@ -63,6 +65,8 @@ _REDUCED_ARROW = pa.schema(
 _BUCKETS_ARROW = pa.schema(
     [("bucket", pa.int32()), ("bytes", pa.int64()), ("records", pa.int64()), ("keys", pa.int64())]
 )
+# A row of _MAP_ARROW: output, slot, blob, bytes, records, chunk.
+_MapRow = tuple[Mapped, int | None, bytes | None, int | None, int | None, str | None]
 MAX_REDUCERS = BUCKETS_PER_GROUP  # a power of two, at most the fewest buckets: a bucket belongs to one reducer
 REDUCER_ROWS = 2_000_000  # key sums a reducer should hold at most (~100 MB), where MAX_REDUCERS allows
 
@@ -107,8 +111,12 @@ UNSUMMED = 7  # flushes shipped unsummed after a sum that left most rows: then i
 
 
 def _map_task(
-    source: SourceArchive, chunks: list[SourceChunk], duration_ms: int, slots: np.ndarray, codec: str | None = None
-):
+    source: SourceArchive,
+    chunks: list[SourceChunk],
+    duration_ms: int,
+    slots: npt.NDArray[np.int64],
+    codec: str | None = None,
+) -> Task:
     """A row per record, summed by key once FLUSH_ROWS have gathered, like a combiner:
     where the keys repeat the sums are held (and summed again with the next flush's
     records); where they are mostly distinct (more than half of FLUSH_ROWS) they are
@@ -180,7 +188,7 @@ def _map_task(
     return task
 
 
-def _shipped(sums: pa.Table, slots: np.ndarray, codec: str | None = None) -> pa.RecordBatch:
+def _shipped(sums: pa.Table, slots: npt.NDArray[np.int64], codec: str | None = None) -> pa.RecordBatch:
     """Key sums from `by_key(..., reducers=len(slots))`, in one blob per reducer (`to_blob`)."""
     if not sums.num_rows:
         return pa.RecordBatch.from_pylist([], _MAP_ARROW)
@@ -190,7 +198,7 @@ def _shipped(sums: pa.Table, slots: np.ndarray, codec: str | None = None) -> pa.
     keyed_in = np.bincount(r_of, minlength=len(slots))
     ends = np.cumsum(keyed_in)
     null_r = null_part[keyed:] % len(slots)
-    blobs = []
+    blobs: list[_MapRow] = []
     for r in np.flatnonzero(keyed_in + np.bincount(null_r, minlength=len(slots))):
         a = int(ends[r - 1]) if r else 0
         share = [sums.slice(a, int(ends[r]) - a)]
@@ -200,7 +208,7 @@ def _shipped(sums: pa.Table, slots: np.ndarray, codec: str | None = None) -> pa.
     return _map_rows(blobs)
 
 
-def _map_rows(rows: list[tuple]) -> pa.RecordBatch:
+def _map_rows(rows: list[_MapRow]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [pa.array(col, f.type) for col, f in zip(zip(*rows), _MAP_ARROW)], schema=_MAP_ARROW
     )
@@ -255,11 +263,11 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     )
 
 
-def _reduced(output: Reduced, n: int, **columns) -> pa.Table:
+def _reduced(output: Reduced, n: int, **columns: pa.Array | npt.NDArray[Any] | list[int]) -> pa.Table:
     """n rows of _REDUCED_ARROW of one output: the columns given (Arrow arrays as they are,
     numpy ones converted), nulls in the others."""
 
-    def column(f: pa.Field):
+    def column(f: pa.Field) -> pa.Array:
         if f.name == "output":
             return pa.repeat(int(output), n).cast(f.type)
         value = columns.get(f.name)
@@ -270,7 +278,7 @@ def _reduced(output: Reduced, n: int, **columns) -> pa.Table:
     return pa.table([column(f) for f in _REDUCED_ARROW], schema=_REDUCED_ARROW)
 
 
-def _reduce_task(how: KeySplit, codec: str | None = None):
+def _reduce_task(how: KeySplit, codec: str | None = None) -> Task:
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         blobs = [b for batch in batches for b in batch.column("blob").to_pylist()]
         if blobs:  # a reducer that received nothing has no keys to report
@@ -280,7 +288,7 @@ def _reduce_task(how: KeySplit, codec: str | None = None):
 
 
 def run_statistics(
-    execution: Execution,
+    execution: Execution[Rows],
     source: SourceArchive,
     chunks: list[SourceChunk],
     duration_ms: int,
