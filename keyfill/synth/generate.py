@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from compactor.sources.envelope import encode_chunk
 from keyfill.synth.kafka_partitioner import kafka_partitions
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope import ARROW_SCHEMA, CODECS, HEADER_TYPE
 from keygroups.envelope.buffers import arrow_binary
 from keygroups.errors import OptionError
@@ -100,12 +100,15 @@ def key_probabilities(cfg: GeneratorConfig) -> np.ndarray:
     """Share of records (and so of bytes) per key id: Zipf over ranks, key 0 heaviest."""
     ranks = np.arange(1, cfg.keys + 1, dtype=np.float64)
     p = ranks**-cfg.skew
-    if cfg.hot_key_share is not None:
-        if cfg.keys == 1:
-            return np.ones(1)
+    shares: np.ndarray  # numpy's stubs say Any of this arithmetic
+    if cfg.hot_key_share is None:
+        shares = p / p.sum()
+    elif cfg.keys == 1:
+        shares = np.ones(1)
+    else:
         rest = p[1:] / p[1:].sum() * (1 - cfg.hot_key_share)
-        return np.concatenate([[cfg.hot_key_share], rest])
-    return p / p.sum()
+        shares = np.concatenate([[cfg.hot_key_share], rest])
+    return shares
 
 
 class _Draw:
@@ -201,7 +204,17 @@ _CURRENCY_BYTES = np.frombuffer(b"".join(_CURRENCIES), np.uint8).reshape(len(_CU
 
 
 @njit(cache=True)
-def _fill_headers(trace, has_source, source_null, hexdigits, key_off, key_data, val_off, val_data, val_valid):
+def _fill_headers(
+    trace: np.ndarray,
+    has_source: np.ndarray,
+    source_null: np.ndarray,
+    hexdigits: np.ndarray,
+    key_off: np.ndarray,
+    key_data: np.ndarray,
+    val_off: np.ndarray,
+    val_data: np.ndarray,
+    val_valid: np.ndarray,
+) -> None:
     """Header items: ("trace-id", 16 hex chars) and, where has_source, ("source", "checkout" or null)."""
     trace_id = np.frombuffer(b"trace-id", np.uint8)
     source = np.frombuffer(b"source", np.uint8)
@@ -233,7 +246,7 @@ def _fill_headers(trace, has_source, source_null, hexdigits, key_off, key_data, 
 
 
 @njit(cache=True)
-def _put_int(out, pos, v):
+def _put_int(out: np.ndarray, pos: Int, v: Int) -> Int:
     """Decimal digits of a non-negative int (hand-written: numba has no str formatting)."""
     if v == 0:
         out[pos] = 48
@@ -250,7 +263,7 @@ def _put_int(out, pos, v):
 
 
 @njit(cache=True)
-def _put_text(out, pos, text):
+def _put_text(out: np.ndarray, pos: Int, text: np.ndarray) -> Int:
     for b in text:
         out[pos] = b
         pos += 1
@@ -259,24 +272,24 @@ def _put_text(out, pos, text):
 
 @njit(cache=True)
 def _payment_json_fill(
-    out,
-    offsets,
-    key_bytes,
-    null,
-    cents,
-    merchant,
-    currency,
-    ts,
-    currencies,
-    p_user,
-    p_null,
-    p_amount,
-    p_merchant,
-    p_currency,
-    p_ts,
-    p_end,
-):
-    pos = 0
+    out: np.ndarray,
+    offsets: np.ndarray,
+    key_bytes: np.ndarray,
+    null: np.ndarray,
+    cents: np.ndarray,
+    merchant: np.ndarray,
+    currency: np.ndarray,
+    ts: np.ndarray,
+    currencies: np.ndarray,
+    p_user: np.ndarray,
+    p_null: np.ndarray,
+    p_amount: np.ndarray,
+    p_merchant: np.ndarray,
+    p_currency: np.ndarray,
+    p_ts: np.ndarray,
+    p_end: np.ndarray,
+) -> Int:
+    pos: Int = 0
     for i in range(null.shape[0]):
         offsets[i] = pos
         pos = _put_text(out, pos, p_user)
@@ -306,7 +319,15 @@ def _payment_json_fill(
     return pos
 
 
-def _payment_json(key_bytes, null, cents, merchant, currency, ts, currencies) -> pa.Array:
+def _payment_json(
+    key_bytes: np.ndarray,
+    null: np.ndarray,
+    cents: np.ndarray,
+    merchant: np.ndarray,
+    currency: np.ndarray,
+    ts: np.ndarray,
+    currencies: np.ndarray,
+) -> pa.Array:
     """Values as JSON payments, `{"user":..,"amount":..,"merchant":..,"currency":..,"ts":..}`,
     formatted by a compiled loop: Python string formatting would be half the generator's time."""
     n = len(null)
@@ -329,7 +350,7 @@ class _ChunkWriter:
         self.pending: dict[int, list[pa.RecordBatch]] = {p: [] for p in range(cfg.partitions)}
         self.pending_n = np.zeros(cfg.partitions, dtype=np.int64)
         self.written: list[str] = []
-        self.in_flight: list[Future] = []
+        self.in_flight: list[Future[None]] = []
         self.lock = threading.Lock()
         self.chunks = self.bytes = 0
 

@@ -33,9 +33,13 @@ TS_TYPES = ("long", "timestamp-millis", "timestamp-micros")
 # What Connect's AvroData makes of the optional key schemas of StringConverter and
 # ByteArrayConverter.
 KEY_SCHEMAS = {"string": ["null", "string"], "bytes": ["null", "bytes"]}
+# An Avro record schema, or an Avro datum of one, as fastavro takes them (parsed JSON).
+AvroRecord = dict[str, Any]
+# A record waiting for its file: offset, key, value, headers ({"key", "value"} each).
+_Row = tuple[int, bytes | None, bytes | None, list[dict[str, Any]]]
 
 
-def payment_schema(ts_type: str = "timestamp-millis") -> dict:
+def payment_schema(ts_type: str = "timestamp-millis") -> AvroRecord:
     """Avro value schema of the payments `keyfill generate` writes as JSON."""
     if ts_type not in TS_TYPES:
         raise ValueError(f"ts_type must be one of {', '.join(TS_TYPES)}, not {ts_type!r}")
@@ -54,7 +58,7 @@ def payment_schema(ts_type: str = "timestamp-millis") -> dict:
     }
 
 
-def headers_schema(nullable_values: bool = False) -> dict:
+def headers_schema(nullable_values: bool = False) -> dict[str, Any]:
     """The connector's headers view: an array of {key, value} structs, values as strings
     (Values.convertToString). AvroData names such an unnamed struct ConnectDefault."""
     return {
@@ -71,13 +75,13 @@ def headers_schema(nullable_values: bool = False) -> dict:
     }
 
 
-def _payment_decoder(schema: dict) -> Callable[[bytes], dict]:
+def _payment_decoder(schema: AvroRecord) -> Callable[[bytes], AvroRecord]:
     """JSON payment -> Avro datum; a timestamp-micros `ts` is scaled from the JSON's ms."""
     ts = next((f["type"] for f in schema.get("fields", []) if f["name"] == "ts"), None)
     scale = 1000 if isinstance(ts, dict) and ts.get("logicalType") == "timestamp-micros" else 1
 
-    def decode(value: bytes) -> dict:
-        doc = json.loads(value)
+    def decode(value: bytes) -> AvroRecord:
+        doc: AvroRecord = json.loads(value)
         if scale != 1:
             doc["ts"] *= scale
         return doc
@@ -108,7 +112,7 @@ def write_connect_archive(
     records_per_file: int = 1000,
     pad: int = 10,
     key_type: str = "string",
-    value_schema: dict | None = None,
+    value_schema: AvroRecord | None = None,
     to_value: Callable[[bytes], Any] | None = None,
     topics_dir: str = TOPICS_DIR,
     codec: str = "null",
@@ -133,19 +137,19 @@ def write_connect_archive(
     prefix = f"{topics_dir.strip('/')}/" if topics_dir.strip("/") else ""
     written: list[str] = []
     # Per (topic, partition): rows not yet written, as (offset, key, value, headers).
-    pending: dict[tuple[str, int], list[tuple]] = {}
+    pending: dict[tuple[str, int], list[_Row]] = {}
     last: dict[tuple[str, int], int] = {}  # last offset seen per (topic, partition)
 
-    def flush(name: str, partition: int, rows: list[tuple]) -> None:
+    def flush(name: str, partition: int, rows: list[_Row]) -> None:
         stem = f"{prefix}{name}/partition={partition}/{name}+{partition}+{rows[0][0]:0{pad}d}"
         where = f"{name} partition {partition}"
         values = [to_value(r[2]) if r[2] is not None else None for r in rows]
         schema: Any = value_schema if all(v is not None for v in values) else ["null", value_schema]
         written.append(_write(store, stem + ".avro", schema, values, codec))
         if with_keys:
-            keys = [r[1] for r in rows]
+            keys: list[str | bytes | None] = [r[1] for r in rows]
             if key_type == "string":
-                keys = [_text(k, f"{where} offset {r[0]}: key") for k, r in zip(keys, rows)]
+                keys = [_text(r[1], f"{where} offset {r[0]}: key") for r in rows]
             written.append(_write(store, stem + KEYS_SUFFIX, KEY_SCHEMAS[key_type], keys, codec))
         if with_headers:
             headers = [

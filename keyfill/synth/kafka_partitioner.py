@@ -9,6 +9,7 @@ where a real producer would, or the per-partition skew of the synthetic archive 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -46,15 +47,15 @@ def kafka_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def murmur2_many(keys: list[bytes]) -> np.ndarray:
+def murmur2_many(keys: list[bytes]) -> npt.NDArray[np.uint32]:
     """`murmur2` of many keys as uint32, vectorised over keys of equal length.
 
     Generated archives have a million keys; the scalar loop would cost seconds.
     """
     out = np.empty(len(keys), dtype=np.uint32)
     by_length: dict[int, list[int]] = {}
-    for i, k in enumerate(keys):
-        by_length.setdefault(len(k), []).append(i)
+    for i, key in enumerate(keys):
+        by_length.setdefault(len(key), []).append(i)
     with np.errstate(over="ignore"):
         for length, idx in by_length.items():
             rows = np.frombuffer(b"".join(keys[i] for i in idx), dtype=np.uint8)
@@ -83,7 +84,8 @@ def murmur2_many(keys: list[bytes]) -> np.ndarray:
     return out
 
 
-def kafka_partitions(keys: list[bytes], partitions: int) -> np.ndarray:
+def kafka_partitions(keys: list[bytes], partitions: int) -> npt.NDArray[np.int32]:
     """`kafka_partition` for many keys at once (int32 array)."""
     positive = murmur2_many(keys) & np.uint32(0x7FFFFFFF)
-    return (positive % np.uint32(partitions)).astype(np.int32)
+    chosen: npt.NDArray[np.int32] = (positive % np.uint32(partitions)).astype(np.int32)  # numpy's stubs: Any
+    return chosen

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -65,7 +66,9 @@ class TopicArchive:
         return "\n".join(lines)
 
 
-def _envelope_batch(records: list[Record], value=lambda r: r.value) -> pa.RecordBatch:
+def _envelope_batch(
+    records: list[Record], value: Callable[[Record], bytes | None] = lambda r: r.value
+) -> pa.RecordBatch:
     return envelope.batch_from_records(
         [
             {
@@ -86,7 +89,7 @@ def _chunks(archive: TopicArchive) -> list[list[Record]]:
     return [list(part[i : i + n]) for part in archive.partitions for i in range(0, len(part), n)]
 
 
-def write_archive(archive: TopicArchive, url: str | Storage, layout: str = EnvelopeSource.format) -> dict:
+def write_archive(archive: TopicArchive, url: str | Storage, layout: str = EnvelopeSource.format) -> dict[str, Any]:
     """Write `archive` under `url` in `layout`; returns the `CompactConfig` options that read
     it (`source`, `source_format` and, for Connect, `source_options`)."""
     store = open_storage(url) if isinstance(url, str) else url
