@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +74,24 @@ def write_chunk(store: Storage, batch: pa.RecordBatch, topic: str, *, codec: str
     return key
 
 
+class Header(NamedTuple):
+    """What a chunk's header gives beyond its name (the fields of `SourceChunk` other
+    formats may leave None until the chunk is read)."""
+
+    last_offset: int
+    records: int
+    min_timestamp: int
+    max_timestamp: int
+
+
+def header_of(chunk: SourceChunk) -> Header:
+    """The header fields of a chunk `read_chunk_header` made (every chunk of an index)."""
+    last, records, lo, hi = chunk.last_offset, chunk.records, chunk.min_timestamp, chunk.max_timestamp
+    if last is None or records is None or lo is None or hi is None:
+        raise AssertionError(f"{chunk.key}: not a chunk read from its envelope header")
+    return Header(last, records, lo, hi)
+
+
 def read_chunk_header(store: Storage, key: str, size: int) -> SourceChunk:
     """SourceChunk from the first bytes of a chunk file, fetching more only if the header is
     longer than the first read."""
@@ -114,7 +133,8 @@ def read_chunk_header(store: Storage, key: str, size: int) -> SourceChunk:
             f"{int(m['first'])}, its metadata says topic {info.topic} partition {info.partition} "
             f"first offset {info.first_offset}"
         )
-    if info.last_offset < info.first_offset or info.records < 1:
+    header = header_of(info)
+    if header.last_offset < info.first_offset or header.records < 1:
         raise ArchiveError(f"{name}: metadata offsets {info.first_offset}..{info.last_offset} are empty")
     return info
 
@@ -143,11 +163,13 @@ class ArchiveIndex:
 
     def overlapping(self, start_ms: int, end_ms: int) -> list[SourceChunk]:
         """Chunks that may hold a record with start_ms <= timestamp < end_ms."""
-        return [c for c in self.all_chunks() if c.min_timestamp < end_ms and c.max_timestamp >= start_ms]
+        return [
+            c for c in self.all_chunks() if (h := header_of(c)).min_timestamp < end_ms and h.max_timestamp >= start_ms
+        ]
 
     @property
     def records(self) -> int:
-        return sum(c.records for c in self.all_chunks())
+        return sum(header_of(c).records for c in self.all_chunks())
 
     @property
     def bytes(self) -> int:
@@ -159,7 +181,7 @@ class ArchiveIndex:
             raise ArchiveError(f"{self.url}: holds topics {topics}; name one")
         return topics[0]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "chunks": [asdict(c) for c in self.all_chunks()], "gaps": self.gaps}
 
 
@@ -192,14 +214,15 @@ def build_index(store: Storage, *, threads: int = 16) -> ArchiveIndex:
     for (topic, partition), chunks in index.chunks.items():
         chunks.sort(key=lambda c: c.first_offset)
         for prev, cur in zip(chunks, chunks[1:]):
-            if cur.first_offset <= prev.last_offset:
+            prev_last = header_of(prev).last_offset
+            if cur.first_offset <= prev_last:
                 raise ArchiveError(
                     f"{store.url_for(cur.key)}: offsets {cur.first_offset}..{cur.last_offset} overlap "
-                    f"{store.url_for(prev.key)} ({prev.first_offset}..{prev.last_offset})"
+                    f"{store.url_for(prev.key)} ({prev.first_offset}..{prev_last})"
                 )
-            if cur.first_offset != prev.last_offset + 1:
+            if cur.first_offset != prev_last + 1:
                 index.gaps.append(
-                    f"{topic} partition {partition}: offsets {prev.last_offset + 1}..{cur.first_offset - 1} missing"
+                    f"{topic} partition {partition}: offsets {prev_last + 1}..{cur.first_offset - 1} missing"
                 )
     return index
 
