@@ -13,12 +13,16 @@ micro-batches of the Spark source at its default trigger (`compacted.TRIGGER_BYT
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from compactor import slice_length
 from keygroups import compacted
 from keygroups.assignment import assignment_keys
+
+if TYPE_CHECKING:
+    from compactor.job import Analysis, Prepared
 
 PIECE_OVERHEAD = 40  # bytes per piece beyond its records: block count and size, sync marker, index row
 SHORT_PIECE_RECORDS = 50  # pieces this small on average: blocks compress badly, planning costs per piece
@@ -48,13 +52,14 @@ class Estimate:
     group_balance: float  # largest group's payload / mean
     recommendations: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def estimate(prepared, analysis) -> Estimate:
+def estimate(prepared: Prepared, analysis: Analysis) -> Estimate:
     """The plan of `analysis` (compactor.job.analyse of `prepared`)."""
     cfg, plan, groups = analysis.cfg, analysis.plan, analysis.groups
+    assert cfg.slice_duration is not None  # analyse chose it, when not given
     per_slice = np.zeros(max(plan.slices, 1), np.int64)
     for s, ranges in plan.ranges.items():
         per_slice[s] = sum(r.records for r in ranges)

@@ -13,17 +13,19 @@ offers a group-by over a hash the caller already has.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pyarrow as pa
 
 from compactor.shuffle_codec import pack, unpack
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.key_hash import hash_keys
 
 
 @njit(cache=True, nogil=True)
-def _same(data, a0, a1, b0, b1) -> bool:
+def _same(data: np.ndarray, a0: Int, a1: Int, b0: Int, b1: Int) -> bool:
     if a1 - a0 != b1 - b0:
         return False
     for j in range(a1 - a0):
@@ -37,17 +39,27 @@ _LOW = np.uint64(0xFFFFFFFF)
 
 
 @njit(cache=True, nogil=True)
-def _slot_of(table, shift, h):
+def _slot_of(table: np.ndarray, shift: np.uint64, h: np.uint64) -> np.uint64:
     """The first empty slot of h's probe sequence."""
     mask = np.uint64(table.shape[0] - 1)
-    s = h >> shift
+    s: np.uint64 = h >> shift
     while table[s] != _EMPTY:
         s = (s + np.uint64(1)) & mask
     return s
 
 
 @njit(cache=True, nogil=True)
-def _sum_spans(hashes, offsets, data, skip, size, records, bits, first, entries):
+def _sum_spans(
+    hashes: np.ndarray,
+    offsets: np.ndarray,
+    data: np.ndarray,
+    skip: np.ndarray,
+    size: np.ndarray,
+    records: np.ndarray,
+    bits: int,
+    first: np.ndarray,
+    entries: np.ndarray,
+) -> int:
     """Rows with the same key bytes added up, in the order their keys first appear; rows
     with `skip` set are left out. Returns how many distinct keys (rows of `first` and
     `entries` filled).
@@ -147,7 +159,7 @@ def to_blob(table: pa.Table, codec: str | None = None) -> bytes:
     return bytes(pack(pa.RecordBatch.from_arrays(columns, schema=SUMS_SCHEMA).serialize(), codec))
 
 
-def from_blobs(blobs, codec: str | None = None) -> pa.Table:
+def from_blobs(blobs: Iterable[bytes], codec: str | None = None) -> pa.Table:
     return pa.Table.from_batches([pa.ipc.read_record_batch(unpack(b, codec), SUMS_SCHEMA) for b in blobs], SUMS_SCHEMA)
 
 

@@ -154,7 +154,7 @@ def plan_slices(
     seal_all: bool = False,
     idle_after_ms: int | None = None,
     after: Continuation | None = None,
-    name=lambda key: key,
+    name: Callable[[str], str] = lambda key: key,
 ) -> SlicePlan:
     """Slice boundaries, per-slice partition ranges and each chunk's prefix max, from the
     statistics pass alone: the sealed slices only, unless `seal_all`. With `after`, the
@@ -206,7 +206,8 @@ def plan_slices(
                     made_late += stretch.records  # its own running maximum is in a published slice
                 per_slice.setdefault(s, {}).setdefault(p, []).append(stretch)
             true_max = max(true_max, cur.max_timestamp)
-        handoff[p] = cs[-1].last_offset + 1 if cs else after.handoff[p]
+        # no chunks: a partition of the archive's (`after`), at its hand-off
+        handoff[p] = cs[-1].last_offset + 1 if cs or after is None else after.handoff[p]
         final_max[p] = max(true_max, floor)
 
     if not per_slice and not after:

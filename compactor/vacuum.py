@@ -94,12 +94,12 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
     # Runs only expired versions read: marked expired first, so their files stay deletable
     # if this vacuum stops after their version objects are gone.
     for v in expired:
-        for run in manifests[v].runs:
-            if run in old_runs - keep_runs and (run not in leases or leases[run].state == "running"):
+        for r in manifests[v].runs:
+            if r in old_runs - keep_runs and (r not in leases or leases[r].state == "running"):
                 m = manifests[v]
-                lease = LeaseRecord(run, m.kind, "vacuum", 0, now_ms, now_ms, now_ms, "expired", m.groups)
-                leases[run] = lease
-                plan.mark_expired.append(lease)
+                marked = LeaseRecord(r, m.kind, "vacuum", 0, now_ms, now_ms, now_ms, "expired", m.groups)
+                leases[r] = marked
+                plan.mark_expired.append(marked)
     ended = {
         run: lease
         for run, lease in leases.items()
@@ -118,6 +118,9 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
                 plan.bytes += o.size
             else:
                 plan.kept_unknown += 1  # a version committed after the listing
+            continue
+        if run is None:  # unreachable: every archive object but a version is named by its run (keygroups.layout)
+            plan.kept_unknown += 1
             continue
         if compacted.run_of_lease(o.key) is not None:
             lease = leases.get(run)
