@@ -31,11 +31,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from compactor.sources import SourceArchive
+from compactor.sources import SourceArchive, SourceChunk
 from compactor.verify_file import FileChecker
 from keygroups import compacted, envelope
 from keygroups.compacted import Piece, SliceMeta
@@ -65,7 +66,7 @@ class VerifyReport:
         if len(self.violations[check]) < MAX_REPORTED:
             self.violations[check].append(message)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "source": self.source,
@@ -134,7 +135,7 @@ def _digest(batches: list[pa.RecordBatch], tags: list[np.ndarray] | None = None)
 @dataclass
 class AuditPlan:
     manifest: compacted.Manifest
-    chunks: list
+    chunks: list[SourceChunk]
     metas: list[SliceMeta]
     files: list[tuple[str, list[Piece]]]  # segment file -> its pieces, in order
     ranges: dict[int, list[compacted.PartitionRange]]
@@ -197,10 +198,13 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     # Compacted side.
     checker = FileChecker(dest, manifest)
 
+    def check(file: tuple[str, list[Piece]]) -> tuple[pa.RecordBatch, np.ndarray, list[tuple[str, str]]]:
+        return checker(*file, plan.ranges)
+
     out_batches, out_slices = [], []
     with _pool(threads) as pool:
         checked = tqdm(
-            pool.map(lambda item: checker(*item, plan.ranges), files),
+            pool.map(check, files),
             total=len(files),
             desc="verify: compacted",
             unit="file",
@@ -232,7 +236,13 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
     return report
 
 
-def partition_checks(report: VerifyReport, p: int, manifest: compacted.Manifest, source, archive) -> int:
+def partition_checks(
+    report: VerifyReport,
+    p: int,
+    manifest: compacted.Manifest,
+    source: tuple[np.ndarray, np.ndarray, np.ndarray],
+    archive: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> int:
     """One partition: the source's records below the hand-off (offsets, timestamps,
     fingerprints) against the archive's (offsets, slice starts, fingerprints), in offset
     order. Returns how many records sit after their own running maximum's slice (made late)."""

@@ -3,14 +3,16 @@ with the record-level checks done by Spark, for archives too large for one proce
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from enum import IntEnum
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from compactor.execution import OnSpark
-from compactor.sources import SourceArchive
+from compactor.execution import OnSpark, Task
+from compactor.sources import SourceArchive, SourceChunk
 from compactor.verify import (
     MAX_REPORTED,
     VerifyReport,
@@ -21,7 +23,11 @@ from compactor.verify import (
 )
 from compactor.verify_file import FileChecker
 from keygroups import envelope
+from keygroups.compacted import PartitionRange, Piece
 from keygroups.storage import Storage
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 _SOURCE_ROWS = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("ts", pa.int64()), ("fp", pa.int64())])
 
@@ -39,8 +45,8 @@ _ARCHIVED_ROWS = pa.schema(
 )  # fmt: skip
 
 
-def _source_task(source: SourceArchive, chunks: list):
-    def task(batches):
+def _source_task(source: SourceArchive, chunks: list[SourceChunk]) -> Task:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 b = source.read(chunks[i])
@@ -57,8 +63,10 @@ def _source_task(source: SourceArchive, chunks: list):
     return task
 
 
-def _archive_task(checker: FileChecker, files: list, ranges: dict):
-    def task(batches):
+def _archive_task(
+    checker: FileChecker, files: list[tuple[str, list[Piece]]], ranges: dict[int, list[PartitionRange]]
+) -> Task:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rows in batches:
             for i in rows.column("idx").to_pylist():
                 key, pieces = files[i]
@@ -92,7 +100,7 @@ def _archive_task(checker: FileChecker, files: list, ranges: dict):
     return task
 
 
-def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
+def verify_spark(source: SourceArchive, dest: Storage, spark: SparkSession) -> VerifyReport:
     """`verify` with the record-level checks done by Spark: files are checked in tasks, and
     source and archive are joined on (partition, offset), so no process holds the archive."""
     from pyspark.sql import Window
@@ -155,7 +163,7 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
         )
         found |= _counts(runmax, early=own > F.col("slice_start"), made_late=own < F.col("slice_start"))
         report.records = found["records"]
-        checks = [
+        checks: list[tuple[str, str, DataFrame, Callable[[dict[str, Any]], str]]] = [
             ("missing", "exactly_once", joined.filter("slice_start IS NULL"),
              lambda r: f"partition {r['partition']} offset {r['offset']}: in the source, not in the archive"),
             ("extra", "exactly_once", joined.filter("ts IS NULL"),
@@ -182,7 +190,7 @@ def verify_spark(source: SourceArchive, dest: Storage, spark) -> VerifyReport:
     return report
 
 
-def _counts(frame, **conditions) -> dict[str, int]:
+def _counts(frame: DataFrame, **conditions: Column) -> dict[str, int]:
     """Each column summed over `frame` (a condition counts the rows meeting it), in one job."""
     from pyspark.sql import functions as F
 
