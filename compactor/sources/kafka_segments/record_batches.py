@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import cramjam
@@ -37,7 +38,7 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
 from keygroups.envelope.buffers import gather_spans
 
@@ -46,6 +47,11 @@ HEADER_BYTES = HEADER.size
 LOG_OVERHEAD = 12  # base offset and batch length: the bytes before the length counts
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 _XERIAL = b"\x82SNAPPY\x00"
+# What `_parse` returns: per record its offset, timestamp, key and value positions and lengths,
+# header count; per header item its key and value positions and lengths; the header items'
+# count; the error (-1, or the start of the batch holding a malformed record).
+_A = np.ndarray
+_Parsed = tuple[_A, _A, _A, _A, _A, _A, _A, _A, _A, _A, _A, Int, Int]
 
 
 @dataclass(frozen=True)
@@ -91,16 +97,16 @@ def _decompress(codec: int, data: bytes, where: str) -> bytes:
     raise CorruptFile(f"{where}: unknown compression codec {codec}")
 
 
-def _is_aborted(aborted: list[Aborted], producer_id: int, offset: int) -> bool:
+def _is_aborted(aborted: Sequence[Aborted], producer_id: int, offset: int) -> bool:
     return any(a.producer_id == producer_id and a.first_offset <= offset <= a.last_offset for a in aborted)
 
 
 def decode_segment(
-    data: bytes,
+    data: bytes | bytearray,
     partition: int,
     *,
     name: str,
-    aborted: list[Aborted] = (),  # type: ignore[assignment]
+    aborted: Sequence[Aborted] = (),
     from_offset: int = 0,
     report: SegmentReport | None = None,
 ) -> pa.RecordBatch:
@@ -110,7 +116,7 @@ def decode_segment(
     byte position."""
     report = report if report is not None else SegmentReport()
     blobs: list[bytes] = []
-    meta: list[tuple[int, int, int, int, int]] = []  # base offset, base ts, max ts, ts type, records
+    meta: list[tuple[int, int, int, int, int, int]] = []  # base offset, base ts, max ts, ts type, records, last offset
     pos, end = 0, len(data)
     view = memoryview(data)
     while pos < end:
@@ -217,7 +223,7 @@ def _binary(buf: np.ndarray, pos: np.ndarray, length: np.ndarray, typ: pa.DataTy
 
 
 @njit(cache=True, nogil=True)
-def _varint(buf, p, end):  # pragma: no cover - compiled
+def _varint(buf: np.ndarray, p: Int, end: Int) -> tuple[Int, Int]:  # pragma: no cover - compiled
     """(zigzag-decoded value, next position); position -1 when it runs past `end` (or
     starts at -1: a field before it ran past)."""
     result = 0
@@ -235,7 +241,16 @@ def _varint(buf, p, end):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _parse(buf, starts, base_off, base_ts, max_ts, ts_type, counts, total):  # pragma: no cover - compiled
+def _parse(  # pragma: no cover - compiled
+    buf: np.ndarray,
+    starts: np.ndarray,
+    base_off: np.ndarray,
+    base_ts: np.ndarray,
+    max_ts: np.ndarray,
+    ts_type: np.ndarray,
+    counts: np.ndarray,
+    total: int,
+) -> _Parsed:
     """Every record of the batches' record parts (concatenated in `buf`, batch b's from
     `starts[b]`): offsets, timestamps, and positions and lengths of keys, values and header
     items. The last returned item is -1, or the start of the batch holding a malformed
@@ -303,7 +318,7 @@ def _parse(buf, starts, base_off, base_ts, max_ts, ts_type, counts, total):  # p
 
 
 @njit(cache=True, nogil=True)
-def _grow(a, cap):  # pragma: no cover - compiled
+def _grow(a: np.ndarray, cap: Int) -> np.ndarray:  # pragma: no cover - compiled
     out = np.empty(cap, a.dtype)
     out[: len(a)] = a
     return out

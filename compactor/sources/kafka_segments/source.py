@@ -32,7 +32,9 @@ from __future__ import annotations
 import logging
 import re
 import struct
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -46,6 +48,8 @@ from keygroups.storage import Storage
 _BROKER = re.compile(r"^(?:.*/)?(?P<topic>[^/]+)-(?P<part>\d+)/(?P<base>\d{20})\.(?P<kind>log|txnindex)$")
 log = logging.getLogger("keyfill.sources")
 _TXN_ENTRY = struct.Struct(">hqqqq")  # version, producer id, first offset, last offset, last stable offset
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
 
 
 def parse_txnindex(data: bytes, name: str) -> list[Aborted]:
@@ -74,15 +78,16 @@ class KafkaSegmentsSource(SourceArchive):
         self._aborted: dict[tuple[str, int], list[Aborted]] | None = None
         self.overlaps: list[tiered.Overlap] = []  # tiered offsets uploaded twice, read once (last listing)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"store": self.store, "threads": self.threads, "_aborted": self._aborted, "overlaps": []}
 
-    def _map(self, fn, items: list) -> list:
+    def _map(self, fn: Callable[[_Item], _Result], items: list[_Item]) -> list[_Result]:
         with ThreadPoolExecutor(max(1, min(self.threads, len(items) or 1))) as pool:
             return list(pool.map(fn, items))
 
     def list_chunks(self) -> list[SourceChunk]:
-        chunks, txn = [], []
+        chunks: list[SourceChunk] = []
+        txn: list[tuple[str, int, str]] = []  # topic, partition, transaction index
         remote: dict[str, dict[str, int]] = {}  # tiered segment stem -> kind -> object size
         listing = self.store.list()
         for o in listing:
@@ -117,7 +122,9 @@ class KafkaSegmentsSource(SourceArchive):
         chunks.sort(key=lambda c: (c.topic, c.partition, c.first_offset))
         return chunks
 
-    def _list_tiered(self, remote: dict[str, dict[str, int]]):
+    def _list_tiered(
+        self, remote: dict[str, dict[str, int]]
+    ) -> tuple[list[SourceChunk], list[tuple[str, int, list[Aborted]]]]:
         """Chunks of the tiered segments (overlaps cut, see `tiered.cover`) and their
         aborted transactions. A `.log` without a manifest is an upload that never finished
         (the plugin writes the manifest last, and Kafka references a segment only after it):
@@ -137,7 +144,9 @@ class KafkaSegmentsSource(SourceArchive):
             stem, size = item
             name = url(stem + ".rsm-manifest")
             m = tiered.parse_manifest(self.store.read(stem + ".rsm-manifest"), name)
-            tiered.check_manifest(m, tiered.KEY.match(stem + ".log"), name)
+            key = tiered.KEY.match(stem + ".log")
+            assert key is not None, stem  # it is a KEY: the stem came from one
+            tiered.check_manifest(m, key, name)
             tiered.check_stored(size, m, url(stem + ".log"))
             return tiered.Segment(stem + ".log", size, m)
 
@@ -153,7 +162,8 @@ class KafkaSegmentsSource(SourceArchive):
                     f"{self.store.url}: topic {topic} has tiered segments under topic ids {sorted(found)} (a deleted "
                     "and re-created topic: offsets start again); remove the stale topic id's objects"
                 )
-        chunks, self.overlaps = [], []
+        chunks: list[SourceChunk] = []
+        self.overlaps = []
         for (topic, part), segs in sorted(by_partition.items()):
             chosen, overlaps = tiered.cover(segs, url)
             for o in overlaps:
@@ -172,13 +182,14 @@ class KafkaSegmentsSource(SourceArchive):
                 )
                 for s, first in chosen
             ]
-        with_txn = [s for s in segments if s.manifest.transaction and s.manifest.transaction[1]]
+        with_txn = [(s, txn) for s in segments if (txn := s.manifest.transaction) and txn[1]]
         return chunks, self._map(self._tiered_txn, with_txn)
 
-    def _tiered_txn(self, s: tiered.Segment) -> tuple[str, int, list[Aborted]]:
-        """A tiered segment's aborted transactions, from the transaction index inside its `.indexes`."""
+    def _tiered_txn(self, item: tuple[tiered.Segment, tuple[int, int]]) -> tuple[str, int, list[Aborted]]:
+        """A tiered segment's aborted transactions, from the transaction index inside its
+        `.indexes` (at the manifest's position and size)."""
+        s, (pos, size) = item
         key = s.key.removesuffix(".log") + ".indexes"
-        pos, size = s.manifest.transaction
         data = self.store.read_range(key, pos, size)
         name = f"{self.store.url_for(key)} (transaction index, bytes {pos}..{pos + size - 1})"
         if len(data) != size:
@@ -192,6 +203,7 @@ class KafkaSegmentsSource(SourceArchive):
 
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
         name = self.store.url_for(chunk.key)
+        data: bytes | bytearray
         try:
             data = self.store.read(chunk.key)
         except OSError as exc:

@@ -29,7 +29,9 @@ import itertools
 import json
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import cramjam
 
@@ -41,6 +43,7 @@ KEY = re.compile(
     rf"^(?P<stem>(?:.*/)?(?P<topic>[^/]+)-(?P<topic_id>{_UUID})/(?P<part>\d+)/(?P<start>\d{{20}})-(?P<segment>{_UUID}))"
     r"\.(?P<kind>log|indexes|rsm-manifest)$"
 )
+_T = TypeVar("_T")  # a manifest field's type: str, int, bool or dict, as JSON decodes it
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class SegmentManifest:
         return sum(o for o, _ in self.chunks)
 
 
-def _get(obj, path: str, name: str, types):
+def _get(obj: Any, path: str, name: str, types: type[_T]) -> _T:
     """`obj[a][b]...` for the dotted `path`, of one of `types`; a missing or mistyped field is
     named with the manifest's URL."""
     cur = obj
@@ -101,7 +104,7 @@ def chunk_sizes_codec(data: bytes, name: str) -> list[int]:
         raise CorruptFile(f"{name}: the manifest's chunkIndex.transformedChunks is not a chunk size list") from None
 
 
-def _chunks(index: dict, name: str) -> tuple[tuple[int, int], ...]:
+def _chunks(index: dict[str, Any], name: str) -> tuple[tuple[int, int], ...]:
     """(original, stored) size per chunk, as `AbstractChunkIndex.materializeChunks` lays them out."""
     kind = _get(index, "type", name, str)
     size = _get(index, "originalChunkSize", name, int)
@@ -149,9 +152,8 @@ def parse_manifest(data: bytes, name: str) -> SegmentManifest:
             "read encrypted tiered storage: copy the topic from a cluster whose RemoteStorageManager has "
             "encryption off, or read the broker's log directory"
         )
-    txn = _get(doc, "segmentIndexes", name, dict).get("transaction")
-    if txn is not None:
-        txn = (_get(txn, "position", name, int), _get(txn, "size", name, int))
+    found = _get(doc, "segmentIndexes", name, dict).get("transaction")
+    txn = None if found is None else (_get(found, "position", name, int), _get(found, "size", name, int))
     meta = "remoteLogSegmentMetadata"
     epochs = _get(doc, meta, name, dict).get("segmentLeaderEpochs") or {}
     if not isinstance(epochs, dict):
@@ -174,16 +176,16 @@ def parse_manifest(data: bytes, name: str) -> SegmentManifest:
     )
 
 
-def check_manifest(m: SegmentManifest, key: re.Match, name: str) -> None:
+def check_manifest(m: SegmentManifest, key: re.Match[str], name: str) -> None:
     """The manifest describes the segment its key names. The key's topic folder may carry the
     tail of a prefix that does not end in `/` (`<prefix><topic>-<id>`): the topic is the
     manifest's, which the folder name must end with."""
     said = (m.topic_id, m.partition, m.start, m.segment_id)
     named = (key["topic_id"], int(key["part"]), int(key["start"]), key["segment"])
     if said != named or not key["topic"].endswith(m.topic):
-        said, named = (m.topic, *said), (key["topic"], *named)
         raise CorruptFile(
-            f"{name}: the manifest describes {said} (topic, topic id, partition, start, segment id), its key {named}"
+            f"{name}: the manifest describes {(m.topic, *said)} (topic, topic id, partition, start, segment id), its "
+            f"key {(key['topic'], *named)}"
         )
     if m.end < m.start:
         raise CorruptFile(f"{name}: end offset {m.end} is before start offset {m.start}")
@@ -253,7 +255,9 @@ class Overlap:
     dropped: bool  # the whole segment is covered: it is not read at all
 
 
-def cover(segments: list[Segment], name=lambda key: key) -> tuple[list[tuple[Segment, int]], list[Overlap]]:
+def cover(
+    segments: list[Segment], name: Callable[[str], str] = lambda key: key
+) -> tuple[list[tuple[Segment, int]], list[Overlap]]:
     """Segments of one partition chosen so that every offset is read from exactly one, as
     (segment, first offset to read). Leader failover can upload the same offsets twice (a new
     leader copies from its own segment boundaries): committed offsets hold the same records on
