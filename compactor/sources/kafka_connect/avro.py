@@ -100,12 +100,12 @@ def binary_array(items: list[Any]) -> pa.Array:
 def header_array(items: list[list[dict[str, Any]] | None]) -> pa.Array:
     """Headers records ({key, value} dicts per record, None for none) as the envelope's
     list<header>: string and bytes values as they are, others by the key rule."""
-    items = [h if h is not None else [] for h in items]
+    lists = [h if h is not None else [] for h in items]
     try:
-        return pa.array(items, pa.list_(HEADER_TYPE))
+        return pa.array(lists, pa.list_(HEADER_TYPE))
     except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):  # non-string values: the key rule
         return pa.array(
-            [[{"key": x["key"], "value": scalar_bytes(x["value"])} for x in h] for h in items],
+            [[{"key": x["key"], "value": scalar_bytes(x["value"])} for x in h] for h in lists],
             pa.list_(HEADER_TYPE),
         )
 
@@ -163,7 +163,7 @@ class Avro:
     records: list[Any]
 
 
-def file_schema(data: bytes, name: str) -> tuple[Any, dict, int]:
+def file_schema(data: bytes, name: str) -> tuple[Any, dict[str, Any], int]:
     """(schema as written, header, header length) of an Avro object container file."""
     try:
         meta, sync, end = framing.read_header(memoryview(data), name)

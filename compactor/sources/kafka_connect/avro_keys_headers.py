@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from compactor.sources.kafka_connect.avro import is_record
 from keygroups import envelope
-from keygroups._numba import njit
+from keygroups._numba import Int, njit
 from keygroups.envelope import HEADER_TYPE, CorruptFile, framing
 from keygroups.envelope.buffers import arrow_binary
 
@@ -36,7 +36,7 @@ _copy_bytes = envelope.read_bytes
 
 
 @njit(cache=True, nogil=True)
-def _branch(buf, pos, end, null_branch):
+def _branch(buf: np.ndarray, pos: Int, end: Int, null_branch: int) -> tuple[bool, Int, int]:
     """(is null, new pos, error) of an optional value; null_branch -1: not a union."""
     if null_branch < 0:
         return False, pos, 0
@@ -49,11 +49,19 @@ def _branch(buf, pos, end, null_branch):
 
 
 @njit(cache=True, nogil=True)
-def _decode_keys(buf, ends, counts, null_branch, off, data, valid):
+def _decode_keys(
+    buf: np.ndarray,
+    ends: np.ndarray,
+    counts: np.ndarray,
+    null_branch: int,
+    off: np.ndarray,
+    data: np.ndarray,
+    valid: np.ndarray,
+) -> tuple[int, int]:
     """Records of a keys file; returns (records decoded, error)."""
     i = 0
-    dp = 0
-    pos = 0
+    dp: Int = 0
+    pos: Int = 0
     for b in range(ends.shape[0]):
         end = ends[b]
         for _ in range(counts[b]):
@@ -74,13 +82,24 @@ def _decode_keys(buf, ends, counts, null_branch, off, data, valid):
 
 
 @njit(cache=True, nogil=True)
-def _decode_headers(buf, ends, counts, null_branch, h_off, k_off, k_data, v_off, v_data, v_valid):
+def _decode_headers(
+    buf: np.ndarray,
+    ends: np.ndarray,
+    counts: np.ndarray,
+    null_branch: int,
+    h_off: np.ndarray,
+    k_off: np.ndarray,
+    k_data: np.ndarray,
+    v_off: np.ndarray,
+    v_data: np.ndarray,
+    v_valid: np.ndarray,
+) -> tuple[int, int, int]:
     """Records of a headers file; returns (records decoded, items decoded, error)."""
     i = 0
     j = 0
-    kp = 0
-    vp = 0
-    pos = 0
+    kp: Int = 0
+    vp: Int = 0
+    pos: Int = 0
     for b in range(ends.shape[0]):
         end = ends[b]
         for _ in range(counts[b]):

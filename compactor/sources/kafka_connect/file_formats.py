@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pyarrow as pa
 
@@ -84,8 +84,17 @@ class FileFormat:
     headers: Callable[[bytes, str, int], pa.Array]
 
 
-def _gzipped(fn):
-    return lambda data, name, *rest: fn(gunzip(data, name), name, *rest)
+_Args = ParamSpec("_Args")
+_Out = TypeVar("_Out")
+
+
+def _gzipped(fn: Callable[Concatenate[bytes, str, _Args], _Out]) -> Callable[Concatenate[bytes, str, _Args], _Out]:
+    """`fn` for gzipped files: their bytes decompressed before `fn` reads them."""
+
+    def read(data: bytes, name: str, /, *args: _Args.args, **kwargs: _Args.kwargs) -> _Out:
+        return fn(gunzip(data, name), name, *args, **kwargs)
+
+    return read
 
 
 AVRO = FileFormat(_avro_values, _avro_keys, _avro_headers)
@@ -114,7 +123,7 @@ def _check_value_schema(schema: Any, name: str, ts_field: str, key_field: str | 
         raise OptionError(
             f"{name}: timestamp_field {ts_field!r} needs record values; the value schema is {short_schema(schema)}"
         )
-    divisors = set()
+    divisors: set[int | None] = set()
     for rec in records:
         fields = {f["name"]: f["type"] for f in rec.get("fields", [])}
         for which, field in (("timestamp_field", ts_field), ("key_field", key_field)):
@@ -124,13 +133,14 @@ def _check_value_schema(schema: Any, name: str, ts_field: str, key_field: str | 
                     f"{rec.get('name', '?')} (fields: {', '.join(fields) or 'none'})"
                 )
         divisors.add(_ts_divisor(fields[ts_field]))
-    if None in divisors or len(divisors) != 1:
+    divisor = divisors.pop() if len(divisors) == 1 else None
+    if divisor is None:
         types = [next(f["type"] for f in r["fields"] if f["name"] == ts_field) for r in records]
         raise OptionError(
             f"{name}: timestamp_field {ts_field!r} must be an int/long of epoch "
             f"milliseconds or a timestamp-millis/-micros/-nanos long; it is {' / '.join(map(short_schema, types))}"
         )
-    return divisors.pop()
+    return divisor
 
 
 def _generic_headers(avro: Avro, hname: str) -> pa.Array:

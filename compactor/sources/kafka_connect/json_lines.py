@@ -16,6 +16,7 @@ import io
 import json
 import re
 import zlib
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +71,7 @@ def lines(data: bytes, name: str, first: int) -> pa.BinaryArray:
     )
 
 
-def _parse(line: bytes, name: str, offset: int):
+def _parse(line: bytes, name: str, offset: int) -> Any:
     try:
         return json.loads(line)
     except ValueError as exc:  # also UnicodeDecodeError
@@ -116,7 +117,7 @@ def _slow_fields(
     texts: list[bytes], name: str, first: int, ts_field: str, key_field: str | None
 ) -> tuple[pa.Array, pa.Array | None]:
     ts: list[int | None] = []
-    keys: list = []
+    keys: list[Any] = []
     for i, line in enumerate(texts):
         doc = _parse(line, name, first + i)
         if doc is None:
@@ -165,7 +166,7 @@ def json_values(data: bytes, name: str, first: int, ts_field: str, key_field: st
         ts, keys = _slow_fields(text.to_pylist(), name, first, ts_field, key_field)
     if not tomb.all():
         _absent(text, tomb, ts, "timestamp_field", ts_field, name)
-        if keys is not None:
+        if keys is not None and key_field:  # keys: those of key_field
             _absent(text, tomb, keys, "key_field", key_field, name)
     values = pc.if_else(pa.array(tomb), pa.scalar(None, pa.binary()), text) if tomb.any() else text
     return Values(values, ts, 1, keys)

@@ -82,7 +82,7 @@ def _maps_as_objects(value: Any, t: pa.DataType) -> Any:
 
 def _pylist(arr: pa.Array) -> list[Any]:
     plain = _plain(arr)
-    items = plain.to_pylist()
+    items: list[Any] = plain.to_pylist()
     if _has_map(plain.type):
         items = [_maps_as_objects(v, plain.type) for v in items]
     return items

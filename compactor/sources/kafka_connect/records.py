@@ -39,7 +39,7 @@ def timestamps_ms(v: Values, name: str, first: int, field: str) -> np.ndarray:
             f"{name}: record at offset {first + int(bad[0])} has a null {field!r} (timestamp_field); "
             "only tombstones may lack a timestamp"
         )
-    ts = v.timestamps.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ts: np.ndarray = v.timestamps.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if v.divisor != 1:
         ts = ts // v.divisor  # floor, also before 1970
     if n and not has_ts.all():
