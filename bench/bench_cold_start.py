@@ -11,7 +11,7 @@ compiled:
   runs in this one process what Spark spreads over executors and driver: the statistics
   task (source decode, key hashing), the driver's packing (keygroups.packing), and the
   rewrite's decode and write tasks (key lookup, record encoding, segment framing, snappy);
-- read: what a `format("keyfill")` task runs on an executor (`SourcePlanner.read`):
+- read: what a `format("keyfill")` task runs on an executor (`KeyfillStreamReader.read`):
   `reader.fetch.read_groups` over every piece of the archive (PieceFetcher, piece checks
   with CRC-32C combining, snappy, the envelope decoder); the pieces are listed from the
   index before the clock starts, as the driver plans them;

@@ -261,7 +261,7 @@ def main() -> int:
     strides = end // stride_ms - start // stride_ms
     nonempty = []  # slices with records, what maxSlicesPerTrigger counts
     for u in (t.payments_url, t.logins_url):
-        planner = rs.SourcePlanner(rs.Options.parse({"path": u}))
+        planner = rs.ArchivePlanner(rs.Options.parse({"path": u}))
         nonempty.append(int((planner.slice_sizes(0, planner.manifest.slices)[0] > 0).sum()))
     max_slices = args.max_slices_per_trigger or max(1, math.ceil(max(nonempty) / strides))
     files = {k: len(v) for k, v in chunks.items()}

@@ -60,7 +60,7 @@ def write_records(url: str, dest: str) -> list[str]:
         return files
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
-    planner = rs.SourcePlanner(rs.Options.parse({"path": url}))
+    planner = rs.ArchivePlanner(rs.Options.parse({"path": url}))
     batches = [b for part in planner.plan(0, planner.manifest.slices) for b in read_archive(planner.opts, part)]
     table = pa.Table.from_batches(batches, arrow_schema(False)).combine_chunks()
     per = -(-table.num_rows // PYTHON_PARTITIONS)
@@ -73,7 +73,7 @@ def write_records(url: str, dest: str) -> list[str]:
 
 def write_partitions(url: str, path: str) -> str:
     """keyfill's input partitions of the whole archive, one per Python source partition, pickled."""
-    planner = rs.SourcePlanner(rs.Options.parse({"path": url, "numPartitions": str(PYTHON_PARTITIONS)}))
+    planner = rs.ArchivePlanner(rs.Options.parse({"path": url, "numPartitions": str(PYTHON_PARTITIONS)}))
     with open(path, "wb") as f:
         pickle.dump(planner.plan(0, planner.manifest.slices), f)
     return path

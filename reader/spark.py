@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, MutableMapping
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -50,12 +51,12 @@ from pyspark.sql.types import StructType
 
 from keygroups import spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
-from keygroups.piece_index import row_group_of, row_group_start
 from reader.errors import ArchiveChanged, SourceOptionError
-from reader.kafka_live import KafkaRange, capped, check_available, partition_marks
+from reader.kafka_live import KafkaRange, partition_marks
 from reader.pushdown import Pushdown, push
+from reader.spark_live import LivePlanner
 from reader.spark_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
-from reader.spark_partitions import NAME, GroupsPartition, SourcePlanner
+from reader.spark_partitions import NAME, ArchivePlanner, GroupsPartition, Limits
 from reader.spark_rows import schema_ddl
 from reader.strides import Strides
 
@@ -168,21 +169,31 @@ class KeyfillBatchReader(DataSourceReader):
     pushed = Pushdown()  # the filters the source applies (KeyfillPushdownReader.pushFilters): none
 
     def __init__(self, opts: Options):
-        self.planner = SourcePlanner(opts)
+        self.opts = opts
+        self.archive = ArchivePlanner(opts)
+        self.live = LivePlanner(self.archive)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a task is sent: the options and the pushed filters, not what planning loaded."""
+        return {"opts": self.opts, "pushed": self.pushed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        KeyfillBatchReader.__init__(self, state["opts"])  # the planners start empty: a task never plans
+        self.pushed = state["pushed"]
 
     def partitions(self) -> list[InputPartition]:
         """The archive's slices; with kafka.* options, then the topic from the hand-off to its
         end offsets now. Only the pieces and live ranges the pushed filters let in."""
-        planner, pushed = self.planner, self.pushed
+        archive, live, pushed = self.archive, self.live, self.pushed
         out: list[InputPartition] = []
-        if pushed.has_topic(planner.manifest.topic):
-            out += planner.plan(
-                *pushed.slice_range(planner.first_slice(), planner.end_slice(), planner.manifest), pushed
+        if pushed.has_topic(archive.manifest.topic):
+            out += archive.plan(
+                *pushed.slice_range(archive.first_slice(), archive.end_slice(), archive.manifest), pushed
             )
-        if planner.goes_live() and pushed.live(planner.topic):
-            at = planner.offset(planner.manifest.slices)
-            ends = planner.live_ends(partition_marks(planner.kafka, planner.topic))
-            ranges = planner.live_ranges(at, at | {"kafka": {str(p): o for p, o in ends.items()}})
+        if live.goes_live() and pushed.live(archive.topic):
+            at = archive.offset(archive.manifest.slices)
+            ends = live.ends(partition_marks(live.kafka, archive.topic))
+            ranges = live.ranges(at, at | {"kafka": {str(p): o for p, o in ends.items()}})
             out += [r for r in ranges if pushed.has_partition(r.partition)]
         return out
 
@@ -192,11 +203,11 @@ class KeyfillBatchReader(DataSourceReader):
 
         if isinstance(partition, KafkaRange):
             rows = self.pushed.rows("key_group")  # live records: the group of their key, or null
-            batches = spark_read.read_live(self.planner.opts, partition)
+            batches = spark_read.read_live(self.opts, partition)
             return batches if rows is None else rows.apply(batches)
         if not isinstance(partition, GroupsPartition):  # PySpark's stand-in when partitions() has none
             return iter(())
-        return spark_read.read_archive(self.planner.opts, partition, self.pushed.rows("partition"))
+        return spark_read.read_archive(self.opts, partition, self.pushed.rows("partition"))
 
 
 class KeyfillPushdownReader(KeyfillBatchReader):
@@ -224,21 +235,28 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     that was latest when the query started."""
 
     def __init__(self, opts: Options):
-        self.planner = SourcePlanner(opts)
         self.opts = opts
+        self.archive = ArchivePlanner(opts)
+        self.live = LivePlanner(self.archive)
         self.available_now = False
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
-        self.reached: dict[str, Any] | None = None  # the end of the batch planned last, and the topic's marks then
-        self.marks: dict[int, tuple[int, int]] = {}
+        self.reached: dict[str, Any] | None = None  # the end of the batch planned last
         paced = opts.max_event_time_per_trigger
         self.strides = Strides(paced) if paced else None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a task is sent: the options, not what planning loaded."""
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        KeyfillStreamReader.__init__(self, state["opts"])  # the planners start empty: a task never plans
+
     def initialOffset(self) -> dict[str, Any]:
-        first = self.planner.offset(self.planner.first_slice())
+        first = self.archive.offset(self.archive.first_slice())
         if self.strides is None:
             return first
-        self.strides.check(self.planner.manifest, self.planner.store.url)
-        return first | {"stride": self.strides.of(self.planner.paced_start_ms())}
+        self.strides.check(self.archive.manifest, self.archive.store.url)
+        return first | {"stride": self.strides.of(self.archive.paced_start_ms())}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.strides is not None:
@@ -251,9 +269,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.available_now = True  # the target: the end of the version latest now (and of the topic)
-        self.planner.refresh()
+        self.archive.refresh()
         if self.opts.kafka is not None:
-            marks = partition_marks(self.opts.kafka, self.planner.topic)
+            marks = partition_marks(self.opts.kafka, self.archive.topic)
             self.live_target = {p: high for p, (_, high) in marks.items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -264,98 +282,65 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.reached
 
     def _latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        archive = self.archive
         if "kafka" in start:
-            self.planner.position(start)  # the same archive
+            archive.position(start)  # the same archive
             return self._live_latest(start, start, limit)
         end = self._archive_latest(start, limit)
-        if not self.planner.goes_live() or end["slice"] != self.planner.position(start):
+        if not self.live.goes_live() or end["slice"] != archive.position(start):
             return end
-        if end["slice"] < self.planner.manifest.slices:
+        if end["slice"] < archive.manifest.slices:
             return end
         # the switch: from the hand-off offsets (a partition the topic gained since: from 0, below)
-        switch_at = self.planner.switch_offsets(self.planner.manifest.version)
+        switch_at = self.live.switch_offsets(archive.manifest.version)
         switch = end | {"kafka": {str(p): o for p, o in switch_at.items()}}
         return self._live_latest(start, switch, limit)
 
     def _live_latest(self, start: dict[str, Any], at: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """The next live offset from `at` (`start` itself when the topic has nothing new)."""
-        k = self.planner.kafka
-        marks = self.marks = partition_marks(k, self.planner.topic)
-        positions = {int(p): int(o) for p, o in at["kafka"].items()}
-        for p in marks:
-            positions.setdefault(p, 0)  # a partition added since the archive, or while the query runs
-        positions = check_available(self.planner.topic, positions, marks, k.fail_on_data_loss)
-        ends = self.planner.live_ends(marks)
-        latest = {p: max(positions[p], ends.get(p, marks[p][1])) for p in positions}
-        if self.live_target is not None:
-            latest = {p: max(positions[p], min(latest[p], self.live_target.get(p, 0))) for p in positions}
         most = None
         if isinstance(limit, ReadMaxRows):
             most = limit.max_rows
         elif self.strides is not None or not isinstance(limit, ReadAllAvailable):
             most = self.opts.max_offsets_per_trigger
-        end = capped(positions, latest, most)
-        if "kafka" in start and end == {int(p): int(o) for p, o in start["kafka"].items()}:
-            return start
-        if "kafka" not in start and end == positions:
-            return start  # nothing live yet: stay at the archive's end, no empty batch
-        return at | {"kafka": {str(p): o for p, o in sorted(end.items())}}
+        return self.live.latest(start, at, most, self.live_target)
 
     def _archive_latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        archive = self.archive
         if not self.available_now:
-            self.planner.refresh()
-        slices = self.planner.end_slice()
-        first = self.planner.position(start)
+            archive.refresh()
+        slices = archive.end_slice()
+        first = archive.position(start)
         if self.strides is not None:
-            return self.strides.latest(self.planner, start, first, slices)
-        max_slices = max_bytes = max_rows = None
+            return self.strides.latest(archive, start, first, slices)
+        limits = Limits()
         if not isinstance(limit, ReadAllAvailable):
             o = self.opts
-            max_slices, max_bytes, max_rows = (
-                o.max_slices_per_trigger,
-                o.max_bytes_per_trigger,
-                o.max_offsets_per_trigger,
-            )
+            limits = Limits(o.max_slices_per_trigger, o.max_bytes_per_trigger, o.max_offsets_per_trigger)
         if isinstance(limit, ReadMaxFiles):
-            max_slices = limit.max_files
+            limits = replace(limits, slices=limit.max_files)
         elif isinstance(limit, ReadMaxBytes):
-            max_bytes = limit.max_bytes
+            limits = replace(limits, bytes=limit.max_bytes)
         elif isinstance(limit, ReadMaxRows):
-            max_rows = limit.max_rows
-        if max_slices is None and max_bytes is None and max_rows is None:
-            return self.planner.offset(slices)
-        end, taken, nbytes, rows = first, 0, 0, 0
-        while end < slices:
-            row_group_end = min(slices, row_group_start(row_group_of(end) + 1))  # sizes a row group at a time
-            for n, b in zip(*(x.tolist() for x in self.planner.slice_sizes(end, row_group_end))):
-                if n:
-                    over = (
-                        (max_slices is not None and taken + 1 > max_slices)
-                        or (max_bytes is not None and nbytes + b > max_bytes)
-                        or (max_rows is not None and rows + n > max_rows)
-                    )
-                    if over and taken:
-                        return self.planner.offset(end)
-                    taken, nbytes, rows = taken + 1, nbytes + b, rows + n
-                end += 1
-        return self.planner.offset(end)
+            limits = replace(limits, rows=limit.max_rows)
+        return archive.offset(archive.admit(first, slices, limits))
 
     def reportLatestOffset(self) -> dict[str, Any]:
         """The latest offset, with how far behind it the query is (PySpark gives a Python source
         no metrics of its own; Spark shows this in the source's `latestOffset` of each progress):
         slices behind and the event time reached, then in the live phase the Kafka source's
         offsets behind the latest per partition (max, avg, min)."""
-        latest = self.planner.offset(self.planner.end_slice())
+        latest = self.archive.offset(self.archive.end_slice())
         at = self.reached
         if at is None:
             return latest
         s = int(at["slice"])
         progress: dict[str, Any] = {"slicesBehind": max(0, latest["slice"] - s)}
         if s > 0:
-            end_ms = self.planner.manifest_of(int(at["version"])).bounds(s - 1)[1]
+            end_ms = self.archive.manifest_of(int(at["version"])).bounds(s - 1)[1]
             progress["eventTimeReached"] = datetime.fromtimestamp(end_ms / 1000, timezone.utc).isoformat()
-        if "kafka" in at and self.marks:
-            behind = [max(0, high - int(at["kafka"].get(str(p), 0))) for p, (_, high) in sorted(self.marks.items())]
+        marks = self.live.marks
+        if "kafka" in at and marks:
+            behind = [max(0, high - int(at["kafka"].get(str(p), 0))) for p, (_, high) in sorted(marks.items())]
             progress |= {
                 "maxOffsetsBehindLatest": max(behind),
                 "avgOffsetsBehindLatest": sum(behind) / len(behind),
@@ -365,9 +350,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if "kafka" in end:
-            self.planner.position(end)
-            return list(self.planner.live_ranges(start, end))
-        return list(self.planner.plan(self.planner.position(start), self.planner.position(end)))
+            self.archive.position(end)
+            return list(self.live.ranges(start, end))
+        return list(self.archive.plan(self.archive.position(start), self.archive.position(end)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()

@@ -1,7 +1,8 @@
-"""The Spark source's input partitions, without Spark's reader classes, planned on the
-driver (`SourcePlanner`: whole slices of the archive per micro-batch, their pieces bundled
-by group into `GroupsPartition`s, then the live topic's offset ranges); `reader.spark_read`
-reads them in a task, `reader.spark` adapts both to PySpark's Data Source API."""
+"""The Spark source's archive phase, planned on the driver: which slices a micro-batch takes
+(`ArchivePlanner.admit`) and their pieces bundled by group into input partitions
+(`GroupsPartition`). Its roles apart, as a FLIP-27 source splits them: this module
+enumerates the archive, `reader.spark_live` the live topic after it, `reader.spark_read`
+reads either in a task, and `reader.spark` adapts the three to PySpark's Data Source API."""
 
 from __future__ import annotations
 
@@ -13,18 +14,9 @@ import numpy as np
 from pyspark.sql.datasource import InputPartition
 
 from keygroups import compacted, handoff
-from keygroups.errors import KeyfillError
-from keygroups.piece_index import PieceIndex, piece_list
+from keygroups.piece_index import PieceIndex, piece_list, row_group_of, row_group_start
 from keygroups.storage import Storage, open_storage
 from reader.errors import ArchiveChanged, SourceOptionError
-from reader.kafka_live import (
-    KafkaOptions,
-    KafkaRange,
-    check_available,
-    offsets_at_times,
-    partition_marks,
-    plan_ranges,
-)
 from reader.memory import bounded_read_ahead
 from reader.pushdown import Pushdown
 from reader.spark_options import PACED_WITHOUT_START, Options
@@ -49,9 +41,19 @@ class GroupsPartition(InputPartition):
 TASK_BYTES = 1 << 30
 
 
-class SourcePlanner:
-    """Driver-side view of the archive: the manifest of the version being planned, and index
-    rows as planning needs them (a version never changes; `refresh` moves to a newer one)."""
+@dataclass(frozen=True)
+class Limits:
+    """A micro-batch's admission limits over the archive (None: no limit of that kind)."""
+
+    slices: int | None = None
+    bytes: int | None = None
+    rows: int | None = None
+
+
+class ArchivePlanner:
+    """The driver's view of the archive: the manifest of the version being planned, and index
+    rows as planning needs them (a version never changes; `refresh` moves to a newer one).
+    It lives in the planning process only: a task is given the options, never this."""
 
     def __init__(self, opts: Options):
         self.opts = opts
@@ -59,10 +61,6 @@ class SourcePlanner:
         self._manifest: compacted.Manifest | None = None
         self._index: PieceIndex | None = None
         self._bounds: tuple[int, OffsetBounds | None] | None = None  # (version, bounds)
-        self._found: dict[tuple[str, int], int] = {}  # ("start" | "end", partition) -> offset in the topic
-
-    def __getstate__(self) -> dict[str, Any]:  # read() needs only the options
-        return {"opts": self.opts, "_store": None, "_manifest": None, "_index": None, "_bounds": None, "_found": {}}
 
     @property
     def store(self) -> Storage:
@@ -130,14 +128,8 @@ class SourcePlanner:
 
     @property
     def topic(self) -> str:
+        """The topic the time options and the live phase name (`subscribe`, else the archive's)."""
         return (self.opts.kafka and self.opts.kafka.topic) or self.manifest.topic
-
-    @property
-    def kafka(self) -> KafkaOptions:
-        """The live phase's settings: only a read with kafka.* options plans a live phase."""
-        if self.opts.kafka is None:
-            raise KeyfillError(f"{self.opts.path}: no kafka.* options, so no live phase to read")
-        return self.opts.kafka
 
     def paced_start_ms(self) -> int:
         """The earliest starting time of a paced read (`Options.parse` refuses pacing without one)."""
@@ -174,72 +166,26 @@ class SourcePlanner:
         """Past the last slice a read takes from this version."""
         return min(self.manifest.slices, self.bounds.end_slice) if self.bounds else self.manifest.slices
 
-    def goes_live(self) -> bool:
-        """With kafka.* options, unless an ending time falls within the archive everywhere."""
-        b = self.bounds
-        return self.opts.kafka is not None and not (b and b.ends_in_archive(handoff.offsets(self.manifest)))
-
-    def switch_offsets(self, version: int) -> dict[int, int]:
-        """Where the live phase starts: the hand-off of `version`, or for a partition whose
-        starting time lies past it, its first offset at or after that time in the topic (none
-        yet: the partition's end now, as the Kafka source's startingOffsetsByTimestampStrategy=latest)."""
-        out = handoff.offsets(self.manifest_of(version))
-        late = self.bounds.live_starts_ms if self.bounds else {}
-        if late:
-            high = {p: h for p, (_, h) in partition_marks(self.kafka, self.topic).items()}
-            for p, o in self._found_at("start", late, out, high).items():
-                out[p] = max(out.get(p, 0), high.get(p, 0) if o is None else o)
-        return out
-
-    def _found_at(
-        self, kind: str, times: dict[int, int], starts: dict[int, int], high: dict[int, int]
-    ) -> dict[int, int | None]:
-        """`offsets_at_times` of the topic, each partition's answer kept once found (it never
-        changes: records are only added after it)."""
-        known = {p: self._found.get((kind, p)) for p in times}
-        asked = {p: t for p, t in times.items() if known[p] is None}
-        for p, o in offsets_at_times(self.kafka, self.topic, asked, starts, high).items():
-            if o is not None:
-                self._found[(kind, p)] = known[p] = o
-        return known
-
-    def live_ends(self, marks: dict[int, tuple[int, int]]) -> dict[int, int]:
-        """Per partition, where an ending time stops the live phase (a partition it stops
-        within the archive: at the hand-off); a partition without: the topic's end now."""
-        end = {p: high for p, (_, high) in marks.items()}
-        b = self.bounds
-        if b is None or self.opts.kafka is None:
-            return end
-        hand = handoff.offsets(self.manifest)
-        for p in b.ends:
-            if p in end:
-                end[p] = min(end[p], hand.get(p, 0))
-        for p, o in self._found_at("end", b.live_ends_ms, hand, dict(end)).items():
-            if o is not None and p in end:
-                end[p] = min(end[p], o)
+    def admit(self, first: int, slices: int, limits: Limits) -> int:
+        """Where a micro-batch from slice `first` ends: past the most slices within every
+        limit, but at least one slice with records, however large; empty slices are free."""
+        if limits == Limits():
+            return slices
+        end, taken, nbytes, rows = first, 0, 0, 0
+        while end < slices:
+            row_group_end = min(slices, row_group_start(row_group_of(end) + 1))  # sizes a row group at a time
+            for n, b in zip(*(x.tolist() for x in self.slice_sizes(end, row_group_end))):
+                if n:
+                    over = (
+                        (limits.slices is not None and taken + 1 > limits.slices)
+                        or (limits.bytes is not None and nbytes + b > limits.bytes)
+                        or (limits.rows is not None and rows + n > limits.rows)
+                    )
+                    if over and taken:
+                        return end
+                    taken, nbytes, rows = taken + 1, nbytes + b, rows + n
+                end += 1
         return end
-
-    def live_positions(self, offset: dict[str, Any], end: dict[str, Any] | None = None) -> dict[int, int]:
-        """The Kafka offsets an offset stands for: its own in the live phase; at the switch,
-        the hand-off of the version the first live offset (`end`) was planned on."""
-        if "kafka" in offset:
-            return {int(p): int(o) for p, o in offset["kafka"].items()}
-        start = self.switch_offsets(int((end or offset)["version"]))
-        for p, o in (end or {}).get("kafka", {}).items():
-            # at most the end planned: a start the broker resolved by time stays what it was then
-            start[int(p)] = min(start.get(int(p), 0), int(o))
-        return start
-
-    def live_ranges(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaRange]:
-        """Input partitions for the live offsets between two offsets: one per Kafka partition
-        (or more with minPartitions), each checked against what the topic still holds."""
-        k = self.kafka
-        first = self.live_positions(start, end)
-        last = {int(p): int(o) for p, o in end["kafka"].items()}
-        marks = partition_marks(k, self.topic)
-        wanted = {p: first.get(p, 0) for p in set(first) | set(last)}
-        first = check_available(self.topic, wanted, marks, k.fail_on_data_loss)
-        return plan_ranges(self.topic, first, last, k.min_partitions, self.manifest.assignment)
 
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""

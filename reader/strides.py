@@ -27,7 +27,7 @@ from keygroups import compacted
 from reader.errors import SourceOptionError
 
 if TYPE_CHECKING:
-    from reader.spark_partitions import SourcePlanner
+    from reader.spark_partitions import ArchivePlanner
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class Strides:
                 "slice lengths)"
             )
 
-    def latest(self, planner: SourcePlanner, start: dict[str, Any], first: int, slices: int) -> dict[str, Any]:
-        """The offset after the stride `start` names (a `reader.spark_partitions.SourcePlanner`'s):
+    def latest(self, planner: ArchivePlanner, start: dict[str, Any], first: int, slices: int) -> dict[str, Any]:
+        """The offset after the stride `start` names (a `reader.spark_partitions.ArchivePlanner`'s):
         the stride's slices, or none, but the stride moves on while the archive has slices
         left to read, so every paced source stays in step. `first`: `start`'s slice; `slices`:
         where the read ends."""

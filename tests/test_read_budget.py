@@ -96,7 +96,7 @@ def test_a_slow_consumer_holds_a_replay_within_its_budget(wide, storage_url):
 
 
 def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage_url, monkeypatch):
-    """The Spark source's task read (`SourcePlanner.read`, one partition of every group) with
+    """The Spark source's task read (`spark_read.read_archive`, one partition of every group) with
     a consumer that sleeps on every batch, as a slow stateful query pulls."""
     src, decoded, expected = wide
     url = storage_url
@@ -112,7 +112,7 @@ def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage
     monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
     monkeypatch.setattr(reader.spark_read, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
     opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(BUDGET), "numPartitions": "1"})
-    planner = reader.spark_partitions.SourcePlanner(opts)
+    planner = reader.spark_partitions.ArchivePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)
     got = []
     for batch in reader.spark_read.read_archive(opts, partition):

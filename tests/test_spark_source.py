@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -300,8 +301,8 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
     if parts:
         opts["numPartitions"] = str(parts)
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse(opts))
-    manifest = rdr.planner.manifest
-    metas = archive_metas(rdr.planner.store)
+    manifest = rdr.archive.manifest
+    metas = archive_metas(rdr.archive.store)
     offset = rdr.initialOffset()
     assert offset["slice"] == start
     seen = []
@@ -347,7 +348,7 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
 def test_bundled_partitions_are_balanced_by_bytes(archive):
     url, _ = archive
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url, "numPartitions": "2"}))
-    plan = rdr.partitions(rdr.initialOffset(), rdr.planner.offset(rdr.planner.manifest.slices))
+    plan = rdr.partitions(rdr.initialOffset(), rdr.archive.offset(rdr.archive.manifest.slices))
     groups_of = [{f.group for f in p.pieces} for p in plan]
     assert len(plan) == 2 and not groups_of[0] & groups_of[1]
     loads = [sum(f.length for f in p.pieces) for p in plan]
@@ -356,7 +357,26 @@ def test_bundled_partitions_are_balanced_by_bytes(archive):
         for f in p.pieces:
             per_group[f.group] += f.length
     assert max(loads) - min(loads) <= max(per_group.values())  # no worse than one group's bytes
-    assert np.sum(loads) == sum(rdr.planner.manifest.group_file_bytes)
+    assert np.sum(loads) == sum(rdr.archive.manifest.group_file_bytes)
+
+
+def test_a_task_is_sent_the_options_and_filters_never_what_planning_loaded(archive):
+    """PySpark pickles the reader that planned a batch read into every task: what it planned
+    with (the manifest, index rows) must stay behind, and the copy must read alike."""
+    url, _ = archive
+    opts = reader.spark.Options.parse({"path": url})
+    for make in (reader.spark.KeyfillBatchReader, reader.spark.KeyfillStreamReader):
+        fresh, planned = make(opts), make(opts)
+        if isinstance(planned, reader.spark.KeyfillBatchReader):
+            parts = planned.partitions()
+        else:
+            start = planned.initialOffset()
+            parts = planned.partitions(start, planned.latestOffset(start, ReadAllAvailable()))
+        assert parts and planned.archive._manifest is not None
+        assert pickle.dumps(planned) == pickle.dumps(fresh)
+        copy = pickle.loads(pickle.dumps(planned))
+        assert copy.archive._manifest is None and copy.opts == opts
+        assert sum(b.num_rows for b in copy.read(parts[0])) == sum(b.num_rows for b in planned.read(parts[0]))
 
 
 @given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(1, 40))
@@ -396,7 +416,7 @@ def test_by_default_a_batch_has_a_partition_per_core(archive, cores, monkeypatch
     session's cores."""
     url, _ = archive
     opts = reader.spark.Options.parse({"path": url}, session_cores=cores)
-    planner = reader.spark_partitions.SourcePlanner(opts)
+    planner = reader.spark_partitions.ArchivePlanner(opts)
     groups = sum(1 for b in planner.manifest.group_file_bytes if b)
     total = sum(planner.manifest.group_file_bytes)
     assert len(planner.plan(0, planner.manifest.slices)) == (groups if cores is None else min(cores, groups))

@@ -123,7 +123,7 @@ def test_a_spark_task_whose_version_was_vacuumed_fails_naming_the_file(source, t
     url = str(tmp_path / "c")
     compact(CompactConfig(seal_all=True, source=source, dest=url, groups=4, slice_duration="5s"))
     opts = reader.spark_options.Options.parse({"path": url, "numPartitions": "1"})
-    planner = reader.spark_partitions.SourcePlanner(opts)
+    planner = reader.spark_partitions.ArchivePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)
     compact(CompactConfig(seal_all=True, source=source, dest=url, groups=3, slice_duration="5s", overwrite=True))
     store = open_storage(url)
