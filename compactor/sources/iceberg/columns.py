@@ -4,11 +4,18 @@ columns."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 
 from compactor.sources.kafka_connect.avro import encode_json
 from compactor.sources.kafka_connect.parquet import _UNIT_DIVISOR, _plain
+
+if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import FileScanTask
+    from pyiceberg.types import NestedField, StructType
 
 RP = "redpanda"
 
@@ -27,7 +34,7 @@ def needed() -> dict[str, tuple[type, ...]]:
     return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
 
 
-def struct_field(struct, name: str):
+def struct_field(struct: StructType, name: str) -> NestedField | None:
     try:
         return struct.field_by_name(name)
     except (AttributeError, ValueError):
@@ -37,10 +44,11 @@ def struct_field(struct, name: str):
 def millis(ts: pa.Array) -> np.ndarray:
     """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds;
     _check_schema admits only timestamp types)."""
-    return ts.cast(pa.int64()).to_numpy() // _UNIT_DIVISOR[ts.type.unit]
+    ms: np.ndarray = ts.cast(pa.int64()).to_numpy() // _UNIT_DIVISOR[ts.type.unit]
+    return ms
 
 
-def slim(task):
+def slim(task: FileScanTask) -> FileScanTask:
     """A scan task without the manifest's per-column statistics (less than half the pickled size)."""
     from pyiceberg.manifest import DataFile, DataFileContent
     from pyiceberg.table import FileScanTask
@@ -58,7 +66,7 @@ def slim(task):
     return FileScanTask(slim)
 
 
-def parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
+def parquet_paths(file_schema: pa.Schema, schema: Schema) -> dict[str, str]:
     """Parquet column path -> "partition" / "offset", matched by Iceberg field id (a renamed
     column keeps its id), or by the table's names when the file carries no ids."""
     ids = {schema.find_field(f"{RP}.{name}").field_id: name for name in ("partition", "offset")}
@@ -68,10 +76,10 @@ def parquet_paths(file_schema: pa.Schema, schema) -> dict[str, str]:
         raw = (field.metadata or {}).get(b"PARQUET:field_id")
         return int(raw) if raw is not None else None
 
-    out = {}
+    out: dict[str, str] = {}
     for top in file_schema:
         if field_id(top) == rp_id and pa.types.is_struct(top.type):
-            out.update({f"{top.name}.{c.name}": ids[field_id(c)] for c in top.type if field_id(c) in ids})
+            out.update({f"{top.name}.{c.name}": ids[i] for c in top.type if (i := field_id(c)) in ids})
     return out or {f"{RP}.{name}": name for name in ids.values()}
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
+    from pyiceberg.types import IcebergType
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,16 @@ class DataFileBounds:
     size: int
 
 
+def int_bound(column_type: IcebergType, raw: bytes) -> int:
+    """A manifest's lower or upper bound of a data file's partition or offset column: an int
+    or a long (`IcebergSource._check_schema` admits no other type)."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import PrimitiveType
+
+    assert isinstance(column_type, PrimitiveType), column_type
+    return int(from_bytes(column_type, raw))  # typed as giving any literal type; an int column's is an int
+
+
 @dataclass(frozen=True)
 class Extent:
     """The rows of one partition in one data file: offsets lo..hi, about `records` of them."""
@@ -33,12 +47,18 @@ class Extent:
     file: int
 
 
-def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, tuple[int, ...], float]]:
+# A chunk as planned: partition, lo, hi, data files, estimated bytes.
+Range = tuple[int, int, int, tuple[int, ...], float]
+# An offset range of one group of overlapping extents: a, b, its extents, estimated rows and bytes.
+_Piece = tuple[int, int, list[Extent], float, float]
+
+
+def cut_ranges(extents: list[Extent], target: int) -> list[Range]:
     """(partition, lo, hi, data files, estimated bytes) per chunk: per partition, extents
     whose offset ranges overlap form a group (its rows can only be ordered together); groups
     of more than `target` rows are cut into equal offset ranges, each reading every file
     that overlaps it, and consecutive small groups are joined up to `target` rows."""
-    out = []
+    out: list[Range] = []
     by_partition: dict[int, list[Extent]] = {}
     for e in extents:
         by_partition.setdefault(e.partition, []).append(e)
@@ -53,7 +73,7 @@ def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, 
             else:
                 groups.append([e])
                 highs.append(e.hi)
-        pieces: list[tuple[int, int, list[Extent], float, float]] = []
+        pieces: list[_Piece] = []
         for g, hi in zip(groups, highs):
             lo = g[0].lo
             records = sum(e.records for e in g)
@@ -72,7 +92,7 @@ def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, 
                         sum(e.size * s for e, s in zip(inside, share)),
                     )
                 )
-        run: list = []
+        run: list[_Piece] = []
         run_records = 0.0
         for piece in pieces:
             if run and (run_records + piece[3] > target or len(run) >= 256):
@@ -85,6 +105,6 @@ def cut_ranges(extents: list[Extent], target: int) -> list[tuple[int, int, int, 
     return out
 
 
-def _joined(p: int, run: list) -> tuple[int, int, int, tuple[int, ...], float]:
+def _joined(p: int, run: list[_Piece]) -> Range:
     files = sorted({e.file for piece in run for e in piece[2]})
     return p, run[0][0], run[-1][1], tuple(files), sum(piece[4] for piece in run)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,10 +28,15 @@ import pyarrow.compute as pc
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk
 from compactor.sources.iceberg.columns import RP, binary, json_values, millis, needed, parquet_paths, slim, struct_field
-from compactor.sources.iceberg.ranges import DataFileBounds, Extent, cut_ranges
+from compactor.sources.iceberg.ranges import DataFileBounds, Extent, cut_ranges, int_bound
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
+
+if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
+    from pyiceberg.io import FileIO
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import FileScanTask, Table
 
 __all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
 
@@ -68,12 +74,12 @@ class IcebergSource(SourceArchive):
         self.topic = table.name()[-1] if "#" in url else self.metadata.location.rstrip("/").rsplit("/", 1)[-1]
         self.store = open_storage(self.metadata.location, threads=threads)
         self._check_schema()
-        self._io = None
-        self._tasks: list | None = None
-        self._plan: dict[str, tuple[int, int, int, tuple[int, ...]]] | None = None
+        self._io: FileIO | None = None
+        self._tasks: list[FileScanTask] = []  # the data files, once listed; extents name them by index
+        self._plan: dict[str, tuple[int, int, int, tuple[int, ...]]] | None = None  # None until listed
         self._bounds: dict[int, tuple[int, int, int, int]] = {}  # file -> partitions and offsets its rows may hold
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_io"} | {"_io": None}
 
     def __repr__(self) -> str:
@@ -82,7 +88,7 @@ class IcebergSource(SourceArchive):
     # -- the table
 
     @property
-    def io(self):
+    def io(self) -> FileIO:
         if self._io is None:
             from pyiceberg.io import load_file_io
 
@@ -124,7 +130,7 @@ class IcebergSource(SourceArchive):
         self.has_key = struct_field(rp.field_type, "key") is not None
         self.has_headers = headers is not None
 
-    def _table(self):
+    def _table(self) -> Table:
         from pyiceberg.catalog.noop import NoopCatalog
         from pyiceberg.table import Table
 
@@ -172,9 +178,7 @@ class IcebergSource(SourceArchive):
         schema = self.metadata.schema()
         return schema.find_field(f"{RP}.partition").field_id, schema.find_field(f"{RP}.offset").field_id
 
-    def _extents(self, tasks) -> list[Extent]:
-        from pyiceberg.conversions import from_bytes
-
+    def _extents(self, tasks: list[FileScanTask]) -> list[Extent]:
         schema = self.metadata.schema()
         pid, oid = self._field_ids()
         ptype, otype = schema.find_type(pid), schema.find_type(oid)
@@ -186,10 +190,10 @@ class IcebergSource(SourceArchive):
                 bounds.append(
                     DataFileBounds(
                         i,
-                        from_bytes(ptype, lo[pid]),
-                        from_bytes(ptype, hi[pid]),
-                        from_bytes(otype, lo[oid]),
-                        from_bytes(otype, hi[oid]),
+                        int_bound(ptype, lo[pid]),
+                        int_bound(ptype, hi[pid]),
+                        int_bound(otype, lo[oid]),
+                        int_bound(otype, hi[oid]),
                         f.record_count,
                         f.file_size_in_bytes,
                     )
@@ -229,10 +233,10 @@ class IcebergSource(SourceArchive):
         except (OSError, ValueError) as exc:  # missing file, not Parquet
             raise ArchiveError(f"{f.file_path}: cannot read the data file's Parquet footer: {exc}") from None
         paths = parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema())
-        extents = []
+        extents: list[Extent] = []
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
-            found = {}
+            found: dict[str, tuple[int, int]] = {}
             for c in range(group.num_columns):
                 col = group.column(c)
                 if col.path_in_schema in paths and col.statistics is not None and col.statistics.has_min_max:
@@ -263,7 +267,7 @@ class IcebergSource(SourceArchive):
 
     # -- reading
 
-    def _read_file(self, index: int, schema=None) -> pa.Table:
+    def _read_file(self, index: int, schema: Schema | None = None) -> pa.Table:
         from pyiceberg.expressions import AlwaysTrue
         from pyiceberg.io.pyarrow import ArrowScan
 
@@ -282,13 +286,15 @@ class IcebergSource(SourceArchive):
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
         if self._plan is None:
             self.list_chunks()
+        assert self._plan is not None  # list_chunks plans every chunk
         try:
             p, lo, hi, files = self._plan[chunk.key]
         except KeyError:
             raise ArchiveError(
                 f"{self.store.url_for(chunk.key)}: no such chunk in snapshot {self.snapshot_id}"
             ) from None
-        parts, origin = [], []
+        parts: list[pa.Table] = []
+        origin: list[np.ndarray] = []  # per row of parts, the index of its data file
         window = max(1, min(self.threads, READ_AHEAD_FILES))  # whole files in memory at once, at most
         with ThreadPoolExecutor(window) as pool:
             for at in range(0, len(files), window):
@@ -339,7 +345,7 @@ class IcebergSource(SourceArchive):
         mask = pc.and_(pc.equal(part, p), pc.and_(pc.greater_equal(off, lo), pc.less_equal(off, hi)))
         return table.filter(mask)
 
-    def _envelope(self, table: pa.Table, p: int, files) -> pa.RecordBatch:
+    def _envelope(self, table: pa.Table, p: int, files: tuple[int, ...]) -> pa.RecordBatch:
         rp = table.column(RP).combine_chunks()
         n = table.num_rows
         ts = pc.struct_field(rp, "timestamp")
@@ -368,7 +374,7 @@ class IcebergSource(SourceArchive):
             schema=ARROW_SCHEMA,
         )
 
-    def _headers(self, h: pa.Array, files) -> pa.Array:
+    def _headers(self, h: pa.Array, files: tuple[int, ...]) -> pa.Array:
         """Null lists as empty; keys as text (older Redpanda wrote them as binary: UTF-8)."""
         lengths = pc.list_value_length(h).fill_null(0).to_numpy()
         offsets = np.zeros(len(lengths) + 1, np.int32)
@@ -386,5 +392,5 @@ class IcebergSource(SourceArchive):
         struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
         return pa.ListArray.from_arrays(pa.array(offsets), struct)
 
-    def _names(self, files) -> str:
+    def _names(self, files: tuple[int, ...]) -> str:
         return ", ".join(self._tasks[i].file.file_path for i in files)

@@ -5,9 +5,13 @@ fragment; with the FileIO settings pyiceberg needs from the standard AWS environ
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode
 
 from compactor.errors import ArchiveError
+
+if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
+    from pyiceberg.table import StaticTable, Table
 
 
 def io_properties() -> dict[str, str]:
@@ -33,7 +37,7 @@ def location(url: str) -> str:
     return url
 
 
-def sql_catalog_table(url: str):
+def sql_catalog_table(url: str) -> Table:
     """The table `#ns.table` of the SQL catalog at `url` (`?catalog=NAME`, default "default")."""
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.exceptions import NoSuchTableError
@@ -60,7 +64,7 @@ def sql_catalog_table(url: str):
         raise ArchiveError(f"{url}: cannot read the table from this SQL catalog: {exc}") from None
 
 
-def static_table(url: str):
+def static_table(url: str) -> StaticTable:
     from pyiceberg.table import StaticTable
 
     try:
