@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from keygroups import bounds, layout
 from keygroups.bounds import within
 from keygroups.errors import OptionError
+
+T = TypeVar("T")
+MAX_COUNT = 1 << 62  # a whole-number option's bound where nothing smaller is meant
+
+
+def bounded(default: T, low: int, high: int, why: str = "") -> T:
+    """An option field and its limits, declared once: `check_bounds` holds a replay's options
+    to them, the Spark source's parser (`reader.spark_options`) its option strings."""
+    return field(default=default, metadata={"bounds": (low, high, why)})
+
+
+def limits_of(options: type[Any], name: str) -> tuple[int, int, str]:
+    """The (low, high, why) of a bounded field: how an option shared by two surfaces keeps one."""
+    (f,) = (f for f in fields(options) if f.name == name)
+    low, high, why = f.metadata["bounds"]
+    return low, high, why
+
+
+def check_bounds(options: Any) -> None:
+    """OptionError for the first set field outside its declared limits."""
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if "bounds" in f.metadata and value is not None:
+            within(f.name, value, *f.metadata["bounds"])
 
 
 def default_threads() -> int:
@@ -23,25 +48,25 @@ def default_threads() -> int:
 
 @dataclass(frozen=True)
 class ReplayOptions:
-    threads: int = default_threads()
-    batch_size: int = 65_536  # records per emitted batch, at most
-    watermark_bound_ms: int = 0  # B: the watermark after slice s is its end - B
+    threads: int = bounded(default_threads(), 1, bounds.MAX_THREADS, "each is an OS thread with read-ahead of its own")
+    batch_size: int = bounded(65_536, 1, bounds.MAX_BATCH_ROWS)  # records per emitted batch, at most
+    watermark_bound_ms: int = bounded(0, 0, bounds.MAX_DURATION_MS)  # B: the watermark after slice s is its end - B
     # Bytes fetched and not yet decoded plus decoded records not yet emitted, all threads
     # together (`reader.read_budget`); spans are read_ahead_bytes / (2 x groups), at most range_bytes.
-    read_ahead_bytes: int = 2 << 30
-    range_bytes: int = layout.GET_BYTES  # the largest GET; 0: a run in one GET, however long
+    read_ahead_bytes: int = bounded(2 << 30, 0, bounds.MAX_READ_AHEAD_BYTES)
+    # the largest GET; 0: a span in one GET, however long
+    range_bytes: int = bounded(layout.GET_BYTES, 0, bounds.MAX_RANGE_BYTES)
     # decoded steps (one group's pieces, ~1 MiB read, a few MiB decoded) waiting for the consumer, shared among
     # the threads' FIFOs, at least one each (default: 2 x threads, at least 64)
-    queue_batches: int | None = None
-    max_drift_ms: int | None = None  # a thread ahead of the slowest active one by more than this pauses
+    queue_batches: int | None = bounded(None, 1, 1 << 20)
+    # a thread ahead of the slowest active one by more than this pauses
+    max_drift_ms: int | None = bounded(None, 0, bounds.MAX_DURATION_MS)
     # a backfill bounded in time, as Spark's Kafka source means it (reader.time_bounds): per
     # partition from the first offset at or after this time (ms), up to the first at or after the end
-    starting_timestamp: int | None = None
-    ending_timestamp: int | None = None
+    starting_timestamp: int | None = bounded(None, -MAX_COUNT, MAX_COUNT)
+    ending_timestamp: int | None = bounded(None, -MAX_COUNT, MAX_COUNT)
 
     def __post_init__(self) -> None:
-        within("threads", self.threads, 1, bounds.MAX_THREADS, "each is an OS thread with read-ahead of its own")
-        within("batch_size", self.batch_size, 1, bounds.MAX_BATCH_ROWS)
         if self.max_drift_ms is not None and self.max_drift_ms < 0:
             raise OptionError(f"max_drift_ms={self.max_drift_ms}: must not be negative")
         if self.range_bytes < 0:
@@ -55,13 +80,7 @@ class ReplayOptions:
             )
         if self.queue_batches is not None and self.queue_batches < 1:
             raise OptionError(f"queue_batches={self.queue_batches}: must be at least 1")
-        within("watermark_bound_ms", self.watermark_bound_ms, 0, bounds.MAX_DURATION_MS)
-        if self.max_drift_ms is not None:
-            within("max_drift_ms", self.max_drift_ms, 0, bounds.MAX_DURATION_MS)
-        within("range_bytes", self.range_bytes, 0, bounds.MAX_RANGE_BYTES)
-        within("read_ahead_bytes", self.read_ahead_bytes, 0, bounds.MAX_READ_AHEAD_BYTES)
-        if self.queue_batches is not None:
-            within("queue_batches", self.queue_batches, 1, 1 << 20)
+        check_bounds(self)
 
     @property
     def queue_size(self) -> int:

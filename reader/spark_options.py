@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from keygroups import bounds, compacted
+from keygroups import compacted
 from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
 from reader.errors import SourceOptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
-from reader.options import ReplayOptions
+from reader.options import MAX_COUNT, ReplayOptions, bounded, limits_of
 
 
 def camel(field: str) -> str:
@@ -49,21 +49,24 @@ class Options:
     """The source's options, parsed from Spark's string map."""
 
     path: str
-    max_slices_per_trigger: int | None = None
-    max_bytes_per_trigger: int | None = None
-    max_offsets_per_trigger: int | None = None  # records a batch, archive (whole slices) and topic alike
+    max_slices_per_trigger: int | None = bounded(None, 1, MAX_COUNT)
+    max_bytes_per_trigger: int | None = bounded(None, 1, MAX_COUNT)
+    # records a batch, archive (whole slices) and topic alike
+    max_offsets_per_trigger: int | None = bounded(None, 1, MAX_COUNT)
     # event-time pacing (reader.strides): each micro-batch reads the slices of one stride of this many ms
     max_event_time_per_trigger: int | None = None
-    num_partitions: int | None = None
-    batch_size: int = ReplayOptions.batch_size  # rows per Arrow batch handed to Spark
-    starting_slice: int = 0
+    num_partitions: int | None = bounded(None, 1, MAX_COUNT)
+    # rows per Arrow batch handed to Spark
+    batch_size: int = bounded(ReplayOptions.batch_size, *limits_of(ReplayOptions, "batch_size"))
+    starting_slice: int = bounded(0, 0, MAX_COUNT)
     # a task's fetched, not yet decoded bytes (bounded by the executor's memory over its cores)
-    read_ahead_bytes: int = TASK_READ_AHEAD_BYTES
-    range_bytes: int = ReplayOptions.range_bytes  # the largest GET; 0: a span in one GET
+    read_ahead_bytes: int = bounded(TASK_READ_AHEAD_BYTES, *limits_of(ReplayOptions, "read_ahead_bytes"))
+    # the largest GET; 0: a span in one GET
+    range_bytes: int = bounded(ReplayOptions.range_bytes, *limits_of(ReplayOptions, "range_bytes"))
     include_headers: bool = False  # the `headers` column, as in Spark's Kafka source
     # time bounds, as Spark's Kafka source means them (reader.time_bounds): ms since the epoch
-    starting_timestamp: int | None = None
-    ending_timestamp: int | None = None
+    starting_timestamp: int | None = bounded(None, *limits_of(ReplayOptions, "starting_timestamp"))
+    ending_timestamp: int | None = bounded(None, *limits_of(ReplayOptions, "ending_timestamp"))
     # {"topic": {"partition": ms, ...}}: a time per partition, every partition named
     starting_offsets_by_timestamp: dict[str, dict[int, int]] | None = None
     ending_offsets_by_timestamp: dict[str, dict[int, int]] | None = None
@@ -91,7 +94,7 @@ class Options:
         if not path:
             raise SourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
 
-        def number(name: str, low: int = 1, high: int = 1 << 62) -> int | None:
+        def number(name: str, low: int, high: int, why: str = "") -> int | None:
             raw = opts.get(name.lower())
             if raw is None:
                 return None
@@ -100,7 +103,9 @@ class Options:
             except ValueError:
                 raise SourceOptionError(f"option {name}={raw!r}: expected a whole number") from None
             if not low <= value <= high:
-                raise SourceOptionError(f"option {name}={raw!r}: must be between {low:,} and {high:,}")
+                raise SourceOptionError(
+                    f"option {name}={raw!r}: must be between {low:,} and {high:,}" + (f" ({why})" if why else "")
+                )
             return value
 
         def flag(name: str, default: bool) -> bool:
@@ -122,23 +127,14 @@ class Options:
             kafka = KafkaOptions(
                 client=client,
                 topic=opts.get("subscribe") or None,
-                min_partitions=number("minPartitions"),
+                min_partitions=number("minPartitions", 1, MAX_COUNT),
                 fail_on_data_loss=flag("failOnDataLoss", True),
-                poll_timeout_ms=number("kafkaConsumer.pollTimeoutMs") or KafkaOptions.poll_timeout_ms,
+                poll_timeout_ms=number("kafkaConsumer.pollTimeoutMs", 1, MAX_COUNT) or KafkaOptions.poll_timeout_ms,
             )
-        given: dict[str, Any] = {
-            "max_slices_per_trigger": number("maxSlicesPerTrigger"),
-            "max_bytes_per_trigger": number("maxBytesPerTrigger"),
-            "max_offsets_per_trigger": number("maxOffsetsPerTrigger"),
-            "include_headers": flag("includeHeaders", False),
-            "starting_timestamp": number("startingTimestamp", -(1 << 62)),
-            "ending_timestamp": number("endingTimestamp", -(1 << 62)),
-            "num_partitions": number("numPartitions"),
-            "batch_size": number("batchSize", 1, bounds.MAX_BATCH_ROWS),
-            "starting_slice": number("startingSlice", 0),
-            "read_ahead_bytes": number("readAheadBytes", 0, bounds.MAX_READ_AHEAD_BYTES),
-            "range_bytes": number("rangeBytes", 0, bounds.MAX_RANGE_BYTES),
+        given: dict[str, Any] = {  # every whole-number option, within the limits its field declares
+            f.name: number(camel(f.name), *f.metadata["bounds"]) for f in fields(cls) if "bounds" in f.metadata
         }
+        given["include_headers"] = flag("includeHeaders", False)
         raw = opts.get("maxeventtimepertrigger")
         if raw is not None:
             try:

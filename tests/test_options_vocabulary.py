@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from keyfill.cli import replay as replay_cli
+from keygroups.errors import OptionError
 from reader.errors import SourceOptionError
 from reader.options import ReplayOptions
 from reader.spark_options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, camel
@@ -60,6 +61,31 @@ def test_a_shared_setting_parses_to_the_field_of_its_name() -> None:
     opts = Options.parse({"path": "/a", "batchsize": "7", "readAheadBytes": "0", "RANGEBYTES": "4096"})
     assert (opts.batch_size, opts.read_ahead_bytes, opts.range_bytes) == (7, 0, 4096)
     assert Options.parse({"path": "/a"}).read_ahead_bytes == Options.read_ahead_bytes
+
+
+def test_every_surface_holds_an_option_to_the_limits_its_field_declares() -> None:
+    """Limits are declared once, on the field: the Spark parser and the replay's options both
+    refuse one past them, naming the option, and a setting the two share has the same limits."""
+    bounded = [f for f in dataclasses.fields(Options) if "bounds" in f.metadata]
+    assert len(bounded) >= 9, "no bounded fields found: the check would pass on nothing"
+    for f in bounded:
+        low, high, _ = f.metadata["bounds"]
+        name = camel(f.name)
+        assert getattr(Options.parse({"path": "/a", name: str(low)}), f.name) == low
+        assert getattr(Options.parse({"path": "/a", name: str(high)}), f.name) == high
+        for bad in (low - 1, high + 1):
+            with pytest.raises(SourceOptionError, match=re.escape(f"option {name}={str(bad)!r}")):
+                Options.parse({"path": "/a", name: str(bad)})
+    replay = {f.name: f for f in dataclasses.fields(ReplayOptions)}
+    shared = [f for f in bounded if f.name in replay]
+    assert {"batch_size", "read_ahead_bytes", "range_bytes", "starting_timestamp"} <= {f.name for f in shared}
+    for f in shared:
+        assert replay[f.name].metadata["bounds"] == f.metadata["bounds"]
+        low, high, _ = f.metadata["bounds"]
+        assert getattr(ReplayOptions(**{f.name: high}), f.name) == high
+        for bad in (low - 1, high + 1):
+            with pytest.raises(OptionError, match=f.name):
+                ReplayOptions(**{f.name: bad})
 
 
 @pytest.mark.parametrize(
