@@ -49,7 +49,7 @@ class AzuriteServer(ScratchServer):
     endpoint: str  # the account's blob endpoint: http://127.0.0.1:P/devstoreaccount1
     container: str
     workdir: str
-    process: subprocess.Popen = field(repr=False)
+    process: subprocess.Popen[bytes] = field(repr=False)
 
     @property
     def connection_string(self) -> str:

@@ -33,7 +33,7 @@ class ConnectServer(ScratchServer):
 
     url: str  # sc://127.0.0.1:<port>
     workdir: str
-    process: subprocess.Popen = field(repr=False)
+    process: subprocess.Popen[bytes] = field(repr=False)
 
     def stop(self) -> None:
         if self.process.poll() is None:  # the JVM and the Python workers it started

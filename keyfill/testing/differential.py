@@ -27,7 +27,7 @@ import os
 import random
 import tempfile
 import uuid
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,9 @@ from keyfill.testing.strategies import BackfillSettings, untraced
 
 Job = Callable[[Iterable[Any]], Iterable[tuple[Hashable, Any]]]
 Replay = Callable[[str, BackfillSettings], Iterable[Any]]
+# A replay's record (the watermark it came under, its key group), or a watermark.
+Emitted = tuple[Record, int | None, int] | Watermark
+Outputs = Mapping[Hashable, Sequence[Any]]  # a job's outputs, by key
 
 
 class DifferentialError(AssertionError):
@@ -88,7 +91,7 @@ def compact_example(archive: TopicArchive, settings: BackfillSettings, url: str 
     return Backfill(source["source"], dest, _read_back(source, published))
 
 
-def _read_back(source: dict, published: list[Record]) -> list[Record]:
+def _read_back(source: dict[str, Any], published: list[Record]) -> list[Record]:
     """The published records as keyfill's source reader reads them (a layout may change the
     value: Connect values become JSON text)."""
     from compactor.sources import open_source
@@ -126,12 +129,12 @@ def keyfill_replay(dest: str, settings: BackfillSettings) -> Iterator[Any]:
                 return
 
 
-def replay_stream(events: Iterable[Any]) -> list[tuple[Record, int | None, int] | Watermark]:
+def replay_stream(events: Iterable[Any]) -> list[Emitted]:
     """Replay events as (record, the watermark it was emitted under, its key group) and
     `Watermark`s."""
     import reader
 
-    out: list = []
+    out: list[Emitted] = []
     mark = None
     for ev in events:
         if isinstance(ev, reader.Watermark):
@@ -142,7 +145,7 @@ def replay_stream(events: Iterable[Any]) -> list[tuple[Record, int | None, int] 
     return out
 
 
-def job_order(stream: list, seed: int) -> list[Record | Watermark]:
+def job_order(stream: list[Emitted], seed: int) -> list[Record | Watermark]:
     """The replay's records in the order the job gets them: between two watermarks, the key
     groups' records merged in an order drawn from `seed`, each group's in the replay's order.
     The replay's threads may deliver any such order; drawing it, rather than taking the one
@@ -169,12 +172,12 @@ def _name(r: Record) -> str:
     return f"partition {r.partition} offset {r.offset} (timestamp {r.timestamp}, key {r.key!r})"
 
 
-def check_stream(stream: list, published: list[Record], bound_ms: int) -> set[tuple[int, int]]:
+def check_stream(stream: list[Emitted], published: list[Record], bound_ms: int) -> set[tuple[int, int]]:
     """Checks 1-4 on a replay stream; returns the records late in their partition."""
     late = late_in_partition(published, bound_ms)
     want = {(r.partition, r.offset): r for r in published}
     seen: set[tuple[int, int]] = set()
-    last: dict[tuple, int] = {}
+    last: dict[tuple[bytes | None, int], int] = {}  # by key and partition
     mark = None
     for item in stream:
         if isinstance(item, Watermark):
@@ -204,14 +207,14 @@ def check_stream(stream: list, published: list[Record], bound_ms: int) -> set[tu
     return late
 
 
-def _outputs(job: Job, items: list, watermarks: bool) -> dict:
-    out: dict = {}
+def _outputs(job: Job, items: list[Record | Watermark], watermarks: bool) -> dict[Hashable, list[Any]]:
+    out: dict[Hashable, list[Any]] = {}
     for key, value in job(x for x in items if watermarks or not isinstance(x, Watermark)):
         out.setdefault(key, []).append(value)
     return out
 
 
-def compare_outputs(reference: dict, backfill: dict, *, order: list | None = None) -> None:
+def compare_outputs(reference: Outputs, backfill: Outputs, *, order: Sequence[Hashable] | None = None) -> None:
     """Per key, the same outputs in the same order; the first key that differs is named."""
     keys = list(dict.fromkeys([*(order or []), *reference, *backfill]))
     for key in keys:

@@ -40,7 +40,7 @@ class GcsServer(ScratchServer):
     endpoint: str
     bucket: str
     workdir: str
-    process: subprocess.Popen = field(repr=False)
+    process: subprocess.Popen[bytes] = field(repr=False)
 
     def env(self) -> dict[str, str | None]:
         env: dict[str, str | None] = {k: None for k in _ISOLATE}

@@ -18,9 +18,14 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from keyfill.testing.servers import ScratchServer, free_port, started
 from keyfill.testing.tcp_proxy import FaultProxy
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
 
 
 def tansu_binary() -> str:
@@ -43,7 +48,7 @@ class KafkaBroker(ScratchServer):
 
     bootstrap: str  # host:port
     workdir: str
-    process: subprocess.Popen = field(repr=False)
+    process: subprocess.Popen[bytes] = field(repr=False)
     proxy: FaultProxy | None = field(default=None, repr=False)  # start_broker(proxied=True)
 
     def stop(self) -> None:
@@ -51,19 +56,21 @@ class KafkaBroker(ScratchServer):
             self.proxy.close()
         super().stop()
 
-    def admin(self):
+    def admin(self) -> AdminClient:
         from confluent_kafka.admin import AdminClient
 
         return AdminClient({"bootstrap.servers": self.bootstrap})
 
     def create_topic(self, name: str, partitions: int) -> None:
-        from confluent_kafka.admin import NewTopic
+        # where the class is defined: confluent_kafka.admin imports it without re-exporting
+        # it (mypy: not explicitly exported)
+        from confluent_kafka.cimpl import NewTopic
 
         admin = self.admin()  # kept alive until the futures settle
         for future in admin.create_topics([NewTopic(name, num_partitions=partitions)]).values():
             future.result(timeout=30)
 
-    def producer(self, **settings):
+    def producer(self, **settings: Any) -> Producer:
         """A producer that sends every record in a batch of its own (see the module docstring)."""
         from confluent_kafka import Producer
 

@@ -44,7 +44,8 @@ def records_of(batch: pa.RecordBatch | pa.Table) -> list[Record]:
 def late_in_partition(records: list[Record], bound_ms: int) -> set[tuple[int, int]]:
     """(partition, offset) of the records more than `bound_ms` behind the largest earlier
     timestamp of their partition (`records`: each partition in offset order)."""
-    late, top = set(), {}
+    late: set[tuple[int, int]] = set()
+    top: dict[int, int] = {}
     for r in records:
         m = top.get(r.partition)
         if m is not None and r.timestamp < m - bound_ms:

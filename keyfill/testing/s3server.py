@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from typing import Any
 
 from keyfill.testing.servers import ScratchServer, packaged_binary, started
 from keygroups.storage.s3 import error_code
@@ -75,7 +76,7 @@ class S3Server(ScratchServer):
     endpoint: str
     bucket: str
     workdir: str
-    process: subprocess.Popen = field(repr=False)
+    process: subprocess.Popen[bytes] = field(repr=False)
 
     def env(self) -> dict[str, str | None]:
         """Standard AWS variables that point boto3 here; None means "unset this one"."""
@@ -92,7 +93,7 @@ class S3Server(ScratchServer):
         return env
 
 
-def _client(endpoint: str):
+def _client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config
 

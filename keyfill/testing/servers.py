@@ -9,6 +9,7 @@ import importlib.metadata
 import os
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
@@ -16,12 +17,15 @@ from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+S = TypeVar("S", bound="ScratchServer")
 
 
 class ScratchServer:
     """Mixin for a dataclass with `workdir` and `process` fields; `LOG` names the log file."""
 
     LOG = "server.log"
+    workdir: str  # the scratch folder: the server's log and data, removed by `stop`
+    process: subprocess.Popen[bytes]
 
     def env(self) -> dict[str, str | None]:
         """Variables that point clients here; None means "unset this one"."""
@@ -35,7 +39,7 @@ class ScratchServer:
                 environ[key] = value
 
     @contextmanager
-    def applied_env(self, environ: MutableMapping[str, str] = os.environ) -> Iterator:
+    def applied_env(self: S, environ: MutableMapping[str, str] = os.environ) -> Iterator[S]:
         """`apply_env` while the block runs, and the earlier values back after it."""
         saved = {k: environ.get(k) for k in self.env()}
         self.apply_env(environ)
@@ -82,7 +86,7 @@ class ScratchServer:
             self.process.wait(timeout=10)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self):
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -111,7 +115,8 @@ def free_port() -> int:
     `started` tries again)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def started(start: Callable[[], T], tries: int) -> T:

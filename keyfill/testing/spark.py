@@ -36,16 +36,21 @@ import pickle
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from keyfill.synth.topic import TopicArchive
+from keyfill.synth.topic import Record, TopicArchive
 from keyfill.testing.differential import DifferentialError, compact_example, compare_outputs, scratch
 from keyfill.testing.reference import late_in_partition, live_order
 from keyfill.testing.strategies import BackfillSettings
 from keygroups import spark_kind
 from keygroups.durations import parse_duration
 
-Build = Callable[..., Any]  # a DataFrame of the keyfill source's schema (one per archive) -> the output DataFrame
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# a DataFrame of the keyfill source's schema (one per archive) -> the output DataFrame
+Build = Callable[..., "DataFrame"]
+OutputRow = dict[str, Any]  # a row the query appended, its nested rows dicts too
 
 
 class _Crash(RuntimeError):
@@ -68,7 +73,7 @@ class SparkCheckResult:
 def spark_options(settings: BackfillSettings, start_ms: int | None = None) -> dict[str, str]:
     """The keyfill source's options for an example; with `start_ms`, paced in event time from
     there (several archives: a stride of the example's slices per trigger, from the earliest record)."""
-    options: dict = {"numPartitions": settings.threads, "batchSize": settings.batch_size}
+    options: dict[str, int | str] = {"numPartitions": settings.threads, "batchSize": settings.batch_size}
     if start_ms is not None:
         stride_ms = parse_duration(settings.slice_duration) * (settings.slices_per_trigger or 1)
         options |= {"maxEventTimePerTrigger": f"{stride_ms}ms", "startingTimestamp": start_ms}
@@ -78,7 +83,7 @@ def spark_options(settings: BackfillSettings, start_ms: int | None = None) -> di
 
 
 def check_spark_query(
-    spark,
+    spark: SparkSession,
     build: Build,
     archive: TopicArchive | Sequence[TopicArchive],
     settings: BackfillSettings,
@@ -99,7 +104,8 @@ def check_spark_query(
     archives = [archive] if isinstance(archive, TopicArchive) else list(archive)
     with scratch(url) as where, tempfile.TemporaryDirectory(prefix="keyfill-spark-check-") as work:
         done = [compact_example(a, settings, where) for a in archives]
-        if any(d.dest is None for d in done):
+        dests = [d.dest for d in done if d.dest is not None]
+        if len(dests) < len(done):  # an empty topic: nothing to replay
             return SparkCheckResult(0, 0, 0, 0, 0, 0)
         late = [late_in_partition(d.records, settings.watermark_bound_ms) for d in done]
         shuffle = spark.conf.get("spark.sql.shuffle.partitions")
@@ -108,16 +114,16 @@ def check_spark_query(
         try:
             inputs = [
                 _reference_input(
-                    spark, d.dest, [r for r in d.records if (r.partition, r.offset) not in gone], work + f"/{i}"
+                    spark, dest, [r for r in d.records if (r.partition, r.offset) not in gone], work + f"/{i}"
                 )
-                for i, (d, gone) in enumerate(zip(done, late))
+                for i, (d, dest, gone) in enumerate(zip(done, dests, late))
             ]
             reference = _collect(spark, build(*inputs), work + "/ref-ck")
             if reference.dropped:
                 raise DifferentialError(f"the reference query dropped {reference.dropped} row(s) in one micro-batch")
             sources = []
-            for d, gone in zip(done, late):
-                source = spark.readStream.format("keyfill").options(**spark_options(settings, start)).load(d.dest)
+            for dest, gone in zip(dests, late):
+                source = spark.readStream.format("keyfill").options(**spark_options(settings, start)).load(dest)
                 if gone:
                     late_df = spark.createDataFrame(sorted(gone), "partition int, offset long")
                     source = source.join(late_df, ["partition", "offset"], "left_anti").select(*source.columns)
@@ -125,7 +131,10 @@ def check_spark_query(
             stops = [1 + n % 3 for n in settings.restarts[:1]]  # micro-batches before the crash
             backfill = _collect(spark, build(*sources), work + "/ck", stops)
         finally:
-            spark.conf.set("spark.sql.shuffle.partitions", shuffle)
+            if shuffle is None:  # not set: Spark's default again
+                spark.conf.unset("spark.sql.shuffle.partitions")
+            else:
+                spark.conf.set("spark.sql.shuffle.partitions", shuffle)
     if backfill.dropped:
         raise DifferentialError(
             f"the backfill's query dropped {backfill.dropped} row(s) as late (numRowsDroppedByWatermark) though "
@@ -144,7 +153,7 @@ def check_spark_query(
     )
 
 
-def _reference_input(spark, dest: str, on_time: list, work: str):
+def _reference_input(spark: SparkSession, dest: str, on_time: list[Record], work: str) -> DataFrame:
     """The on-time records as keyfill's source reads them (same schema and values), in the
     topic's live order, as one Parquet file streamed by Spark's file source."""
     batch = spark.read.format("keyfill").load(dest)
@@ -163,13 +172,13 @@ def _reference_input(spark, dest: str, on_time: list, work: str):
 
 @dataclass
 class _Run:
-    rows: list  # every appended row, each micro-batch counted once
+    rows: list[OutputRow]  # every appended row, each micro-batch counted once
     dropped: int
     batches: int
     restarts: int
 
 
-def _collect(spark, df, checkpoint: str, stops: list[int] = ()) -> _Run:
+def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequence[int] = ()) -> _Run:
     """Run `df` with AvailableNow into a sink keyed by batch id (a replayed batch replaces
     its first writing, as an idempotent sink does), crashing after `stops[i]` micro-batches
     of run i and resuming from `checkpoint`.
@@ -186,7 +195,9 @@ def _collect(spark, df, checkpoint: str, stops: list[int] = ()) -> _Run:
     dropped = batches = restarts = 0
     for run, stop in enumerate([*stops, None]):
 
-        def sink(batch, batch_id, stop=stop, run=run, folder=folder):
+        def sink(
+            batch: DataFrame, batch_id: int, stop: int | None = stop, run: int = run, folder: str = folder
+        ) -> None:
             rows = [r.asDict(recursive=True) for r in batch.collect()]
             name = os.path.join(folder, f"{batch_id:010d}.pickle")
             with open(name + ".part", "wb") as f:
@@ -217,17 +228,17 @@ def _collect(spark, df, checkpoint: str, stops: list[int] = ()) -> _Run:
         if not crashed:
             break
         restarts += 1
-    rows = []
+    rows: list[OutputRow] = []
     for name in sorted(n for n in os.listdir(folder) if n.endswith(".pickle")):
         with open(os.path.join(folder, name), "rb") as f:
             rows += pickle.load(f)
     return _Run(rows, dropped, batches, restarts)
 
 
-def _by_key(rows: list[dict], key: str) -> dict:
+def _by_key(rows: list[OutputRow], key: str) -> dict[Any, list[OutputRow]]:
     """Each key's rows, sorted (appended rows are final: their order across micro-batches is not
     the query's result)."""
-    out: dict = {}
+    out: dict[Any, list[OutputRow]] = {}
     for row in rows:
         if key not in row:
             raise KeyError(f"the query's output has no column {key!r}; it has {', '.join(row)}")

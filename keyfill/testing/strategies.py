@@ -9,9 +9,11 @@ partitioner, so a key lives in one partition, as in a real topic.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
@@ -19,6 +21,7 @@ from keyfill.synth.kafka_partitioner import kafka_partition
 from keyfill.synth.topic import LAYOUTS, Record, TopicArchive
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+T = TypeVar("T")
 
 # The strategies drawn once per record, made once: a strategy built inside the loop is
 # validated and labelled again at every draw, a large share of a drawn topic's time
@@ -63,7 +66,7 @@ _CHUNK = 8  # records drawn as one span: the shrinker tries dropping them all in
 
 
 @st.composite
-def _together(draw, body):
+def _together(draw: st.DrawFn, body: Callable[[st.DrawFn], T]) -> T:
     """`body(draw)` as one span of choices: hypothesis' shrinker first tries each span at its
     simplest (every roll 0: the chunk's records dropped at once), so a failing topic loses
     its irrelevant records a chunk at a time, not one by one."""
@@ -94,7 +97,7 @@ class BackfillSettings:
 
 @st.composite
 def topic_archives(
-    draw,
+    draw: st.DrawFn,
     *,
     partitions: st.SearchStrategy[int] = st.integers(1, 4),
     keys: st.SearchStrategy[int] = st.integers(1, 12),
@@ -129,7 +132,7 @@ def topic_archives(
         behind_by = st.integers(0, jitter) if jitter else None
         partition_of = {key: kafka_partition(key, n_parts) for key in names}
 
-        def record(draw, first: bool) -> None:
+        def record(draw: st.DrawFn, first: bool) -> None:
             roll = draw(first_key if first else roll_key)
             if roll == 0:
                 return
@@ -145,14 +148,19 @@ def topic_archives(
             parts[p].append(Record(p, len(parts[p]), max(0, clock[p] - behind), key, draw(value_of(key)), hdrs))
 
         n = draw(records)
+
+        def span(draw: st.DrawFn, start: int) -> None:
+            for i in range(start, min(n, start + _CHUNK)):
+                record(draw, i == 0)
+
         for start in range(0, n, _CHUNK):
-            draw(_together(lambda d, a=start: [record(d, i == 0) for i in range(a, min(n, a + _CHUNK))]))
+            draw(_together(functools.partial(span, start=start)))
         return TopicArchive(topic, tuple(tuple(ps) for ps in parts), draw(st.integers(5, 60)))
 
 
 @st.composite
 def backfill_settings(
-    draw,
+    draw: st.DrawFn,
     *,
     layouts: tuple[str, ...] = LAYOUTS,
     watermark_bound_ms: st.SearchStrategy[int] = st.sampled_from([0, 2_000, 30_000]),
