@@ -25,6 +25,7 @@ from typing import Any
 from compactor.errors import ArchiveError
 from compactor.sources.base import Option, SourceArchive, SourceChunk, SourceOptions
 from compactor.sources.envelope import EnvelopeSource
+from compactor.sources.hints import register
 from compactor.sources.iceberg import IcebergSource
 from compactor.sources.kafka_connect import KafkaConnectSource
 from compactor.sources.kafka_segments import KafkaSegmentsSource
@@ -33,6 +34,7 @@ from keygroups.errors import OptionError
 FORMATS: dict[str, type[SourceArchive]] = {
     source.format: source for source in (EnvelopeSource, KafkaConnectSource, KafkaSegmentsSource, IcebergSource)
 }
+register(FORMATS)  # the formats an error's hint names (compactor.sources.hints)
 
 __all__ = [
     "FORMATS",

@@ -9,6 +9,7 @@ listing plus the first few KB of each file (see docs/envelope-archive.md).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk
+from compactor.sources.hints import hint
 from keygroups import envelope
 from keygroups.envelope import CorruptFile, HeaderTruncated
 from keygroups.errors import OptionError
@@ -61,8 +63,6 @@ def encode_chunk(batch: pa.RecordBatch, topic: str, *, codec: str = "snappy") ->
     """(key, file bytes) of one chunk. The sync marker is derived from the chunk's position
     so the same records always give the same bytes."""
     meta = chunk_metadata(batch, topic)
-    import hashlib
-
     key = chunk_key(topic, int(meta["keyfill.partition"]), int(meta["keyfill.first_offset"]))
     marker = hashlib.blake2b(key.encode(), digest_size=16).digest()
     return key, envelope.encode_avro(batch, codec=codec, metadata=meta, sync_marker=marker)
@@ -191,8 +191,6 @@ def build_index(store: Storage, *, threads: int = 16) -> ArchiveIndex:
     Raises ArchiveError when two chunks of a partition overlap; offset gaps (compacted
     topics have them) are recorded in `gaps`.
     """
-    from compactor.sources.hints import hint
-
     everything = store.list()
     listing = [o for o in everything if o.key.endswith(".avro")]
     if not listing:

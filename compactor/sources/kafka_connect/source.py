@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
+from compactor.sources.hints import hint
 from compactor.sources.kafka_connect.file_formats import EXTENSIONS, FileFormat
 from compactor.sources.kafka_connect.records import check_count, timestamps_ms
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE
@@ -159,8 +160,6 @@ class KafkaConnectSource(SourceArchive):
         ArchiveError for names outside the layout, two value files of a partition with the
         same start offset, and keys/headers files without their value file or two of a kind
         for one."""
-        from compactor.sources.hints import hint
-
         url = self.store.url_for
         listing = [o for o in self.store.list() if o.key.endswith(tuple(EXTENSIONS))]
         if any(_UNDER_ROOT.match(o.key) for o in listing):

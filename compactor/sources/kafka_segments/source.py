@@ -38,9 +38,10 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+import compactor.sources.kafka_segments.tiered as tiered
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk
-from compactor.sources.kafka_segments import tiered
+from compactor.sources.hints import hint
 from compactor.sources.kafka_segments.record_batches import Aborted, decode_segment
 from keygroups.envelope import CorruptFile
 from keygroups.storage import Storage
@@ -113,8 +114,6 @@ class KafkaSegmentsSource(SourceArchive):
         self._aborted = aborted
         chunks += tiered_chunks
         if not chunks and listing:
-            from compactor.sources.hints import hint
-
             raise ArchiveError(
                 f"{self.store.url}: no Kafka log segments (<topic>-<p>/<20-digit base offset>.log, or tiered "
                 "<topic>-<id>/<p>/<offset>-<id>.log) found" + hint((o.key for o in listing), "kafka-segments")
