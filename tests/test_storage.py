@@ -31,6 +31,7 @@ from keygroups.storage import (
 )
 from keygroups.storage import local as storage_mod
 from keygroups.storage.azure_client import credential_source
+from keygroups.storage.limits import DeadlineExceeded
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -787,6 +788,40 @@ def test_a_body_cut_short_or_stalled_is_fetched_again_or_reported_never_returned
             with pytest.raises(StorageError) as err:
                 store.read_range("obj", 1_000, 2 << 20)
             assert f"{url}/obj" in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("backend", ["s3", "azure"])
+def test_a_store_that_stops_answering_gives_up_at_its_deadline_with_one_error_class(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """No answer at all (a `FaultProxy` that holds every connection): the attempts stop at
+    KEYFILL_STORAGE_DEADLINE, and S3 and Azure give up with the same error class,
+    `keygroups.storage.limits.DeadlineExceeded`, behind the one line naming the object.
+    (GCS's client has a deadline of its own over its retries: the body test above.)"""
+    from keyfill.testing.tcp_proxy import in_front_of
+
+    server = request.getfixturevalue(f"{backend}_server")
+    url = request.getfixturevalue(f"{backend}_url")
+    open_storage(url).write("obj", b"x" * 1000)
+    proxy, env = in_front_of(server)
+    with proxy:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("KEYFILL_STORAGE_CONNECT_TIMEOUT", "1")
+        monkeypatch.setenv("KEYFILL_STORAGE_READ_TIMEOUT", "1")
+        monkeypatch.setenv("KEYFILL_STORAGE_DEADLINE", "3")
+        store = open_storage(url)
+        proxy.stall()
+        with pytest.raises(StorageError) as err:
+            store.read("obj")
+        proxy.resume()
+    chain, e = [], err.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    assert any(isinstance(c, DeadlineExceeded) for c in chain), [type(c) for c in chain]
+    message = str(err.value)
+    assert f"{url}/obj" in message and "gave up after" in message and "\n" not in message, message
 
 
 def test_missing_cloud_credentials_are_named_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

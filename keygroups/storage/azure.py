@@ -22,10 +22,10 @@ from keygroups.storage.azure_client import (
     BLOCK_BYTES,
     STORAGE_SCOPE,
     AzureClient,
-    DeadlineExceeded,
     credential_source,
 )
 from keygroups.storage.base import ObjectInfo, ObjectStore, check_prefix
+from keygroups.storage.limits import DeadlineExceeded
 
 log = logging.getLogger(__name__)
 

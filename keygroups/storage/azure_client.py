@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 
 from keygroups.errors import StorageError
 from keygroups.storage.clients import LazyClient
-from keygroups.storage.limits import StoreLimits
+from keygroups.storage.limits import DeadlineExceeded, StoreLimits
 
 # Uploads above this go up as staged blocks of this size, committed at once (the SDK's
 # default single PUT reaches 64 MiB, a long wait with nothing to retry but all of it).
@@ -21,10 +21,6 @@ BLOCK_BYTES = 16 << 20
 RETRY_TOTAL = 4  # five attempts, as on S3 (the SDK's default is ten)
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 _NEEDS = "Azure URLs need azure-storage-blob: pip install 'keyfill[azure]'"
-
-
-class DeadlineExceeded(Exception):
-    """Raised before an attempt that could not finish before the request's deadline."""
 
 
 def _deadline_hook(limits: StoreLimits) -> Any:
@@ -40,9 +36,8 @@ def _deadline_hook(limits: StoreLimits) -> Any:
         ctx["keyfill_attempt"] = attempt
         sent = int(request.http_request.headers.get("Content-Length") or 0)
         if attempt > 1 and not limits.allows_retry(started, now, sent):
-            raise DeadlineExceeded(
-                f"gave up after {now - started:.0f} s and {attempt - 1} attempt(s) on {request.http_request.url}"
-            )
+            last = "each failed or went unanswered"  # the SDK's hook sees requests, not their outcomes
+            raise DeadlineExceeded(DeadlineExceeded.message(now - started, attempt - 1, request.http_request.url, last))
 
     return hook
 

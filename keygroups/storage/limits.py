@@ -13,6 +13,15 @@ from dataclasses import dataclass
 from keygroups.errors import StorageError
 
 
+class DeadlineExceeded(StorageError):
+    """A request whose next attempt could not finish before its deadline
+    (``KEYFILL_STORAGE_DEADLINE``), raised by every store's retry hook instead of that attempt."""
+
+    @staticmethod
+    def message(elapsed_s: float, attempts: int, where: str, last: str) -> str:
+        return f"gave up after {elapsed_s:.0f} s and {attempts} attempt(s) on {where}: {last}"
+
+
 @dataclass(frozen=True)
 class StoreLimits:
     """Timeouts for S3, GCS and Azure alike, from ``KEYFILL_STORAGE_CONNECT_TIMEOUT``,

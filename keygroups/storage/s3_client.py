@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from keygroups.storage.clients import LazyClient
-from keygroups.storage.limits import StoreLimits
+from keygroups.storage.limits import DeadlineExceeded, StoreLimits
 
 S3Limits = StoreLimits  # the name this had when only S3 was bounded
 
@@ -25,8 +25,13 @@ def _deadline_hooks(events: Any, limits: StoreLimits) -> None:
     """
     from botocore.exceptions import BotoCoreError
 
-    class DeadlineExceeded(BotoCoreError):  # type: ignore[misc]  # botocore has no types: Any
-        fmt = "gave up after {elapsed:.0f} s and {attempts} attempt(s) on endpoint {endpoint}: {last}"
+    # keyfill's one DeadlineExceeded, and a BotoCoreError too, as botocore expects of what its
+    # hooks raise (its transfers and the store's error mapping handle only its own errors)
+    class BotocoreDeadline(BotoCoreError, DeadlineExceeded):  # type: ignore[misc]  # botocore has no types: Any
+        fmt = "{text}"
+
+        def __init__(self, text: str) -> None:
+            BotoCoreError.__init__(self, text=text)
 
     def before_send(request: Any, **_: Any) -> None:
         ctx = request.context
@@ -36,12 +41,9 @@ def _deadline_hooks(events: Any, limits: StoreLimits) -> None:
         sent = int(request.headers.get("Content-Length") or 0)
         if attempt > 1 and not limits.allows_retry(started, now, sent):
             endpoint = urlparse(request.url)
-            raise DeadlineExceeded(
-                elapsed=now - started,
-                attempts=attempt - 1,
-                endpoint=f"{endpoint.scheme}://{endpoint.netloc}",
-                last=ctx.get("keyfill_last_error", "no answer"),
-            )
+            last = ctx.get("keyfill_last_error", "no answer")
+            where = f"endpoint {endpoint.scheme}://{endpoint.netloc}"
+            raise BotocoreDeadline(DeadlineExceeded.message(now - started, attempt - 1, where, last))
 
     def needs_retry(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
         if caught_exception is not None:
