@@ -35,3 +35,12 @@ class CheckpointError(KeyfillError, ValueError):
 
 class ReplayError(KeyfillError, RuntimeError):
     """A read, check or decode failed in a replay thread; names the file, slice and group."""
+
+
+class RoutingError(KeyfillError, ValueError):
+    """A record batch the Flink key router cannot route (`reader.flink_keyby`): names the
+    column at fault."""
+
+
+class NotARecordBatch(KeyfillError, TypeError):
+    """The Flink key router was handed something other than a pyarrow.RecordBatch."""

@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import njit
+from keygroups.errors import OptionError
+from reader.errors import NotARecordBatch, RoutingError
 
 __all__ = [
     "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
@@ -222,10 +224,10 @@ def _stable_split(dest: Any, consumers: int) -> tuple[Any, Any, bool]:
 
 def _check_int(name: str, value: object, low: int, high: int, why: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        # ValueError, not TypeError: callers catch one exception for any bad parallelism
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        # an OptionError (a ValueError), not TypeError: callers catch one exception for any bad parallelism
+        raise OptionError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     if not low <= int(value) <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}] ({why}), got {value}")
+        raise OptionError(f"{name} must be in [{low}, {high}] ({why}), got {value}")
     return int(value)
 
 
@@ -251,7 +253,7 @@ def _key_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
         try:
             col = col.cast(pa.large_binary())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise ValueError(f"key column must be binary or string, got {t}") from None
+            raise RoutingError(f"key column must be binary or string, got {t}") from None
         off_type = np.int64
     n = len(col)
     bufs = col.buffers()
@@ -265,18 +267,18 @@ def _key_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
 def _null_partitions(batch: pa.RecordBatch, null_keys: str) -> np.ndarray:
     """Kafka partition per row, needed only to route null keys."""
     if null_keys == "error":
-        raise ValueError("batch has null keys and null_keys='error' (Flink cannot route a null key)")
+        raise RoutingError("batch has null keys and null_keys='error' (Flink cannot route a null key)")
     try:
         col = batch.column("partition")
     except KeyError:
-        raise ValueError("null keys are routed by partition, but the batch has no 'partition' column") from None
+        raise RoutingError("null keys are routed by partition, but the batch has no 'partition' column") from None
     if col.null_count:
-        raise ValueError("'partition' column has nulls; null-key records cannot be routed")
+        raise RoutingError("'partition' column has nulls; null-key records cannot be routed")
     if col.type != pa.int32():
         try:
             col = col.cast(pa.int32())  # Kafka partitions are Java ints
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise ValueError(f"'partition' column must hold 32-bit integers, got {col.type}") from None
+            raise RoutingError(f"'partition' column must hold 32-bit integers, got {col.type}") from None
     partitions: np.ndarray = col.to_numpy(zero_copy_only=False)
     return partitions
 
@@ -296,15 +298,15 @@ def consumer_indexes(
     """
     d, max_p = _check_parallelism(consumers, max_parallelism)
     if key_type not in ("string", "bytes"):
-        raise ValueError(f"key_type must be 'string' or 'bytes', got {key_type!r}")
+        raise OptionError(f"key_type must be 'string' or 'bytes', got {key_type!r}")
     if null_keys not in ("partition", "error"):
-        raise ValueError(f"null_keys must be 'partition' or 'error', got {null_keys!r}")
+        raise OptionError(f"null_keys must be 'partition' or 'error', got {null_keys!r}")
     if not isinstance(batch, pa.RecordBatch):
-        raise TypeError(f"expected a pyarrow.RecordBatch, got {type(batch).__name__}")
+        raise NotARecordBatch(f"expected a pyarrow.RecordBatch, got {type(batch).__name__}")
     try:
         key = batch.column("key")
     except KeyError:
-        raise ValueError("record batch has no 'key' column") from None
+        raise RoutingError("record batch has no 'key' column") from None
     offsets, data, validity, bit0 = _key_buffers(key)
     if validity.shape[0]:
         partitions = _null_partitions(batch, null_keys)

@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups.envelope import ARROW_SCHEMA
+from keygroups.errors import KeyfillError, OptionError
+from reader.errors import NotARecordBatch, RoutingError
 from reader.flink_keyby import (
     _bytes_hash,
     _flink_murmur,
@@ -414,11 +416,11 @@ def test_all_null_keys_route_by_partition(parts: list[int], par: tuple[int, int]
 
 def test_null_keys_error_policy_and_missing_partition() -> None:
     batch = make_batch([b"a", None, b"b"])
-    with pytest.raises(ValueError, match="null_keys='error'"):
+    with pytest.raises(RoutingError, match="null_keys='error'"):
         partition_batches(batch, 4, null_keys="error")
     assert len(partition_batches(make_batch([b"a", b"b"]), 4, null_keys="error")) == 4  # no nulls: fine
     no_partition = batch.drop_columns(["partition"])
-    with pytest.raises(ValueError, match="no 'partition' column"):
+    with pytest.raises(RoutingError, match="no 'partition' column"):
         partition_batches(no_partition, 4)
     assert sum(o.num_rows for o in partition_batches(make_batch([b"a"]).drop_columns(["partition"]), 4)) == 1
 
@@ -453,20 +455,21 @@ def test_one_consumer_returns_the_batch() -> None:
     ],
 )
 def test_invalid_parallelism_is_rejected(consumers: object, max_parallelism: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(OptionError, match=message):  # a KeyfillError, and a ValueError as before
         partition_batches(make_batch([b"a"]), consumers, max_parallelism)
 
 
 def test_other_invalid_arguments() -> None:
     batch = make_batch([b"a"])
-    with pytest.raises(ValueError, match="key_type"):
+    with pytest.raises(OptionError, match="key_type"):
         partition_batches(batch, 2, key_type="utf16")
-    with pytest.raises(ValueError, match="null_keys"):
+    with pytest.raises(OptionError, match="null_keys"):
         partition_batches(batch, 2, null_keys="zero")
-    with pytest.raises(ValueError, match="no 'key' column"):
+    with pytest.raises(RoutingError, match="no 'key' column"):
         partition_batches(batch.drop_columns(["key"]), 2)
-    with pytest.raises(TypeError):
+    with pytest.raises(NotARecordBatch):
         partition_batches(pa.Table.from_batches([batch]), 2)
+    assert issubclass(RoutingError, ValueError) and issubclass(NotARecordBatch, (KeyfillError, TypeError))
     assert len(partition_batches(batch, np.int64(4), np.int32(128))) == 4  # numpy ints are fine
 
 
