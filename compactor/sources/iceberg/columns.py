@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from compactor.sources.kafka_connect.avro import encode_json
-from compactor.sources.kafka_connect.parquet import _UNIT_DIVISOR, _plain
+from compactor.sources.plain_values import UNIT_DIVISOR, plain
 
 if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
     from pyiceberg.schema import Schema
@@ -44,7 +44,7 @@ def struct_field(struct: StructType, name: str) -> NestedField | None:
 def millis(ts: pa.Array) -> np.ndarray:
     """Epoch milliseconds, floored (Redpanda writes Kafka's milliseconds as microseconds;
     _check_schema admits only timestamp types)."""
-    ms: np.ndarray = ts.cast(pa.int64()).to_numpy() // _UNIT_DIVISOR[ts.type.unit]
+    ms: np.ndarray = ts.cast(pa.int64()).to_numpy() // UNIT_DIVISOR[ts.type.unit]
     return ms
 
 
@@ -90,6 +90,6 @@ def binary(a: pa.Array) -> pa.Array:
 def json_values(table: pa.Table) -> pa.Array:
     """Value-schema mode: each row's value columns as the compact JSON object the Kafka
     Connect source writes (compactor.sources.kafka_connect.avro.encode_json)."""
-    cols = {name: _plain(table.column(name).combine_chunks()) for name in table.column_names}
+    cols = {name: plain(table.column(name).combine_chunks()) for name in table.column_names}
     rows = pa.table(cols).to_pylist()
     return pa.array([encode_json(r).encode() for r in rows], pa.binary())

@@ -5,13 +5,13 @@ A value becomes compact JSON by the rules of the Avro path (`kafka_connect.avro`
 in file order, logical types as their underlying value (timestamps as epoch integers in
 their own unit, dates as days, times as ms/µs of day), decimals as exact strings, bytes as
 base64, maps as objects. Arrow columns are first cast to those plain types, so no datetime
-or Decimal objects are built per value; pyarrow has no JSON writer, so the text is made by
-`encode_json` row by row.
+or Decimal objects are built per value (`compactor.sources.plain_values`, shared with the
+iceberg format); pyarrow has no JSON writer, so the text is made by `encode_json` row by
+row.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -19,10 +19,9 @@ import pyarrow.parquet as pq
 
 from compactor.sources.kafka_connect.avro import binary_array, encode_json, header_array
 from compactor.sources.kafka_connect.records import Values
+from compactor.sources.plain_values import UNIT_DIVISOR, plain
 from keygroups.envelope import HEADER_TYPE, CorruptFile
 from keygroups.errors import OptionError
-
-_UNIT_DIVISOR = {"ms": 1, "us": 1_000, "ns": 1_000_000}
 
 
 def read_parquet(data: bytes, name: str) -> pa.RecordBatch:
@@ -31,32 +30,6 @@ def read_parquet(data: bytes, name: str) -> pa.RecordBatch:
     except (pa.ArrowException, OSError) as exc:
         raise CorruptFile(f"{name}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
     return pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], schema=table.schema)
-
-
-def _plain(arr: pa.Array) -> pa.Array:
-    """`arr` with logical types cast to the plain values the JSON text shows."""
-    t = arr.type
-    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
-        return arr.cast(pa.int64())
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return arr.cast(pa.int32())
-    if pa.types.is_decimal(t):
-        return arr.cast(pa.string())
-    if pa.types.is_dictionary(t):
-        return _plain(arr.cast(t.value_type))
-    if isinstance(t, pa.ExtensionType) or getattr(t, "extension_name", None) == "arrow.uuid":  # canonical: no subclass
-        if t.extension_name == "arrow.uuid":
-            return pa.array([None if b is None else str(uuid.UUID(bytes=b)) for b in arr.storage.to_pylist()])
-        return _plain(arr.storage)
-    if pa.types.is_struct(t):
-        children = [_plain(arr.field(i)) for i in range(t.num_fields)]
-        return pa.StructArray.from_arrays(children, names=[f.name for f in t], mask=arr.is_null())
-    if pa.types.is_map(t):
-        return pa.MapArray.from_arrays(arr.offsets, _plain(arr.keys), _plain(arr.items), mask=arr.is_null())
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        cls = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
-        return cls.from_arrays(arr.offsets, _plain(arr.values), mask=arr.is_null())
-    return arr
 
 
 def _has_map(t: pa.DataType) -> bool:
@@ -81,10 +54,10 @@ def _maps_as_objects(value: Any, t: pa.DataType) -> Any:
 
 
 def _pylist(arr: pa.Array) -> list[Any]:
-    plain = _plain(arr)
-    items: list[Any] = plain.to_pylist()
-    if _has_map(plain.type):
-        items = [_maps_as_objects(v, plain.type) for v in items]
+    cast = plain(arr)
+    items: list[Any] = cast.to_pylist()
+    if _has_map(cast.type):
+        items = [_maps_as_objects(v, cast.type) for v in items]
     return items
 
 
@@ -102,7 +75,7 @@ def parquet_values(data: bytes, name: str, first: int, ts_field: str, key_field:
     table = read_parquet(data, name)
     ts = _column(table, ts_field, "timestamp_field", name)
     if pa.types.is_timestamp(ts.type):
-        divisor = _UNIT_DIVISOR[ts.type.unit]
+        divisor = UNIT_DIVISOR[ts.type.unit]
     elif pa.types.is_integer(ts.type):
         divisor = 1
     else:
