@@ -97,7 +97,7 @@ def _child(task: str, src: str, dest: str) -> None:
         pieces.sort(key=lambda p: (p.group, p.slice))  # group by group, each in slice order (GroupsPartition)
         lap("  plan (untimed)")
         n = 0
-        for _step, batch in read_groups(store, pieces, read_ahead_bytes=64 << 20, part_bytes=8 << 20):
+        for _step, batch in read_groups(store, pieces, read_ahead_bytes=64 << 20, range_bytes=8 << 20):
             if not n:
                 lap("  first batch")
             n += batch.num_rows

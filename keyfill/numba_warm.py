@@ -103,7 +103,7 @@ def run_tasks(work: Path) -> int:
     manifest = compacted.load_manifest(store)
     pieces = piece_list(PieceIndex.of(store, manifest).piece_rows(0, manifest.slices))
     pieces.sort(key=lambda p: (p.group, p.slice))
-    for _ in read_groups(store, pieces, read_ahead_bytes=64 << 20, part_bytes=8 << 20):
+    for _ in read_groups(store, pieces, read_ahead_bytes=64 << 20, range_bytes=8 << 20):
         pass
     replayed = 0
     with replay(archive, threads=4) as events:

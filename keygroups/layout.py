@@ -30,10 +30,10 @@ GET_BYTES = 16 << 20
 TRIGGER_BYTES = 512 << 20
 
 
-def replay_gets(file_sizes: list[int], get_bytes: int = GET_BYTES) -> int:
+def replay_gets(file_sizes: list[int], range_bytes: int = GET_BYTES) -> int:
     """GETs a replay makes to read files of these sizes once, each as consecutive ranges of
-    at most `get_bytes` (its read-ahead budget permitting)."""
-    return sum(-(-size // get_bytes) for size in file_sizes)
+    at most `range_bytes` (its read-ahead budget permitting)."""
+    return sum(-(-size // range_bytes) for size in file_sizes)
 
 
 _RUN = "[0-9a-f]{16}"

@@ -13,9 +13,9 @@ from keygroups.compacted import Piece
 from keygroups.errors import IntegrityError
 
 
-def parts(start: int, end: int, part_bytes: int) -> list[tuple[int, int]]:
-    """(start, length) of the ranged GETs that tile bytes [start, end), none longer than part_bytes."""
-    return [(a, min(part_bytes, end - a)) for a in range(start, end, part_bytes)]
+def parts(start: int, end: int, range_bytes: int) -> list[tuple[int, int]]:
+    """(start, length) of the ranged GETs that tile bytes [start, end), none longer than range_bytes."""
+    return [(a, min(range_bytes, end - a)) for a in range(start, end, range_bytes)]
 
 
 def span(pieces: Sequence[Piece]) -> tuple[int, int]:

@@ -28,18 +28,18 @@ from reader.read_budget import ReadBudget
 LOOKAHEAD_SLICES = 256  # how far a span may reach past the slice being read
 
 
-def span_bytes(read_ahead_bytes: int, groups: int, get_bytes: int) -> int:
+def span_bytes(read_ahead_bytes: int, groups: int, range_bytes: int) -> int:
     """The largest span a reader fetches: each group holds the span it reads and the next one
-    in flight, so 2 x groups spans share the budget, and no span exceeds `get_bytes` (unless
+    in flight, so 2 x groups spans share the budget, and no span exceeds `range_bytes` (unless
     one piece does: a piece is never split between spans)."""
     share = read_ahead_bytes // max(1, 2 * groups)
-    return max(1, min(get_bytes or share, share)) if read_ahead_bytes else 1
+    return max(1, min(range_bytes or share, share)) if read_ahead_bytes else 1
 
 
 class PieceFetcher:
     """One replay thread's view of its groups' pieces: keeps, per group, the span being read
     and the next one in flight (two spans of at most `span_bytes`, the second only while the
-    budget has room for it), GETs each span as parts of at most `part_bytes`, and the Avro
+    budget has room for it), GETs each span as parts of at most `range_bytes`, and the Avro
     header of a file once. Every span and decoded step is charged to `budget`, which threads
     and the consumer share (`reader.read_budget`); `caller_consumes`: the caller takes each
     step as it is decoded (a Spark task), so a needed read never waits for the budget."""
@@ -53,7 +53,7 @@ class PieceFetcher:
         groups: set[int],
         *,
         span_bytes: int,
-        part_bytes: int,
+        range_bytes: int,
         budget: ReadBudget,
         ahead: bool = True,
         caller_consumes: bool = False,
@@ -61,7 +61,7 @@ class PieceFetcher:
         headers: bool = True,
     ) -> None:
         self.store, self.pool, self.group_pieces, self.slices = store, pool, group_pieces, slices
-        self.span_bytes, self.part_bytes, self.ahead = span_bytes, part_bytes or (1 << 62), ahead
+        self.span_bytes, self.range_bytes, self.ahead = span_bytes, range_bytes or (1 << 62), ahead
         self.budget = budget
         self.finish = finish  # applied to a span's records once, e.g. to tag them with their group
         self.caller_consumes = caller_consumes
@@ -142,7 +142,7 @@ class PieceFetcher:
     def _start(self, g: int, pieces: PieceColumns, start: int, end: int) -> None:
         """The GETs of a span whose bytes the budget has given."""
         file = pieces.file_of(0)
-        futures = [self._submit(file, a, n) for a, n in parts(start, end, self.part_bytes)]
+        futures = [self._submit(file, a, n) for a, n in parts(start, end, self.range_bytes)]
         self._spans[g].append(FetchedSpan(start, pieces, futures, self.budget, end - start))
 
     def _consumer_slice(self, s: int) -> int | None:
@@ -311,7 +311,7 @@ def read_groups(
     pieces: Sequence[Piece],
     *,
     read_ahead_bytes: int,
-    part_bytes: int,
+    range_bytes: int,
     workers: int | None = None,
     headers: bool = True,
 ) -> Iterator[tuple[PieceColumns, pa.RecordBatch]]:
@@ -319,7 +319,7 @@ def read_groups(
     read group after group by a `PieceFetcher` as the replay reads them: the spans of the
     groups to come put in flight as far as `read_ahead_bytes` allows (what is fetched and not
     yet yielded stays within it, or one piece past it: `reader.read_budget`), consecutive
-    pieces of a file coalesced into ranged GETs of at most `part_bytes`, every piece checked
+    pieces of a file coalesced into ranged GETs of at most `range_bytes`, every piece checked
     before its records are decoded. Yields the decode steps: their pieces, and their records
     back to back. A failure is raised naming the piece (a FormatError names its own).
     `headers` False: the records come without their `headers` column (a reader that drops
@@ -346,8 +346,8 @@ def read_groups(
         lambda rg, g: row_groups.get((g, rg), none),
         end,
         set(order),
-        span_bytes=span_bytes(read_ahead_bytes, len(order), part_bytes),
-        part_bytes=part_bytes,
+        span_bytes=span_bytes(read_ahead_bytes, len(order), range_bytes),
+        range_bytes=range_bytes,
         budget=budget,
         ahead=read_ahead_bytes > 0,
         caller_consumes=True,

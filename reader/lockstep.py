@@ -315,7 +315,7 @@ class Replay:
                     slices,
                     self.plan.groups_of(t),
                     span_bytes=self._span_bytes,
-                    part_bytes=self.options.range_bytes,
+                    range_bytes=self.options.range_bytes,
                     budget=self.budget,
                     ahead=self.options.read_ahead_bytes > 0,
                     finish=_tag,

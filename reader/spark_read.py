@@ -33,7 +33,7 @@ def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | No
         open_storage(opts.path),
         partition.pieces,
         read_ahead_bytes=budget,
-        part_bytes=opts.range_bytes,
+        range_bytes=opts.range_bytes,
         headers=opts.include_headers,  # not decoded unless the query has the column
     ):
         slices = np.repeat(step.slice, step.records)

@@ -40,7 +40,7 @@ class ScanReads:
     """How the planning read of a straddled slice fetches: the reader's own settings."""
 
     read_ahead_bytes: int
-    part_bytes: int
+    range_bytes: int
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def _scan(index: PieceIndex, s: int, times: dict[int, int], reads: ScanReads) ->
     best: dict[int, int] = {}
     pieces = piece_list(index.piece_rows(s, s + 1))
     steps = read_groups(
-        index.store, pieces, read_ahead_bytes=reads.read_ahead_bytes, part_bytes=reads.part_bytes, headers=False
+        index.store, pieces, read_ahead_bytes=reads.read_ahead_bytes, range_bytes=reads.range_bytes, headers=False
     )
     for _, batch in steps:
         partition = batch.column("partition").to_numpy()
