@@ -98,7 +98,7 @@ class CompactResult:
     mean_group_bytes: float
     seconds: float
     replay_gets: int = 0  # GETs a replay makes with its default GET size (compacted.replay_gets)
-    get_bytes: int = 0
+    range_bytes: int = 0  # the largest GET of a replay by default (`range_bytes`, --range-bytes, rangeBytes)
     phases: dict[str, float] = field(default_factory=dict)
     version: int = 1  # the version committed
     withheld: int = 0  # source records of unsealed slices, left for a later compaction

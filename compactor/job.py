@@ -42,7 +42,7 @@ from compactor.lease import Lease, take_lease
 from compactor.rewrite import run_rewrite
 from compactor.slicing import Continuation, SlicePlan, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.statistics import KeySplit, Statistics, run_statistics
+from compactor.statistics import KeySplit, Statistics, statistics_pass
 from compactor.task_errors import TaskErrors
 from keygroups import compacted, envelope, piece_index
 from keygroups.assignment import (
@@ -269,7 +269,7 @@ def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, fl
             return KeySplit(limit=limit)
         return KeySplit(buckets=bucket_count(groups), threshold=heavy_threshold(payload, groups))
 
-    stats = run_statistics(execution, source, chunks, stats_ms, start.handoff if start else None, split)
+    stats = statistics_pass(execution, source, chunks, stats_ms, start.handoff if start else None, split)
     clock.done("statistics")
     groups = groups_for(stats.keys, stats.payload)
     if stats.buckets is not None:
@@ -383,7 +383,7 @@ def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> Co
         mean_group_bytes=float(group_bytes.mean()),
         seconds=time.perf_counter() - started,
         replay_gets=compacted.replay_gets(file_sizes(pieces)),
-        get_bytes=compacted.GET_BYTES,
+        range_bytes=compacted.GET_BYTES,
         phases=phases,
         version=manifest.version,
         withheld=plan.withheld,

@@ -287,7 +287,7 @@ def _reduce_task(how: KeySplit, codec: str | None = None) -> Task:
     return task
 
 
-def run_statistics(
+def statistics_pass(
     execution: Execution[Rows],
     source: SourceArchive,
     chunks: list[SourceChunk],

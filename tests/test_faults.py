@@ -525,13 +525,13 @@ def test_compact_frozen_mid_run_names_the_read_that_hung(spark, frozen_s3, short
     # Spark's Python workers take their environment from the session, not from os.environ
     for k, v in {**{k: v for k, v in env.items() if v is not None}, **SHORT_LIMITS}.items():
         monkeypatch.setitem(spark.sparkContext.environment, k, v)
-    statistics = compactor.job.run_statistics
+    statistics = compactor.job.statistics_pass
 
     def freezing(*args, **kwargs):
         os.kill(server.process.pid, signal.SIGSTOP)
         return statistics(*args, **kwargs)
 
-    monkeypatch.setattr(compactor.job, "run_statistics", freezing)
+    monkeypatch.setattr(compactor.job, "statistics_pass", freezing)
     try:
         started = time.monotonic()
         with pytest.raises(StorageError) as err:

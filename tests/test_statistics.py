@@ -226,7 +226,7 @@ def test_the_map_side_sums_records_whatever_it_holds(tmp_path_factory, chunks, f
             "_settle",
             lambda summaries, *a: bounds.append(summaries.column("records")) or split(summaries, *a),
         )
-        got = statistics.run_statistics(InProcess(), source, source.list_chunks(), 60_000)
+        got = statistics.statistics_pass(InProcess(), source, source.list_chunks(), 60_000)
     assert {(r["key"], r["null_part"]): [r["bytes"], r["records"]] for r in got.totals.to_pylist()} == dict(want)
     assert got.keys == len(want) and len(got.chunks) == len(source.list_chunks())
     assert 0 < pa.compute.max(bounds[0]).as_py() <= len(want)

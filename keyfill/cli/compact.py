@@ -181,7 +181,7 @@ def print_compact_result(r: CompactResult, as_json: bool) -> None:
         per_gb = r.replay_gets / max(r.file_bytes / 1e9, 1e-9)
         print(
             f"  average file {mb(r.file_bytes // r.files)}; a replay makes about {per_gb:,.0f} GETs per GB "
-            f"({r.replay_gets:,} GETs of at most {mb(r.get_bytes)})"
+            f"({r.replay_gets:,} GETs of at most {mb(r.range_bytes)})"
         )
     print(
         f"  {r.keys:,} keys; group bytes max {r.max_group_bytes:,} / mean {r.mean_group_bytes:,.0f}"
