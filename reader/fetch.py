@@ -78,7 +78,7 @@ class PieceFetcher:
         self.gets += 1
         return self.pool.submit(self.store.read_range, key, start, length)
 
-    def _plan(self, g: int, limit: int) -> tuple[PieceColumns | None, int]:
+    def _next_span(self, g: int, limit: int) -> tuple[PieceColumns | None, int]:
         """Group g's next span, looking at its pieces up to slice `limit` (an index row group's
         pieces by group come from the plan, as columns: no walk over every slice or piece),
         and the first slice past what was looked at."""
@@ -106,7 +106,7 @@ class PieceFetcher:
     def _read_ahead(self, g: int, limit: int) -> bool:
         """Start group g's next span (up to slice `limit`) if the budget has room for it.
         False: it had none, and nothing was started."""
-        pieces, frontier = self._plan(g, limit)
+        pieces, frontier = self._next_span(g, limit)
         if pieces is not None:
             start, end = span(pieces)
             if not self.budget.try_take(end - start):
@@ -121,7 +121,7 @@ class PieceFetcher:
         the budget lets it through only because the consumer starves for s). A span that
         starts later is started only if the budget has room now; if not, its first slice is
         returned, so the thread can go on with its other groups and come back to it."""
-        pieces, frontier = self._plan(g, limit)
+        pieces, frontier = self._next_span(g, limit)
         if pieces is None:
             self._frontier[g] = frontier
             return None

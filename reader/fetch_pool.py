@@ -44,12 +44,12 @@ class FetchPool:
                 return future
             self._tasks.put((future, fn, args))
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._workers:
-                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
         return future
 
-    def _run(self) -> None:
+    def _work(self) -> None:
         while True:
             item = self._tasks.get()
             if item is _STOP:

@@ -251,8 +251,8 @@ class Replay:
             if self._stop.is_set():
                 return
             batch, charge = self._read(fetcher, p, s == self._skip_slice)
-            runs = self.pacer.cut(batch, self.options.batch_size)
-            cuts = [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(runs)]
+            outgoing = self.pacer.cut(batch, self.options.batch_size)
+            cuts = [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(outgoing)]
             if cuts:
                 ordered.append(cuts)
                 held[p.group] = (len(cuts) - 1, charge)

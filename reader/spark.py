@@ -51,7 +51,7 @@ from pyspark.sql.types import StructType
 
 from keygroups import spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
-from reader.errors import ArchiveChanged, SourceOptionError
+from reader.errors import ArchiveChanged, DataSourceOptionError
 from reader.kafka_live import KafkaRange, partition_marks
 from reader.pushdown import Pushdown, push
 from reader.spark_live import LivePlanner
@@ -66,12 +66,21 @@ __all__ = [  # what a user's code takes from here: the source, its options and i
     "ArchiveChanged",
     "KeyfillDataSource",
     "Options",
-    "SourceOptionError",
+    "DataSourceOptionError",
     "register",
 ]
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def __getattr__(name: str) -> Any:
+    """The option error's earlier name, which this module exported (with a warning)."""
+    from reader import errors
+
+    if name == errors.OLD_OPTION_ERROR:
+        return getattr(errors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(spark: Any, *, filter_pushdown: bool = False) -> None:
@@ -84,7 +93,7 @@ def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     (docs/spark-source.md, "Filters")."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if filter_pushdown and not _filter_pushdown(spark):
-        raise SourceOptionError(
+        raise DataSourceOptionError(
             f"register(spark, filter_pushdown=True) needs spark.conf.set({PUSHDOWN_CONF!r}, 'true') first: "
             "PySpark refuses a Python reader that takes filters while it is false"
         )
@@ -107,7 +116,7 @@ def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> ty
     the copy extracted from the shipped wheel) on its path first. The stand-in uses nothing
     from this module's globals: everything it needs comes by value."""
 
-    source_name = NAME
+    data_source_name = NAME
 
     def load(options: MutableMapping[str, str]) -> DataSource:
         import sys
@@ -122,12 +131,12 @@ def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> ty
         source.filter_pushdown = pushdown
         return source
 
-    class KeyfillSource(DataSource):
+    class KeyfillStandIn(DataSource):
         __doc__ = KeyfillDataSource.__doc__
 
         @classmethod
         def name(cls) -> str:
-            return source_name
+            return data_source_name
 
         def schema(self) -> StructType | str:
             return load(self.options).schema()
@@ -138,7 +147,7 @@ def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> ty
         def streamReader(self, schema: StructType) -> DataSourceStreamReader:
             return load(self.options).streamReader(schema)
 
-    return KeyfillSource
+    return KeyfillStandIn
 
 
 class KeyfillDataSource(DataSource):

@@ -17,7 +17,7 @@ from typing import Any
 from keygroups import compacted
 from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
-from reader.errors import SourceOptionError
+from reader.errors import DataSourceOptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
 from reader.options import MAX_COUNT, ReplayOptions, bounded, limits_of
 
@@ -84,7 +84,7 @@ class Options:
         unknown = sorted(k for k in options if k.lower() not in known and not k.lower().startswith(KAFKA_PREFIX))
         if unknown:  # a misspelt limit would otherwise be ignored without a word
             renamed = [f"{k} is now {RENAMED[k.lower()]}" for k in unknown if k.lower() in RENAMED]
-            raise SourceOptionError(
+            raise DataSourceOptionError(
                 f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
                 + (f" ({'; '.join(renamed)})" if renamed else "")
                 + f"; the keyfill source knows {', '.join(sorted(OPTION_NAMES + KAFKA_OPTION_NAMES))} and kafka.* "
@@ -92,7 +92,7 @@ class Options:
             )
         path = opts.get("path")
         if not path:
-            raise SourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
+            raise DataSourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
 
         def number(name: str, low: int, high: int, why: str = "") -> int | None:
             raw = opts.get(name.lower())
@@ -101,9 +101,9 @@ class Options:
             try:
                 value = int(raw)
             except ValueError:
-                raise SourceOptionError(f"option {name}={raw!r}: expected a whole number") from None
+                raise DataSourceOptionError(f"option {name}={raw!r}: expected a whole number") from None
             if not low <= value <= high:
-                raise SourceOptionError(
+                raise DataSourceOptionError(
                     f"option {name}={raw!r}: must be between {low:,} and {high:,}" + (f" ({why})" if why else "")
                 )
             return value
@@ -111,19 +111,19 @@ class Options:
         def flag(name: str, default: bool) -> bool:
             raw = opts.get(name.lower(), str(default)).lower()
             if raw not in ("true", "false"):
-                raise SourceOptionError(f"option {name}={raw!r}: expected true or false")
+                raise DataSourceOptionError(f"option {name}={raw!r}: expected true or false")
             return raw == "true"
 
         client = {k[len(KAFKA_PREFIX) :]: v for k, v in options.items() if k.lower().startswith(KAFKA_PREFIX)}
         live = [name for name in KAFKA_OPTION_NAMES if name.lower() in opts]
         if live and not client:
-            raise SourceOptionError(
+            raise DataSourceOptionError(
                 f"option {live[0]} is for the live phase, which needs kafka.bootstrap.servers (docs/kafka-live.md)"
             )
         kafka = None
         if client:
             if "bootstrap.servers" not in client:
-                raise SourceOptionError("the live phase needs kafka.bootstrap.servers (host:port,...)")
+                raise DataSourceOptionError("the live phase needs kafka.bootstrap.servers (host:port,...)")
             kafka = KafkaOptions(
                 client=client,
                 topic=opts.get("subscribe") or None,
@@ -140,7 +140,7 @@ class Options:
             try:
                 given["max_event_time_per_trigger"] = parse_duration(raw, option="option maxEventTimePerTrigger")
             except OptionError as e:
-                raise SourceOptionError(str(e)) from None
+                raise DataSourceOptionError(str(e)) from None
         for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
             raw = opts.get(name.lower())
             if raw is not None:
@@ -148,14 +148,16 @@ class Options:
         for name, only in (("startingOffsets", "earliest"), ("endingOffsets", "latest")):
             raw = opts.get(name.lower())
             if raw is not None and raw.strip().lower() != only:
-                raise SourceOptionError(
+                raise DataSourceOptionError(
                     f"option {name}={raw!r}: the keyfill source takes {only!r} only (offsets are the archive's own); "
                     f"bound the read in time with {name[: -len('Offsets')]}Timestamp or {name}ByTimestamp"
                 )
         if given.get("starting_slice") and any(
             given.get(f) is not None for f in ("starting_timestamp", "starting_offsets_by_timestamp")
         ):
-            raise SourceOptionError("options startingSlice and startingTimestamp/startingOffsetsByTimestamp: set one")
+            raise DataSourceOptionError(
+                "options startingSlice and startingTimestamp/startingOffsetsByTimestamp: set one"
+            )
         if given.get("max_event_time_per_trigger") is not None:
             _check_paced(given)
         given = {k: v for k, v in given.items() if v is not None}
@@ -174,10 +176,10 @@ def _check_paced(given: dict[str, Any]) -> None:
     admission limit: a source cannot see where the others' limits would cut a stride
     (docs/spark-source.md, "Joining topics")."""
     if given.get("starting_timestamp") is None and given.get("starting_offsets_by_timestamp") is None:
-        raise SourceOptionError(PACED_WITHOUT_START)
+        raise DataSourceOptionError(PACED_WITHOUT_START)
     for limit in ("maxSlicesPerTrigger", "maxBytesPerTrigger"):
         if given.get(_field_of(limit)) is not None:
-            raise SourceOptionError(
+            raise DataSourceOptionError(
                 f"options maxEventTimePerTrigger and {limit}: set one (a paced micro-batch is one stride of event "
                 f"time in every source; {limit} would cut a stride where the other sources do not)"
             )
@@ -193,11 +195,11 @@ def by_partition(name: str, raw: str) -> dict[str, dict[int, int]]:
         value = json.loads(raw)
         parsed = {str(t): {int(p): int(ms) for p, ms in parts.items()} for t, parts in value.items()}
     except (ValueError, TypeError, AttributeError):
-        raise SourceOptionError(
+        raise DataSourceOptionError(
             f'option {name}={raw!r}: expected JSON like {{"topic": {{"0": 1700000000000, "1": 1700000000000}}}}'
         ) from None
     if len(parsed) != 1:
-        raise SourceOptionError(f"option {name}={raw!r}: name the archive's one topic")
+        raise DataSourceOptionError(f"option {name}={raw!r}: name the archive's one topic")
     return parsed
 
 

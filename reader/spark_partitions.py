@@ -16,7 +16,7 @@ from pyspark.sql.datasource import InputPartition
 from keygroups import compacted, handoff
 from keygroups.piece_index import PieceIndex, piece_list, row_group_of, row_group_start
 from keygroups.storage import Storage, open_storage
-from reader.errors import ArchiveChanged, SourceOptionError
+from reader.errors import ArchiveChanged, DataSourceOptionError
 from reader.memory import bounded_read_ahead
 from reader.pushdown import Pushdown
 from reader.spark_options import PACED_WITHOUT_START, Options
@@ -73,7 +73,7 @@ class ArchivePlanner:
         if self._manifest is None:
             self._manifest = compacted.load_manifest(self.store)
             if self.opts.starting_slice > self._manifest.slices:
-                raise SourceOptionError(
+                raise DataSourceOptionError(
                     f"option startingSlice={self.opts.starting_slice}: {self.store.url} has "
                     f"{self._manifest.slices} slices"
                 )
@@ -135,7 +135,7 @@ class ArchivePlanner:
         """The earliest starting time of a paced read (`Options.parse` refuses pacing without one)."""
         times = self.times("starting")
         if times is None:
-            raise SourceOptionError(PACED_WITHOUT_START)
+            raise DataSourceOptionError(PACED_WITHOUT_START)
         return min(times.values())
 
     @property

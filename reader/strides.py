@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from keygroups import compacted
-from reader.errors import SourceOptionError
+from reader.errors import DataSourceOptionError
 
 if TYPE_CHECKING:
     from reader.spark_partitions import ArchivePlanner
@@ -43,7 +43,7 @@ class Strides:
     def check(self, manifest: compacted.Manifest, url: str) -> None:
         d = manifest.slice_duration_ms
         if self.length_ms % d:
-            raise SourceOptionError(
+            raise DataSourceOptionError(
                 f"option maxEventTimePerTrigger={self.length_ms} ms: {url} is cut in slices of {d} ms, and a stride "
                 "must be a whole number of slices (in every archive the query paces: a common multiple of their "
                 "slice lengths)"
@@ -55,7 +55,7 @@ class Strides:
         left to read, so every paced source stays in step. `first`: `start`'s slice; `slices`:
         where the read ends."""
         if "stride" not in start:
-            raise SourceOptionError(
+            raise DataSourceOptionError(
                 f"option maxEventTimePerTrigger: the query's checkpoint holds offsets of an unpaced read of "
                 f"{planner.store.url} (no stride); restart it with a new checkpoint location to pace it"
             )

@@ -26,7 +26,7 @@ from keygroups import compacted, handoff
 from keygroups.storage import open_storage
 from reader.errors import DataLoss
 from reader.kafka_live import KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
-from reader.spark import KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
+from reader.spark import DataSourceOptionError, KeyfillBatchReader, KeyfillStreamReader, Options
 from reader.spark_rows import CREATE_TIME, arrow_schema
 from tests.connect_client import CONNECT
 
@@ -278,12 +278,12 @@ def test_min_partitions_splits_the_largest_ranges():
 
 
 def test_live_options_are_checked():
-    with pytest.raises(SourceOptionError, match="minPartitions is for the live phase"):
+    with pytest.raises(DataSourceOptionError, match="minPartitions is for the live phase"):
         Options.parse({"path": "x", "minPartitions": "10"})
     assert Options.parse({"path": "x", "maxOffsetsPerTrigger": "10"}).max_offsets_per_trigger == 10  # archive too
-    with pytest.raises(SourceOptionError, match="failOnDataLoss='maybe'"):
+    with pytest.raises(DataSourceOptionError, match="failOnDataLoss='maybe'"):
         Options.parse({"path": "x", "kafka.bootstrap.servers": "h:1", "failOnDataLoss": "maybe"})
-    with pytest.raises(SourceOptionError, match="needs kafka.bootstrap.servers"):
+    with pytest.raises(DataSourceOptionError, match="needs kafka.bootstrap.servers"):
         Options.parse({"path": "x", "kafka.security.protocol": "SSL"})
     opts = Options.parse({"path": "x", "kafka.bootstrap.servers": "h:1", "kafka.client.id": "me", "minPartitions": "4"})
     assert opts.kafka.client == {"bootstrap.servers": "h:1", "client.id": "me"} and opts.kafka.min_partitions == 4

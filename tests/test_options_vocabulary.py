@@ -13,7 +13,7 @@ import pytest
 
 from keyfill.cli import replay as replay_cli
 from keygroups.errors import OptionError
-from reader.errors import SourceOptionError
+from reader.errors import DataSourceOptionError
 from reader.options import ReplayOptions
 from reader.spark_options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, camel
 
@@ -74,7 +74,7 @@ def test_every_surface_holds_an_option_to_the_limits_its_field_declares() -> Non
         assert getattr(Options.parse({"path": "/a", name: str(low)}), f.name) == low
         assert getattr(Options.parse({"path": "/a", name: str(high)}), f.name) == high
         for bad in (low - 1, high + 1):
-            with pytest.raises(SourceOptionError, match=re.escape(f"option {name}={str(bad)!r}")):
+            with pytest.raises(DataSourceOptionError, match=re.escape(f"option {name}={str(bad)!r}")):
                 Options.parse({"path": "/a", name: str(bad)})
     replay = {f.name: f for f in dataclasses.fields(ReplayOptions)}
     shared = [f for f in bounded if f.name in replay]
@@ -99,7 +99,7 @@ def test_every_surface_holds_an_option_to_the_limits_its_field_declares() -> Non
     ],
 )
 def test_a_bad_option_is_named(options: dict[str, str], named: str) -> None:
-    with pytest.raises(SourceOptionError, match=re.escape(named)):
+    with pytest.raises(DataSourceOptionError, match=re.escape(named)):
         Options.parse({"path": "/a", **options})
 
 
@@ -111,3 +111,14 @@ def test_the_replay_runs_two_threads_a_core_between_4_and_32(monkeypatch, cores,
 
     monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     assert options.default_threads() == threads
+
+
+def test_the_option_errors_earlier_name_still_imports_with_a_warning() -> None:
+    import reader.errors
+    import reader.spark
+
+    for module in (reader.errors, reader.spark):
+        with pytest.warns(DeprecationWarning, match="DataSourceOptionError"):
+            assert getattr(module, reader.errors.OLD_OPTION_ERROR) is DataSourceOptionError
+        with pytest.raises(AttributeError):
+            module.NoSuchName  # noqa: B018

@@ -35,7 +35,7 @@ import reader.spark_rows
 from keyfill.synth.topic import Record, TopicArchive
 from keygroups import compacted
 from keygroups.storage import open_storage
-from reader.spark import PUSHDOWN_CONF, KeyfillBatchReader, KeyfillPushdownReader, Options, SourceOptionError
+from reader.spark import PUSHDOWN_CONF, DataSourceOptionError, KeyfillBatchReader, KeyfillPushdownReader, Options
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 OPS = {  # SQL, the filter Spark pushes, the pyarrow expression
@@ -251,7 +251,7 @@ def test_without_the_setting_the_source_reads_as_before(spark, whole):
         df = spark.read.format("keyfill").option("includeHeaders", "true").load(url).where("partition = 1")
         assert identity(df.toArrow()) == identity(expected)
         assert scan_rows(df) == table.num_rows
-    with pytest.raises(SourceOptionError, match="filterPushdown.enabled"):
+    with pytest.raises(DataSourceOptionError, match="filterPushdown.enabled"):
         reader.spark.register(spark, filter_pushdown=True)  # the setting is off again here
     # a read with no pieces to plan: PySpark hands read() a partition of its own
     slices = compacted.load_manifest(open_storage(url)).slices

@@ -263,12 +263,12 @@ def test_option_errors_name_the_option(spark, tmp_path):
             .start()
             .awaitTermination(60)
         )
-    with pytest.raises(reader.spark.SourceOptionError, match="numPartitions"):
+    with pytest.raises(reader.spark.DataSourceOptionError, match="numPartitions"):
         reader.spark.Options.parse({"path": "x", "numPartitions": "0"})
-    with pytest.raises(reader.spark.SourceOptionError, match="archive URL"):
+    with pytest.raises(reader.spark.DataSourceOptionError, match="archive URL"):
         reader.spark.Options.parse({})
     with pytest.raises(
-        reader.spark.SourceOptionError, match="unknown option maxSlicesPerTriger; .*, maxSlicesPerTrigger"
+        reader.spark.DataSourceOptionError, match="unknown option maxSlicesPerTriger; .*, maxSlicesPerTrigger"
     ):
         reader.spark.Options.parse({"path": "x", "maxSlicesPerTriger": "4"})  # misspelt: not silently ignored
     # without a limit, micro-batches are sized by bytes, as Spark's Kafka source sizes them by offsets

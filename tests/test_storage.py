@@ -30,7 +30,7 @@ from keygroups.storage import (
     open_storage,
 )
 from keygroups.storage import local as storage_mod
-from keygroups.storage.azure_client import credential_source
+from keygroups.storage.azure_client import credential_origin
 from keygroups.storage.limits import DeadlineExceeded
 
 REPO = Path(__file__).resolve().parents[1]
@@ -756,7 +756,7 @@ def test_an_expired_azure_sas_is_named_with_its_expiry(azure_server, monkeypatch
     assert "a SAS in AZURE_STORAGE_CONNECTION_STRING that expired at " in message, message
     later = (datetime.now(timezone.utc) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"BlobEndpoint=x;SharedAccessSignature=se={later}&sp=r")
-    assert credential_source() == f"a SAS in AZURE_STORAGE_CONNECTION_STRING that expires at {later}"
+    assert credential_origin() == f"a SAS in AZURE_STORAGE_CONNECTION_STRING that expires at {later}"
 
 
 @pytest.mark.parametrize("backend", ["s3", "gcs", "azure"])

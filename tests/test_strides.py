@@ -20,7 +20,7 @@ from keyfill.synth.topic import Record, TopicArchive
 from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage
-from reader.spark import KeyfillStreamReader, Options, SourceOptionError
+from reader.spark import DataSourceOptionError, KeyfillStreamReader, Options
 
 
 def run_together(opts: list[dict], restarts: set[int]) -> list[list[tuple[dict, dict, list[Record]]]]:
@@ -139,20 +139,20 @@ def test_paced_sources_read_one_stride_a_batch_and_drop_nothing_not_late_in_its_
 def test_pacing_options_are_checked(tmp_path):
     parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(30)),)
     url = archive(TopicArchive("t", parts), tmp_path, groups=1, slice_duration="5s", seal_all=True)
-    with pytest.raises(SourceOptionError, match="needs startingTimestamp"):
+    with pytest.raises(DataSourceOptionError, match="needs startingTimestamp"):
         Options.parse({"path": url, "maxEventTimePerTrigger": "10s"})
-    with pytest.raises(SourceOptionError, match="maxEventTimePerTrigger and maxSlicesPerTrigger: set one"):
+    with pytest.raises(DataSourceOptionError, match="maxEventTimePerTrigger and maxSlicesPerTrigger: set one"):
         Options.parse(
             {"path": url, "maxEventTimePerTrigger": "10s", "startingTimestamp": "0", "maxSlicesPerTrigger": "1"}
         )
-    with pytest.raises(SourceOptionError, match="maxEventTimePerTrigger '10 minuts'"):
+    with pytest.raises(DataSourceOptionError, match="maxEventTimePerTrigger '10 minuts'"):
         Options.parse({"path": url, "maxEventTimePerTrigger": "10 minuts", "startingTimestamp": "0"})
     source = KeyfillStreamReader(Options.parse({"path": url, "maxEventTimePerTrigger": "7s", "startingTimestamp": "0"}))
-    with pytest.raises(SourceOptionError, match="slices of 5000 ms"):
+    with pytest.raises(DataSourceOptionError, match="slices of 5000 ms"):
         source.initialOffset()
     unpaced = KeyfillStreamReader(Options.parse({"path": url})).initialOffset()
     paced = KeyfillStreamReader(Options.parse({"path": url, "maxEventTimePerTrigger": "10s", "startingTimestamp": "0"}))
-    with pytest.raises(SourceOptionError, match="unpaced read"):
+    with pytest.raises(DataSourceOptionError, match="unpaced read"):
         paced.latestOffset(unpaced, paced.getDefaultReadLimit())
 
 

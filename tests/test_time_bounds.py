@@ -23,7 +23,7 @@ from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.errors import OptionError
 from keygroups.storage import open_storage
-from reader.spark import KeyfillBatchReader, KeyfillStreamReader, Options, SourceOptionError
+from reader.spark import DataSourceOptionError, KeyfillBatchReader, KeyfillStreamReader, Options
 
 
 def first_at(records: list[Record], t: int | None, default: int) -> int:
@@ -185,11 +185,11 @@ def test_time_options_are_checked(tmp_path):
         KeyfillStreamReader(
             Options.parse({"path": url, "endingOffsetsByTimestamp": '{"u": {"0": 1, "1": 1}}'})
         ).initialOffset()
-    with pytest.raises(SourceOptionError, match="startingOffsetsByTimestamp='x'"):
+    with pytest.raises(DataSourceOptionError, match="startingOffsetsByTimestamp='x'"):
         Options.parse({"path": url, "startingOffsetsByTimestamp": "x"})
-    with pytest.raises(SourceOptionError, match="startingSlice and startingTimestamp"):
+    with pytest.raises(DataSourceOptionError, match="startingSlice and startingTimestamp"):
         Options.parse({"path": url, "startingSlice": "2", "startingTimestamp": "5"})
-    with pytest.raises(SourceOptionError, match="takes 'earliest' only"):
+    with pytest.raises(DataSourceOptionError, match="takes 'earliest' only"):
         Options.parse({"path": url, "startingOffsets": '{"t": {"0": 4}}'})
     assert Options.parse({"path": url, "startingOffsets": "earliest", "endingOffsets": "latest"})
 

@@ -77,7 +77,7 @@ def copy_bytes(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, cou
 
 
 @njit(cache=True, nogil=True)
-def gather_spans(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gather_ranges(buf: np.ndarray, pos: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """buf[pos[i] : pos[i] + length[i]] for every i, concatenated: int64 offsets and data (a
     negative length, a null, gives an empty item)."""
     n = len(pos)
@@ -97,7 +97,7 @@ def take_binary(arr: pa.Array, idx: np.ndarray) -> pa.Array:
     (docs/performance.md#byte-copies-in-compiled-code)."""
     cols = binary_buffers(arr)
     pos = cols.offsets[idx]
-    offsets, data = gather_spans(cols.data, pos, cols.offsets[idx + 1] - pos)
+    offsets, data = gather_ranges(cols.data, pos, cols.offsets[idx + 1] - pos)
     return arrow_binary(len(idx), offsets, data, None, pa.large_binary())
 
 

@@ -62,8 +62,8 @@ def _sift_up(heap: Any, pos: int, loads: Any, tmax: Any, seq: Any) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _ascending(vals: Any, lo: int, span: int, key: Any, idx: Any, key2: Any, idx2: Any, count: Any) -> Any:
-    """Stable ascending order of `vals` (all within [lo, lo + span]).
+def _ascending(vals: Any, lo: int, width: int, key: Any, idx: Any, key2: Any, idx2: Any, count: Any) -> Any:
+    """Stable ascending order of `vals` (all within [lo, lo + width]).
 
     numba's own sorts cost 40-60 ns per element; slot loads of one tuple sit within one
     spread of each other, so a few byte-wide LSD radix passes over (value - lo) are much
@@ -86,7 +86,7 @@ def _ascending(vals: Any, lo: int, span: int, key: Any, idx: Any, key2: Any, idx
         key[j] = vals[j] - lo
         idx[j] = j
     shift = 0
-    while shift < 63 and (span >> shift) > 0:
+    while shift < 63 and (width >> shift) > 0:
         count[:] = 0
         for j in range(k):
             count[(key[j] >> shift) & 255] += 1

@@ -19,18 +19,19 @@ from typing import Any
 
 from keygroups.errors import ObjectNotFound, StorageError
 from keygroups.storage.azure_client import (
-    BLOCK_BYTES,
     STORAGE_SCOPE,
+    UPLOAD_PART_BYTES,
     AzureClient,
-    credential_source,
+    credential_origin,
 )
 from keygroups.storage.base import ObjectInfo, ObjectStore, check_prefix
 from keygroups.storage.limits import DeadlineExceeded
 
 log = logging.getLogger(__name__)
 
-# Put Block From URL copies at most 4000 MiB per block; a blob holds at most 50,000 blocks.
-MAX_COPY_BLOCK_BYTES = 1 << 30
+# Put Block From URL copies at most 4000 MiB per block; a blob holds at most 50,000 blocks. In
+# keyfill's words an Azure block is an upload part (a "block" is an Avro block of a segment file).
+MAX_COPY_PART_BYTES = 1 << 30
 
 
 def error_code(exc: BaseException | None) -> str:
@@ -91,7 +92,7 @@ class AzureStorage(ObjectStore):
         ):
             detail = code or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             return StorageError(
-                f"access denied to {url} ({detail}): check the credential, {credential_source()}, and its role"
+                f"access denied to {url} ({detail}): check the credential, {credential_origin()}, and its role"
             )
         if isinstance(exc, DeadlineExceeded):
             return StorageError(f"Azure request for {url} failed: {exc}")
@@ -153,25 +154,25 @@ class AzureStorage(ObjectStore):
 
         target, source = self._blob(self._name(key)), self._blob(self._name(base))
         source_url, auth = self._readable(source)
-        run = uuid.uuid4().hex[:16]
-        blocks: list[Any] = []
+        upload = uuid.uuid4().hex[:16]
+        parts: list[Any] = []
 
-        def block_id() -> str:
-            return base64.b64encode(f"{run}-{len(blocks):08d}".encode()).decode()
+        def part_id() -> str:
+            return base64.b64encode(f"{upload}-{len(parts):08d}".encode()).decode()
 
         with self._errors(key):
-            for at in range(0, size, MAX_COPY_BLOCK_BYTES):
-                bid = block_id()
-                length = min(MAX_COPY_BLOCK_BYTES, size - at)
+            for at in range(0, size, MAX_COPY_PART_BYTES):
+                bid = part_id()
+                length = min(MAX_COPY_PART_BYTES, size - at)
                 target.stage_block_from_url(bid, source_url, source_offset=at, source_length=length, **auth)
-                blocks.append(BlobBlock(bid))
+                parts.append(BlobBlock(bid))
             view = memoryview(data)
-            for at in range(0, len(data), BLOCK_BYTES):
-                bid = block_id()
-                target.stage_block(bid, bytes(view[at : at + BLOCK_BYTES]))
-                blocks.append(BlobBlock(bid))
+            for at in range(0, len(data), UPLOAD_PART_BYTES):
+                bid = part_id()
+                target.stage_block(bid, bytes(view[at : at + UPLOAD_PART_BYTES]))
+                parts.append(BlobBlock(bid))
             # uncommitted blocks of a blob never committed are dropped by the service within a week
-            target.commit_block_list(blocks)
+            target.commit_block_list(parts)
 
     def _readable(self, source: Any) -> tuple[str, dict[str, Any]]:
         """The source blob's URL as the service may read it for Put Block From URL: with a SAS

@@ -17,7 +17,7 @@ from keygroups.storage.limits import DeadlineExceeded, StoreLimits
 
 # Uploads above this go up as staged blocks of this size, committed at once (the SDK's
 # default single PUT reaches 64 MiB, a long wait with nothing to retry but all of it).
-BLOCK_BYTES = 16 << 20
+UPLOAD_PART_BYTES = 16 << 20
 RETRY_TOTAL = 4  # five attempts, as on S3 (the SDK's default is ten)
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 _NEEDS = "Azure URLs need azure-storage-blob: pip install 'keyfill[azure]'"
@@ -107,8 +107,8 @@ class AzureClient(LazyClient):
                 random_jitter_range=0.5,  # type: ignore[arg-type]
             ),
             "raw_request_hook": _deadline_hook(self.limits),
-            "max_single_put_size": BLOCK_BYTES,
-            "max_block_size": BLOCK_BYTES,
+            "max_single_put_size": UPLOAD_PART_BYTES,
+            "max_block_size": UPLOAD_PART_BYTES,
         }
         conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
         if conn:
@@ -153,22 +153,22 @@ class AzureClient(LazyClient):
         return credential
 
 
-def credential_source(now: datetime | None = None) -> str:
+def credential_origin(now: datetime | None = None) -> str:
     """Where this process's Azure credential comes from, in the order `AzureClient` takes
     them, for an error that says access was denied; a SAS says when it expires or expired
     (its `se` field): a SAS with a short life ends in the middle of a long run."""
     if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
         sas = _connection_fields().get("SharedAccessSignature")
-        return _sas_source("AZURE_STORAGE_CONNECTION_STRING", sas, now) if sas else "AZURE_STORAGE_CONNECTION_STRING"
+        return _sas_origin("AZURE_STORAGE_CONNECTION_STRING", sas, now) if sas else "AZURE_STORAGE_CONNECTION_STRING"
     if os.environ.get("AZURE_STORAGE_KEY"):
         return "AZURE_STORAGE_KEY"
     sas = os.environ.get("AZURE_STORAGE_SAS_TOKEN")
     if sas:
-        return _sas_source("AZURE_STORAGE_SAS_TOKEN", sas, now)
+        return _sas_origin("AZURE_STORAGE_SAS_TOKEN", sas, now)
     return "azure-identity's DefaultAzureCredential"
 
 
-def _sas_source(variable: str, sas: str, now: datetime | None) -> str:
+def _sas_origin(variable: str, sas: str, now: datetime | None) -> str:
     expiry = parse_qs(sas.lstrip("?")).get("se", [""])[0]
     try:
         ends = datetime.fromisoformat(expiry.replace("Z", "+00:00"))

@@ -175,13 +175,13 @@ class GcsStorage(ObjectStore):
         bucket = self.client.bucket(self.bucket)
         try:
             with self._object(key) as opts:
-                sources = [bucket.blob(base_name)]
+                parts = [bucket.blob(base_name)]
                 if data:
                     bucket.blob(tmp).upload_from_string(bytes(data), **opts)
-                    sources.append(bucket.blob(tmp))
+                    parts.append(bucket.blob(tmp))
                 target = bucket.blob(name)
                 target.content_type = "application/octet-stream"
-                target.compose(sources, **opts)
+                target.compose(parts, **opts)
         finally:
             if data:
                 try:

@@ -20,7 +20,7 @@ never data). A record:
 
 Batch headers are read in Python (a few per megabyte); the records of all the segment's
 batches are parsed in one compiled pass (`_parse`), then keys, values and headers are
-gathered into Arrow buffers by another (`keygroups.envelope.buffers.gather_spans`).
+gathered into Arrow buffers by another (`keygroups.envelope.buffers.gather_ranges`).
 Written by hand: kafka-python's reader (the reference in tests) builds a Python object per
 record, too slow for the statistics and rewrite passes, which read every record twice
 (measured: docs/kafka-segments-source.md#decode-speed).
@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from keygroups._numba import Int, njit
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile
-from keygroups.envelope.buffers import gather_spans
+from keygroups.envelope.buffers import gather_ranges
 
 HEADER = struct.Struct(">qiibIhiqqqhii")  # the 61-byte batch header
 HEADER_BYTES = HEADER.size
@@ -213,7 +213,7 @@ def decode_segment(
 def _binary(buf: np.ndarray, pos: np.ndarray, length: np.ndarray, typ: pa.DataType) -> pa.Array:
     """Items of `buf` at `pos` of `length` (-1: null) as one binary (or string) array."""
     n = len(pos)
-    offsets, data = gather_spans(buf, pos, length)
+    offsets, data = gather_ranges(buf, pos, length)
     valid = length >= 0
     nulls = n - int(np.count_nonzero(valid))
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
