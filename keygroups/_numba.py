@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from keygroups import _numba_seed
+import keygroups._numba_seed as _numba_seed  # by its own name: not through the package (its __getattr__ loads packing)
 
 
 def _ensure_cache_dir() -> None:

@@ -25,8 +25,8 @@ from typing import Any
 import fastavro
 import numpy as np
 
+import keygroups.envelope.snappy as snappy  # by its own name: not through the package (its __init__ imports framing)
 from keygroups._numba import Int, njit
-from keygroups.envelope import snappy
 from keygroups.envelope.schema import CODECS
 from keygroups.envelope.snappy import snappy_lengths
 from keygroups.errors import CorruptFile, HeaderTruncated, OptionError
