@@ -14,17 +14,19 @@ to the appended part).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.config import CompactConfig
+from compactor.config import Analysis, CompactConfig, Prepared
 from compactor.slicing import Continuation
 from compactor.sources import SourceArchive
-from keygroups import compacted
+from keygroups import compacted, piece_index
 from keygroups.assignment import MISSING, KeyAssignment, bucket_rows, exact_rows, is_bucket
 from keygroups.errors import OptionError
+from keygroups.piece_index import PieceIndex
 from keygroups.segments import Tail
 
 
@@ -150,3 +152,25 @@ def tails(old_rows: pa.Table, start: int, target_bytes: int) -> dict[int, Tail]:
         if row["file_bytes"] < target_bytes and first_slice >= start:
             out[row["group"]] = Tail(row["file"], first_slice, row["file_bytes"], row["file_header"])
     return out
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What an append carries over from the version it grows into both its rewrite and its
+    commit: the rows of the index file it rewrites (`index_rows`: that file's slices before
+    the first new one) and the groups' last files it continues (`tails`). One object, read
+    once, because the two phases must agree on it: the rewrite writes after those tails and
+    the commit re-points their rows. A full compaction carries nothing."""
+
+    index_rows: pa.Table | None = None  # None: a full compaction, no index file rewritten
+    tails: dict[int, Tail] = field(default_factory=dict)
+
+
+def carried(prepared: Prepared, analysis: Analysis) -> Carried:
+    """What the run carries over (`Carried`): nothing, unless it appends."""
+    if prepared.grows is None:
+        return Carried()
+    first = analysis.plan.first
+    start = piece_index.file_start(first)
+    rows = PieceIndex.of(prepared.dest, prepared.grows).piece_rows(start, first)
+    return Carried(rows, tails(rows, start, analysis.cfg.target_file_bytes))

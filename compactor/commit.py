@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.config import CompactConfig
+from compactor.append import Carried
+from compactor.config import Analysis, Prepared
 from compactor.errors import CompactionError
 from compactor.history import last_records
-from compactor.lease import Lease
 from compactor.slicing import SlicePlan
 from compactor.vacuum import named_files
 from keygroups import compacted, piece_index
@@ -52,29 +52,16 @@ def group_sums(table: pa.Table, column: str, groups: int) -> np.ndarray:
     ).astype(np.int64)
 
 
-def write_manifest(
-    dest: Storage,
-    cfg: CompactConfig,
-    groups: int,
-    source_url: str,
-    topic: str,
-    plan: SlicePlan,
-    assignment: pa.Table,
-    pieces: pa.Table,
-    *,
-    run: str,
-    assignment_key: str,
-    parent: int | None,
-    continues: Manifest | None = None,
-    old_pieces: pa.Table | None = None,
-    continued: dict[int, Tail] | None = None,
-    lease: Lease | None = None,
-) -> Manifest:
+def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pieces: pa.Table) -> Manifest:
     """The index first, the version last: the archive is visible from then on (as version
-    parent + 1; CommitConflict if another writer got there first). `continues`: the version
-    an append grows (its totals carry on, its index's last file is rewritten with the new
-    slices); `old_pieces`: that file's rows (the job read them to choose the tails),
-    `continued`: the tails the rewrite may have continued (their rows move to the new files)."""
+    parent + 1; CommitConflict if another writer got there first). `pieces`: what the
+    rewrite wrote. An append (`prepared.grows`, the version it grows) carries its totals on
+    and rewrites its index's last file with the new slices: `carried.index_rows`, that
+    file's rows (read to choose the tails), and `carried.tails`, the tails the rewrite may
+    have continued (their rows move to the new files)."""
+    dest, run, parent, continues, lease = prepared.dest, prepared.run, prepared.parent, prepared.grows, prepared.lease
+    cfg, plan, groups, assignment = analysis.cfg, analysis.plan, analysis.groups, analysis.assignment
+    old_pieces = carried.index_rows
     metas = slice_metas(plan, pieces)
     index_slices, index_pieces = piece_index.slice_table(metas), pieces
     index_runs = [[0, run]]
@@ -82,7 +69,7 @@ def write_manifest(
     if continues is not None:  # the index file holding the first new slice gets the old rows too
         start = piece_index.file_start(plan.first)
         old = PieceIndex.of(dest, continues)
-        old_pieces, dropped = repoint(old_pieces, pieces, continued or {}, run)
+        old_pieces, dropped = repoint(old_pieces, pieces, carried.tails, run)
         index_slices = pa.concat_tables(
             [old.slice_rows(start, plan.first), index_slices.cast(piece_index.SLICE_SCHEMA)]
         )
@@ -110,9 +97,9 @@ def write_manifest(
         "idle_after": cfg.idle_after,
     }
     manifest = Manifest(
-        source=prior.source or {"url": source_url, "format": cfg.source_format, **cfg.options.kwargs()},
+        source=prior.source or {"url": prepared.source.url, "format": cfg.source_format, **cfg.options.kwargs()},
         config=config,
-        topic=topic,
+        topic=prepared.topic,
         groups=groups,
         slice_duration_ms=cfg.slice_duration_ms,
         base=plan.base,
@@ -144,7 +131,7 @@ def write_manifest(
         parent=parent,
         kind="compact" if continues is None else "append",
         run=run,
-        assignment=assignment_key,
+        assignment=prepared.assignment_key,
         index_runs=index_runs,
         runs=[*prior.runs, run],
         dropped=[d.key for d in dropped],  # this version's only: vacuum reads every version's

@@ -1,17 +1,26 @@
-"""What a compaction is asked to do and what it reports: checked once, at the boundary."""
+"""What a compaction is asked to do (`CompactConfig`, checked once, at the boundary), what a
+run settles before it rewrites anything (`Prepared`, `Analysis`: what its phases are handed)
+and what it reports (`CompactResult`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from compactor import defaults
-from compactor.sources import SourceArchive, SourceOptions, source_class, source_options
-from keygroups import bounds, envelope
+from compactor.lease import Lease
+from compactor.slicing import Continuation, SlicePlan
+from compactor.sources import SourceArchive, SourceChunk, SourceOptions, source_class, source_options
+from compactor.statistics import Statistics
+from keygroups import bounds, compacted, envelope
 from keygroups.bounds import within
 from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
+from keygroups.storage import Storage
 
 NULL_KEY_POLICIES = ("partition",)
 
@@ -80,6 +89,61 @@ class CompactConfig:
 
     def open_source(self) -> SourceArchive:
         return source_class(self.source_format).open(self.source, self.options, threads=self.threads)
+
+
+@dataclass
+class Prepared:
+    """What a compaction settles before Spark starts (`compactor.job.prepare`): the options,
+    the source's chunks, the destination's latest version and the run's lease. Every check
+    here fails in seconds, not after a Spark start-up and a statistics pass. The phases after
+    it (`analyse`, the rewrite, the commit) take it whole rather than its fields one by one."""
+
+    cfg: CompactConfig  # an append's: with the archive's layout (the slice length may be unknown yet)
+    source: SourceArchive
+    dest: Storage
+    parent: int | None
+    grows: compacted.Manifest | None
+    topic: str
+    listed: list[SourceChunk]  # the topic's chunks
+    chunks: list[SourceChunk]  # those this run reads (an append's: from the hand-off on)
+    start: Continuation | None
+    run: str
+    lease: Lease | None  # None: a dry run (keyfill plan)
+    list_seconds: float
+
+    @property
+    def handoff(self) -> dict[int, int] | None:
+        """An append's first offset to read of each partition; None: a full compaction."""
+        return None if self.start is None else self.start.handoff
+
+    @property
+    def assignment_key(self) -> str:
+        """Where the run writes its key assignment, which its rewrite tasks read."""
+        return compacted.assignment_key(self.run)
+
+    @contextmanager
+    def abandoned_on_error(self) -> Iterator[None]:
+        """Mark the run failed (vacuum may take what it wrote) if the block raises."""
+        try:
+            yield
+        except BaseException:
+            if self.lease is not None:
+                self.lease.release(failed=True)
+            raise
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What a compaction settles from the statistics pass alone (`compactor.job.analyse`):
+    the slice length, the slices, the groups and the key assignment. All a dry run
+    (`keyfill plan`) needs; the rewrite and the commit read it beside `Prepared`."""
+
+    cfg: CompactConfig  # the run's options with the slice duration chosen: what the rewrite and the commit use
+    stats: Statistics
+    plan: SlicePlan
+    groups: int
+    assignment: pa.Table
+    new_keys: int
 
 
 @dataclass

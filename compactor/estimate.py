@@ -13,16 +13,14 @@ micro-batches of the Spark source at its default trigger (`compacted.TRIGGER_BYT
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from compactor import slice_length
+from compactor.config import Analysis, Prepared
 from keygroups import compacted
 from keygroups.assignment import assignment_keys
-
-if TYPE_CHECKING:
-    from compactor.job import Analysis, Prepared
 
 PIECE_OVERHEAD = 40  # bytes per piece beyond its records: block count and size, sync marker, index row
 SHORT_PIECE_RECORDS = 50  # pieces this small on average: blocks compress badly, planning costs per piece

@@ -19,9 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,22 +26,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor import slice_length
-from compactor.append import continuation, continuing, extend_assignment, tails
+from compactor.append import carried, continuation, continuing, extend_assignment
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
-from compactor.config import CompactConfig, CompactResult
+from compactor.config import Analysis, CompactConfig, CompactResult, Prepared
 from compactor.destination import check_destination, remove_legacy
 from compactor.errors import CompactionError, HeldBack
 from compactor.execution import Execution, Rows, for_session
 from compactor.executor_access import check_executors_reach
 from compactor.history import check_history
 from compactor.lease import Lease, take_lease
-from compactor.rewrite import run_rewrite
-from compactor.slicing import Continuation, SlicePlan, plan_slices
+from compactor.rewrite import rewrite_groups
+from compactor.slicing import SlicePlan, plan_slices
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.statistics import KeySplit, Statistics, statistics_pass
+from compactor.statistics import KeySplit, statistics_pass
 from compactor.task_errors import TaskErrors
-from keygroups import compacted, envelope, piece_index
+from keygroups import compacted, envelope
 from keygroups.assignment import (
     assignment_keys,
     bucket_count,
@@ -57,8 +54,7 @@ from keygroups.assignment import (
     write_assignment,
 )
 from keygroups.errors import OptionError
-from keygroups.piece_index import PieceIndex
-from keygroups.storage import Storage, open_storage
+from keygroups.storage import open_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -105,36 +101,6 @@ def packed_assignment(totals: pa.Table, groups: int, buckets: pa.Table | None = 
         rows = pa.concat_tables([rows, bucket_rows(buckets)])
     assigned = keygroups.pack(rows.column("bytes").to_numpy(), groups)
     return rows.set_column(rows.schema.get_field_index("group"), "group", pa.array(assigned, pa.int32()))
-
-
-@dataclass
-class Prepared:
-    """What a compaction settles before Spark starts: the options, the source's chunks, the
-    destination's latest version and the run's lease. Every check here fails in seconds,
-    not after a Spark start-up and a statistics pass."""
-
-    cfg: CompactConfig
-    source: SourceArchive
-    dest: Storage
-    parent: int | None
-    grows: compacted.Manifest | None
-    topic: str
-    listed: list[SourceChunk]  # the topic's chunks
-    chunks: list[SourceChunk]  # those this run reads (an append's: from the hand-off on)
-    start: Continuation | None
-    run: str
-    lease: Lease | None  # None: a dry run (keyfill plan)
-    list_seconds: float
-
-    @contextmanager
-    def abandoned_on_error(self) -> Iterator[None]:
-        """Mark the run failed (vacuum may take what it wrote) if the block raises."""
-        try:
-            yield
-        except BaseException:
-            if self.lease is not None:
-                self.lease.release(failed=True)
-            raise
 
 
 def prepare(cfg: CompactConfig, *, dry_run: bool = False) -> Prepared:
@@ -222,19 +188,6 @@ class PhaseClock:
         self._since = now
 
 
-@dataclass
-class Analysis:
-    """What a compaction settles from the statistics pass alone: the slice length, the slices,
-    the groups and the key assignment. All a dry run (`keyfill plan`) needs."""
-
-    cfg: CompactConfig  # with the slice duration chosen
-    stats: Statistics
-    plan: SlicePlan
-    groups: int
-    assignment: pa.Table
-    new_keys: int
-
-
 def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, float]) -> Analysis:
     """The history check of an append, the statistics pass, the slice length, the slices
     and the packing; `phases` gets their times."""
@@ -269,7 +222,7 @@ def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, fl
             return KeySplit(limit=limit)
         return KeySplit(buckets=bucket_count(groups), threshold=heavy_threshold(payload, groups))
 
-    stats = statistics_pass(execution, source, chunks, stats_ms, start.handoff if start else None, split)
+    stats = statistics_pass(execution, source, chunks, stats_ms, prepared.handoff, split)
     clock.done("statistics")
     groups = groups_for(stats.keys, stats.payload)
     if stats.buckets is not None:
@@ -316,66 +269,31 @@ def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, fl
 
 
 def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> CompactResult:
+    """The phases after `prepare`, each handed the run's state (`Prepared`, `Analysis`,
+    what an append carries over) and the execution; the summary from what was committed."""
     started = time.perf_counter() - prepared.list_seconds
     phases: dict[str, float] = {"list": prepared.list_seconds}
-    cfg, source, dest, grows, start = prepared.cfg, prepared.source, prepared.dest, prepared.grows, prepared.start
-    run, topic, chunks, parent = prepared.run, prepared.topic, prepared.chunks, prepared.parent
     found = analyse(prepared, execution, phases)
-    cfg, plan, groups, assignment, new_keys = found.cfg, found.plan, found.groups, found.assignment, found.new_keys
-    lease.set_groups(groups)
-    assignment_key = compacted.assignment_key(run)
-    write_assignment(dest, assignment_key, assignment)
+    lease.set_groups(found.groups)
+    write_assignment(prepared.dest, prepared.assignment_key, found.assignment)
     clock = PhaseClock(phases)
-
-    old_pieces, continued = None, {}
-    if grows is not None:  # the rows of the index file the append rewrites, and the tails it may continue
-        index_start = piece_index.file_start(plan.first)
-        old_pieces = PieceIndex.of(dest, grows).piece_rows(index_start, plan.first)
-        continued = tails(old_pieces, index_start, cfg.target_file_bytes)
-    pieces = run_rewrite(
-        execution,
-        cfg,
-        groups,
-        source,
-        chunks,
-        dest,
-        plan,
-        run,
-        assignment_key,
-        start.handoff if start else None,
-        continued,
-    )
+    carry = carried(prepared, found)
+    pieces = rewrite_groups(prepared, found, carry, execution)
     clock.done("rewrite")
-
-    manifest = write_manifest(
-        dest,
-        cfg,
-        groups,
-        source.url,
-        topic,
-        plan,
-        assignment,
-        pieces,
-        run=run,
-        assignment_key=assignment_key,
-        parent=parent,
-        continues=grows,
-        old_pieces=old_pieces,
-        continued=continued,
-        lease=lease,
-    )
-    remove_legacy(dest)
+    manifest = write_manifest(prepared, found, carry, pieces)
+    remove_legacy(prepared.dest)
     clock.done("commit")
 
+    plan = found.plan
     group_bytes = np.asarray(manifest.group_payload_bytes)  # as the manifest sums them
     return CompactResult(
-        dest=dest.url,
+        dest=prepared.dest.url,
         records=manifest.totals["records"],
         payload_bytes=manifest.totals["payload_bytes"],
         file_bytes=manifest.totals["file_bytes"],
         files=manifest.totals["files"],
         pieces=manifest.totals["pieces"],
-        groups=groups,
+        groups=found.groups,
         slices=plan.slices,
         empty_slices=manifest.totals["empty_slices"],
         keys=manifest.totals["keys"],
@@ -390,9 +308,9 @@ def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> Co
         kind=manifest.kind,
         first_slice=plan.first,
         new_records=int(pieces.column("records").to_numpy().sum()) if pieces.num_rows else 0,
-        new_keys=new_keys,
+        new_keys=found.new_keys,
         made_late=plan.made_late,
         idle=plan.idle,
-        run=run,
+        run=prepared.run,
         archive=manifest.archive,
     )

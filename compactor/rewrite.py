@@ -10,12 +10,13 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from compactor.append import Carried
 from compactor.chunks import chunk_rows, read_checked
-from compactor.config import CompactConfig
+from compactor.config import Analysis, Prepared
 from compactor.errors import CompactionError
 from compactor.execution import Execution, Rows, Task
 from compactor.shuffle_codec import pack, unpack
-from compactor.slicing import SlicePlan, record_slices
+from compactor.slicing import record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import envelope, piece_index
 from keygroups.assignment import MISSING, cached_assignment
@@ -304,34 +305,27 @@ def _message(parcel: pa.Buffer, codec: str | None) -> pa.Buffer:
 _SPARK_PIECES = pa.schema([f.with_type(pa.int64()) if f.type == pa.uint32() else f for f in piece_index.PIECE_SCHEMA])
 
 
-def run_rewrite(
-    execution: Execution[Rows],
-    cfg: CompactConfig,
-    groups: int,
-    source: SourceArchive,
-    chunks: list[SourceChunk],
-    dest: Storage,
-    plan: SlicePlan,
-    run: str,
-    assignment_key: str,
-    handoff: dict[int, int] | None = None,
-    tails: dict[int, Tail] | None = None,
-) -> pa.Table:
-    """The pieces written (PIECE_SCHEMA rows), in files named by `run`.
+def rewrite_groups(prepared: Prepared, analysis: Analysis, carried: Carried, execution: Execution[Rows]) -> pa.Table:
+    """The pieces written (PIECE_SCHEMA rows), in files named by the run.
 
     Records are shuffled by group, so one task sees a group's records of every slice in
     order and cuts its segment files at slice boundaries near the target size (files of
     exactly the sizes the layout promises, no small tails from split groups). A task holds
     one file, one piece and the unwritten ends of the parcels that straddle it (`_write_task`).
-    `handoff`: for an append, each partition's first offset to write; `tails`: the groups'
-    last files it continues (`compactor.append.tails`). In one process a task holds every
-    group, one after another."""
+    An append reads each partition from its hand-off (`Prepared.handoff`) and continues the
+    groups' last files (`Carried.tails`). In one process a task holds every group, one after
+    another. The tasks are handed the values they use, never `prepared` (its lease is the
+    driver's)."""
+    cfg, plan, groups = analysis.cfg, analysis.plan, analysis.groups
+    source, chunks, dest = prepared.source, prepared.chunks, prepared.dest
     slots = execution.slots(groups)  # task g holds group g alone
     ship = _parcels_task(
-        source, chunks, dest, assignment_key, plan.duration_ms, plan.base, plan.slices, slots, execution.codec
+        source, chunks, dest, prepared.assignment_key, plan.duration_ms, plan.base, plan.slices, slots, execution.codec
     )
-    write = _write_task(dest, run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, tails or {}, execution.codec)
-    parcels = execution.map(chunk_rows(chunks, plan.prefix_max, handoff), ship, PARCELS)
+    write = _write_task(
+        dest, prepared.run, cfg.codec, cfg.block_bytes, cfg.target_file_bytes, carried.tails, execution.codec
+    )
+    parcels = execution.map(chunk_rows(chunks, plan.prefix_max, prepared.handoff), ship, PARCELS)
     # an append's tail cut short or missing: the archive's error
     written = execution.shuffle("rewrite", parcels, groups, write, _SPARK_PIECES, ("grp", "lo"), PARCEL_BATCH_BYTES)
     return written.cast(piece_index.PIECE_SCHEMA)

@@ -374,19 +374,19 @@ def test_of_two_appends_racing_exactly_one_commits(spark, full_source, tmp_path,
     compact(CompactConfig(source=src, dest=dest, groups=4, slice_duration="10s"), spark)
     copy_share(full_source, src, 1.0)
     store = open_storage(dest)
-    rewrite = job.run_rewrite
+    rewrite = job.rewrite_groups
     cfg = CompactConfig(source=src, dest=dest, append=True)
 
     def rewrite_then_lose_the_race(*args, **kwargs):
         written = rewrite(*args, **kwargs)
-        monkeypatch.setattr(job, "run_rewrite", rewrite)
+        monkeypatch.setattr(job, "rewrite_groups", rewrite)
         # The rival sees this run's lease and would stop at once (lease.check_alone); here it
         # does not (as if the two had started on stores whose listings lagged): the commit decides.
         monkeypatch.setattr(lease, "check_alone", lambda *args: None)
         assert compact(cfg, spark).version == 2  # the rival append commits while this one writes
         return written
 
-    monkeypatch.setattr(job, "run_rewrite", rewrite_then_lose_the_race)
+    monkeypatch.setattr(job, "rewrite_groups", rewrite_then_lose_the_race)
     with pytest.raises(compacted.CommitConflict, match="another compaction committed version 2"):
         compact(cfg, spark)
     assert compacted.versions(store) == [1, 2]

@@ -152,11 +152,11 @@ def test_a_commit_refuses_a_version_naming_a_deleted_file(spark, full_source, tm
     store = open_storage(url)
     original = job_module.write_manifest
 
-    def vacuumed_meanwhile(*args, **kwargs):  # someone deletes one of the run's files before it commits
-        victim = next(o.key for o in store.list(compacted.GROUPS + "/") if kwargs["run"] in o.key)
+    def vacuumed_meanwhile(prepared, *args, **kwargs):  # someone deletes one of the run's files before it commits
+        victim = next(o.key for o in store.list(compacted.GROUPS + "/") if prepared.run in o.key)
         store.delete(victim)
         vacuumed_meanwhile.victim = store.url_for(victim)
-        return original(*args, **kwargs)
+        return original(prepared, *args, **kwargs)
 
     monkeypatch.setattr(job_module, "write_manifest", vacuumed_meanwhile)
     with pytest.raises(CompactionError, match="missing, yet version 2 would name it") as err:

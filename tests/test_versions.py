@@ -137,19 +137,19 @@ def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, sour
     dest = str(tmp_path / "c")
     compact(CompactConfig(seal_all=True, source=source, dest=dest, groups=3, slice_duration="30s"), spark)
     store = open_storage(dest)
-    rewrite = job.run_rewrite
+    rewrite = job.rewrite_groups
     rival = CompactConfig(seal_all=True, source=source, dest=dest, groups=4, slice_duration="1m", overwrite=True)
 
     def rewrite_then_lose_the_race(*args, **kwargs):
         written = rewrite(*args, **kwargs)
-        monkeypatch.setattr(job, "run_rewrite", rewrite)
+        monkeypatch.setattr(job, "rewrite_groups", rewrite)
         # The rival would stop at once, seeing this run's live lease (lease.check_alone); here it
         # does not (as if the two had started on stores whose listings lagged): the commit decides.
         monkeypatch.setattr(lease, "check_alone", lambda *args: None)
         assert compact(rival, spark).version == 2  # the rival commits while this run is writing
         return written
 
-    monkeypatch.setattr(job, "run_rewrite", rewrite_then_lose_the_race)
+    monkeypatch.setattr(job, "rewrite_groups", rewrite_then_lose_the_race)
     with pytest.raises(compacted.CommitConflict, match="another compaction committed version 2") as err:
         compact(
             CompactConfig(seal_all=True, source=source, dest=dest, groups=6, slice_duration="10s", overwrite=True),
