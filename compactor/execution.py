@@ -1,6 +1,7 @@
-"""Where the compaction's tasks run: on Spark, or in this process (`compactor.job.compact`
-with no session: small inputs and tests). The phases are written once over `Execution`, so
-both backends run the same task functions and write the same bytes; what only Spark needs
+"""Where the compaction's and the audit's tasks run: on Spark, or in this process
+(`compactor.job.compact` with no session: small inputs and tests; `compactor.verify.verify`).
+The phases and the audit are written once over `Execution`, so both backends run the same
+task functions and write the same bytes (report the same findings); what only Spark needs
 (the error channel, the worker's garbage collector, job names, persisting, the Arrow batch
 size) stays here.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -78,6 +80,12 @@ class Execution(Protocol[Rows]):
         entry of `slots(partitions)`, sorted by `sort`; its rows collected. `name`: the
         action's job; `batch_bytes`: what a task is handed at once at most."""
 
+    def scan(self, name: str, rows: Rows, key: str, order: Sequence[str], task: Task, schema: pa.Schema) -> pa.Table:
+        """`task` over the rows, every row of one `key` value handed to the same task, and
+        each task's rows in (`key`, *`order`) order, in batches of any size: a running
+        computation along each key's rows (two sides merged, a running maximum) that holds
+        one batch at a time. Its rows collected, in an action called `name`."""
+
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """`task` of every item, a task per item."""
 
@@ -89,25 +97,50 @@ class Execution(Protocol[Rows]):
 
 
 def for_session(
-    spark: SparkSession | None = None, errors: TaskErrors | None = None
+    spark: SparkSession | None = None, errors: TaskErrors | None = None, description: str | None = None
 ) -> Execution[pa.Table] | Execution[DataFrame]:
-    """Spark's, or with no session this process's."""
-    return InProcess() if spark is None else OnSpark(spark, errors)
+    """Spark's, or with no session this process's. `description`: `OnSpark`'s."""
+    return InProcess() if spark is None else OnSpark(spark, errors, description)
 
 
 class InProcess:
-    """Every task in this process, one after another, with every row in memory: a shuffle
-    has one partition. A task's error is raised where it happens."""
+    """Every task in this process, with every row in memory: a shuffle or a scan has one
+    partition. A task's error is raised where it happens. A `map`'s tasks run one after
+    another, or with `threads`, a task per input row on that many threads (tasks that wait
+    on a store's reads), their rows in input order; the first error ends the map without
+    starting the tasks still queued, each of which might wait as long (a frozen store).
+    `progress`: a progress bar of each map's tasks, with this description."""
 
     codec = None
-    parallelism = 1
     runs_here = True
+
+    def __init__(self, threads: int = 1, progress: str | None = None) -> None:
+        self.parallelism = self.threads = threads
+        self.progress = progress
 
     def slots(self, partitions: int) -> npt.NDArray[np.int64]:
         return np.zeros(partitions, np.int64)
 
     def map(self, inputs: pa.Table, task: Task, schema: pa.Schema) -> pa.Table:
-        return pa.Table.from_batches(task(iter(inputs.to_batches())), schema)
+        if self.threads == 1 and self.progress is None:
+            return pa.Table.from_batches(task(iter(inputs.to_batches())), schema)
+        from tqdm import tqdm
+
+        def one(row: int) -> list[pa.RecordBatch]:
+            return list(task(iter(inputs.slice(row, 1).to_batches())))
+
+        pool = ThreadPoolExecutor(max_workers=self.threads)
+        try:
+            done = tqdm(
+                pool.map(one, range(inputs.num_rows)),
+                total=inputs.num_rows,
+                desc=self.progress,
+                unit="task",
+                disable=self.progress is None,
+            )
+            return pa.Table.from_batches([b for batches in done for b in batches], schema)
+        finally:
+            pool.shutdown(cancel_futures=True)
 
     def where(self, rows: pa.Table, column: str, values: Sequence[int], columns: Sequence[str]) -> pa.Table:
         return rows.filter(pc.is_in(rows.column(column), pa.array(values, rows.schema.field(column).type))).select(
@@ -135,6 +168,16 @@ class InProcess:
             keys = [np.concatenate([b.column(k).to_numpy() for b in batches]) for k in reversed(sort)]
             batches = [at[i][0].slice(at[i][1], 1) for i in np.lexsort(keys).tolist()]
         return pa.Table.from_batches(task(iter(batches)), schema)
+
+    def scan(
+        self, name: str, rows: pa.Table, key: str, order: Sequence[str], task: Task, schema: pa.Schema
+    ) -> pa.Table:
+        """The rows sorted, handed over `SCAN_BATCH_ROWS` at a time: the sorted copy is
+        made a batch at a time."""
+        at = pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in (key, *order)])
+        steps = range(0, len(at), SCAN_BATCH_ROWS)
+        batches = (b for i in steps for b in rows.take(at[i : i + SCAN_BATCH_ROWS]).to_batches())
+        return pa.Table.from_batches(task(batches), schema)
 
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         return [task(item) for item in items]
@@ -201,6 +244,14 @@ class OnSpark:
         action = frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow
         with nullcontext() if batch_bytes is None else _arrow_batches_of(self.spark, batch_bytes):
             return self._run(name, action)
+
+    def scan(
+        self, name: str, rows: DataFrame, key: str, order: Sequence[str], task: Task, schema: pa.Schema
+    ) -> pa.Table:
+        """The rows hashed by `key` into the session's shuffle partitions
+        (`spark.sql.shuffle.partitions`), sorted in each (spilling to disk as Spark sorts)."""
+        frame = rows.repartition(key).sortWithinPartitions(key, *order)
+        return self._run(name, frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow)
 
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """Items and results pickled: they cross as a binary column, a task per item."""
@@ -270,6 +321,7 @@ class OnSpark:
 
 
 _EACH_ROWS = "item long, result binary"
+SCAN_BATCH_ROWS = 1 << 16  # rows an in-process scan hands its task at once
 # A task's pickled function past this size travels through the run's store on Spark Connect
 # (`OnSpark._carried`): a plan holds several, and a gRPC message is 128 MiB at most.
 CARRIED_BYTES = 8 << 20
