@@ -22,29 +22,30 @@ wrong records). A read that fails for any other reason (a store that refuses or 
 answer) says nothing of the archive: it ends the audit with that error, naming the request,
 so `keyfill verify` exits 2 instead of reporting checks it could not make as failed.
 
-The same audit runs on Spark for archives too large for one process: `compactor.verify_spark`.
+One audit, run by an execution (`compactor.execution`): `verify` in this process (several reads
+at once), `compactor.verify_spark` on Spark for archives too large for one process. Both run the
+same tasks: each file checked on its own (`compactor.verify_file`), the records compared with
+the source's partition by partition (`compactor.verify_records`), and the manifest and index
+checked here; a damaged archive gets the same report from either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
+from compactor import verify_records
+from compactor.execution import Execution, InProcess, Rows
 from compactor.sources import SourceArchive, SourceChunk
 from compactor.verify_file import FileChecker
-from keygroups import compacted, envelope
+from compactor.verify_records import MAX_REPORTED, RECORD_COLUMNS, Read
+from keygroups import compacted
 from keygroups.compacted import Piece, SliceMeta
 from keygroups.piece_index import PieceIndex
 from keygroups.storage import Storage
 
 CHECKS = ("manifest", "checksums", "exactly_once", "key_order", "slice_bounds", "handoff")
-MAX_REPORTED = 20  # violations listed per check; the count is always exact
+__all__ = ["CHECKS", "MAX_REPORTED", "VerifyReport", "audit", "plan_audit", "verify"]
 
 
 @dataclass
@@ -80,59 +81,6 @@ class VerifyReport:
 
 
 @dataclass
-class _PartitionDigest:
-    offsets: list[np.ndarray] = field(default_factory=list)
-    tags: list[np.ndarray] = field(default_factory=list)  # source: timestamps; archive: slice start
-    fps: list[np.ndarray] = field(default_factory=list)
-
-    def add(self, offsets: np.ndarray, tags: np.ndarray, fps: np.ndarray) -> None:
-        self.offsets.append(offsets)
-        self.tags.append(tags)
-        self.fps.append(fps)
-
-    def by_offset(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Offsets, tags and record fingerprints, in offset order."""
-        if not self.offsets:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64)
-        o, t, f = np.concatenate(self.offsets), np.concatenate(self.tags), np.concatenate(self.fps)
-        order = np.argsort(o, kind="stable")
-        return o[order], t[order], f[order]
-
-
-def _sum(fps: np.ndarray) -> int:
-    return int(fps.sum(dtype=np.uint64))
-
-
-def expected_handoff(offsets: np.ndarray, ts: np.ndarray, manifest: compacted.Manifest) -> int:
-    """A partition's first offset whose running-maximum slice is not published (sealing,
-    compactor/slicing.py), or the offset after its last: where its hand-off must be.
-    `offsets`, `ts`: the partition's whole source, in offset order."""
-    if not len(offsets):
-        return 0
-    slices = np.maximum.accumulate(ts) // manifest.slice_duration_ms - manifest.base
-    later = np.flatnonzero(slices >= manifest.slices)
-    return int(offsets[later[0]]) if later.size else int(offsets[-1]) + 1
-
-
-def _digest(batches: list[pa.RecordBatch], tags: list[np.ndarray] | None = None) -> dict[int, _PartitionDigest]:
-    """Per partition: offsets, fingerprints and a tag per record (the record's timestamp,
-    or the start of the slice it was found in when `tags` gives them)."""
-    out: dict[int, _PartitionDigest] = {}
-    for i, b in enumerate(batches):
-        parts = b.column("partition").to_numpy()
-        offsets = b.column("offset").to_numpy()
-        if tags is None:
-            tag = b.column("timestamp").cast(pa.int64()).to_numpy()
-        else:
-            tag = tags[i]
-        fps = envelope.record_fingerprints(b)
-        for p in np.unique(parts).tolist():
-            m = parts == p
-            out.setdefault(p, _PartitionDigest()).add(offsets[m], tag[m], fps[m])
-    return out
-
-
-@dataclass
 class AuditPlan:
     manifest: compacted.Manifest
     chunks: list[SourceChunk]
@@ -162,113 +110,44 @@ def plan_audit(source: SourceArchive, dest: Storage) -> tuple[VerifyReport, Audi
     return report, AuditPlan(manifest, chunks, metas, files, {m.slice: m.partitions for m in metas})
 
 
-@contextmanager
-def _pool(threads: int) -> Iterator[ThreadPoolExecutor]:
-    """Threads for the audit's reads; a read that fails (a frozen store: after its bound)
-    ends the audit without starting the reads still queued, each of which would wait as long."""
-    pool = ThreadPoolExecutor(max_workers=threads)
-    try:
-        yield pool
-    finally:
-        pool.shutdown(cancel_futures=True)
-
-
 def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: bool = False) -> VerifyReport:
-    from tqdm import tqdm
+    """The audit in this process: `threads` reads at once, every record's audit row in memory."""
+    return audit(source, dest, InProcess(threads, "verify" if progress else None))
 
+
+def audit(source: SourceArchive, dest: Storage, execution: Execution[Rows]) -> VerifyReport:
+    """The audit, its tasks run by `execution`: the source's chunks read and the archive's
+    files checked (a task each), then source and archive records compared partition by
+    partition (`compactor.verify_records`), then the manifest and the index checked."""
     report, plan = plan_audit(source, dest)
     if plan is None:
         return report
-    manifest, chunks, metas, files = plan.manifest, plan.chunks, plan.metas, plan.files
-
-    # Source side: the reference multiset, partition by partition.
-    with _pool(threads) as pool:
-        src_batches = list(
-            tqdm(
-                pool.map(source.read, chunks),
-                total=len(chunks),
-                desc="verify: source",
-                unit="chunk",
-                disable=not progress,
-            )
-        )
-    src = _digest(src_batches)
-    del src_batches
-
-    # Compacted side.
+    manifest = plan.manifest
     checker = FileChecker(dest, manifest)
-
-    def check(file: tuple[str, list[Piece]]) -> tuple[pa.RecordBatch, np.ndarray, list[tuple[str, str]]]:
-        return checker(*file, plan.ranges)
-
-    out_batches, out_slices = [], []
-    with _pool(threads) as pool:
-        checked = tqdm(
-            pool.map(check, files),
-            total=len(files),
-            desc="verify: compacted",
-            unit="file",
-            disable=not progress,
+    read = verify_records.read_task(source, plan.chunks, checker, plan.files, plan.ranges)
+    rows = execution.map(verify_records.inputs(len(plan.chunks), len(plan.files)), read, verify_records.READ_ROWS)
+    with execution.persisted(rows, serialized=True) as rows:
+        problems = execution.where(rows, "kind", [Read.PROBLEM], ["input", "check", "message"])
+        for r in execution.collect("file checks", problems).sort_by("input").to_pylist():
+            report.fail(r["check"], r["message"])
+        compared = execution.scan(
+            "records",
+            execution.where(rows, "kind", [Read.SOURCE, Read.ARCHIVED], RECORD_COLUMNS),
+            verify_records.SCAN_KEY,
+            verify_records.SCAN_ORDER,
+            verify_records.compare_task(manifest),
+            verify_records.FOUND_ROWS,
         )
-        for batch, starts, problems in checked:
-            out_batches.append(batch)
-            out_slices.append(starts)
-            for name, message in problems:
-                report.fail(name, message)
-    dst = _digest(out_batches, out_slices)
-    report.records = sum(b.num_rows for b in out_batches)
-    del out_batches
-
-    # exactly once, partition by partition: the source below its hand-off
-    expected: dict[int, int] = {}
-    made_late = 0
-    for p in sorted(set(src) | set(dst)):
-        ao, ts, afp = src.get(p, _PartitionDigest()).by_offset()
-        expected[p] = expected_handoff(ao, ts, manifest)
-        below = ao < manifest.handoff.get(str(p), expected[p])
-        ao, ts, afp = ao[below], ts[below], afp[below]
-        bo, start, bfp = dst.get(p, _PartitionDigest()).by_offset()
-        made_late += partition_checks(report, p, manifest, (ao, ts, afp), (bo, start, bfp))
-
-    late_check(report, manifest, made_late)
-    metadata_checks(report, manifest, metas)
-    handoff_checks(report, manifest, {p: o for p, o in expected.items() if p in src})
+    found = verify_records.found(compared)
+    for check, messages in found.violations.items():
+        for message in messages:
+            report.fail(check, message)
+        report.counts[check] += found.counts[check] - len(messages)
+    report.records = found.records
+    late_check(report, manifest, found.made_late)
+    metadata_checks(report, manifest, plan.metas)
+    handoff_checks(report, manifest, found.handoffs)
     return report
-
-
-def partition_checks(
-    report: VerifyReport,
-    p: int,
-    manifest: compacted.Manifest,
-    source: tuple[np.ndarray, np.ndarray, np.ndarray],
-    archive: tuple[np.ndarray, np.ndarray, np.ndarray],
-) -> int:
-    """One partition: the source's records below the hand-off (offsets, timestamps,
-    fingerprints) against the archive's (offsets, slice starts, fingerprints), in offset
-    order. Returns how many records sit after their own running maximum's slice (made late)."""
-    ao, ts, afp = source
-    bo, start, bfp = archive
-    if len(ao) != len(bo):
-        report.fail("exactly_once", f"partition {p}: source has {len(ao)} records, archive {len(bo)}")
-    elif not np.array_equal(ao, bo):
-        dup = np.flatnonzero(np.diff(bo) == 0)
-        diff = np.flatnonzero(ao != bo)[0]
-        extra = f"; offset {bo[dup[0]]} twice" if dup.size else ""
-        report.fail("exactly_once", f"partition {p}: offsets differ first at source offset {ao[diff]}{extra}")
-    elif _sum(afp) != _sum(bfp):
-        report.fail("exactly_once", f"partition {p}: same offsets but record contents differ")
-    else:  # each record sits in the slice its partition's running maximum timestamp names, or later: made late
-        d = manifest.slice_duration_ms
-        own = np.maximum.accumulate(ts) // d * d
-        wrong = np.flatnonzero(own > start)
-        if wrong.size:
-            report.fail(
-                "slice_bounds",
-                f"partition {p}: offset {ao[wrong[0]]} is in the slice starting at "
-                f"{start[wrong[0]]}, before the slice of its running maximum timestamp ({own[wrong[0]]})",
-            )
-        return int((own < start).sum())
-    return 0
 
 
 def late_check(report: VerifyReport, manifest: compacted.Manifest, made_late: int) -> None:
