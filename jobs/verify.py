@@ -1,5 +1,5 @@
-"""spark-submit entry point of the audit; same arguments as `keyfill verify`, records
-checked by Spark (source and archive joined on partition and offset).
+"""spark-submit entry point of the audit; same arguments as `keyfill verify`, its tasks
+run by Spark (`compactor.verify_spark`: the same checks and report as in one process).
 
     spark-submit --py-files keyfill-0.1.0-py3-none-any.whl jobs/verify.py s3://archive/payments s3://compacted/payments
 """

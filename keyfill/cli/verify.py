@@ -17,8 +17,8 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "verify",
         help="audit a compacted archive against its source",
-        description="Prove nothing was lost, duplicated or reordered: every source record exactly once (counts and "
-        "a per-partition fingerprint), offsets covered without gaps or overlaps, each key in offset order and in "
+        description="Prove nothing was lost, duplicated or reordered: every source record exactly once (its offset "
+        "and its fingerprint), offsets covered without gaps or overlaps, each key in offset order and in "
         "its group, slice bounds, file checksums, hand-off offsets. Exits 1 with a report on any violation (the "
         "archive is wrong); exits 2 with one line naming the request when the source or the archive could not be read "
         "(a store that fails or does not answer: a check that could not read is not a failed check).",
@@ -31,8 +31,9 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--spark",
         action="store_true",
-        help="check records on Spark instead of in this process: an embedded one (--master), or a Spark Connect "
-        "server's (--remote); for archives whose offsets do not fit in memory",
+        help="run the audit's tasks on Spark instead of in this process (the same checks, the same report): an "
+        "embedded one (--master), or a Spark Connect server's (--remote); for archives whose records' offsets do not "
+        "fit in memory",
     )
     add_embedded_spark_arguments(p, memory=False)
     p.add_argument("--json", action="store_true", help="machine-readable report")
