@@ -25,12 +25,12 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--threads", type=positive_int, default=8, help="parallel reads")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
+    import keyfill.cli.inspect_compacted as inspect_compacted  # by its own name: not through keyfill.cli
     from compactor.sources import FORMATS, source_options
-    from keyfill.cli import inspect_compacted
     from keyfill.cli.compact import source_options_from_args
     from keyfill.summary import inspect_archive
     from keygroups import compacted
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if FORMATS[args.source_format].storage_url:  # else a table or catalog URL, never a compacted archive
         store = open_storage(args.url, threads=args.threads)
         if compacted.versions(store) or store.exists(compacted.LEGACY_MANIFEST):
-            return inspect_compacted.run(store, args.json)
+            return inspect_compacted.show(store, args.json)
     progress = not (args.no_progress or args.json)
     if args.source_format == "envelope":
         s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=progress)

@@ -17,16 +17,15 @@ import numpy as np
 import pyarrow as pa
 
 from compactor.sources.envelope import encode_chunk
+from keyfill.synth.formatting import CURRENCIES, CURRENCY_BYTES, HEX_DIGITS, fill_headers, payment_json
 from keyfill.synth.kafka_partitioner import kafka_partitions
-from keygroups._numba import Int, njit
 from keygroups.envelope import ARROW_SCHEMA, CODECS, HEADER_TYPE
 from keygroups.envelope.buffers import arrow_binary
 from keygroups.errors import OptionError
 from keygroups.storage import Storage, StorageError, open_storage
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-_BLOCK = 1 << 18  # records drawn per step; fixed so output never depends on machine or threads
-_CURRENCIES = (b"EUR", b"USD", b"GBP", b"CHF")
+_STEP_RECORDS = 1 << 18  # records drawn per step; fixed so output never depends on machine or threads
 LOGINS_TOPIC = "logins"
 
 
@@ -126,7 +125,7 @@ class _Draw:
         self.next_offset = np.zeros(cfg.partitions, dtype=np.int64)
         self.produced = 0
 
-    def block(self, n: int) -> pa.RecordBatch:
+    def draw(self, n: int) -> pa.RecordBatch:
         """The next n records, grouped by partition (rows bounds[p]:bounds[p+1] are p's)."""
         cfg, rng = self.cfg, self.rng
         key_id = np.searchsorted(self.cdf, rng.random(n), side="right").clip(0, cfg.keys - 1)
@@ -136,7 +135,7 @@ class _Draw:
         ts = nominal - rng.integers(0, cfg.jitter_ms + 1, n)
         cents = rng.integers(100, 500_000, n)
         merchant = rng.integers(0, 5_000, n)
-        currency = rng.integers(0, len(_CURRENCIES), n)
+        currency = rng.integers(0, len(CURRENCIES), n)
         self.produced += n
 
         # Group by partition, keeping production order inside each; offsets continue each
@@ -152,7 +151,7 @@ class _Draw:
 
         width = self.key_matrix.shape[1]
         key_bytes = self.key_matrix[key_id]  # (n, width) uint8
-        values = _payment_json(key_bytes, null, cents, merchant, currency, ts, _CURRENCY_BYTES)
+        values = payment_json(key_bytes, null, cents, merchant, currency, ts, CURRENCY_BYTES)
         keys = pa.Array.from_buffers(
             pa.binary(),
             n,
@@ -180,15 +179,15 @@ class _Draw:
         if not self.cfg.headers:
             return pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], HEADER_TYPE))
         trace = self.rng.integers(0, 256, (n, 8), dtype=np.uint8)
-        has_source = self.rng.random(n) < 0.75
-        source_null = self.rng.random(n) < 0.5
+        has_origin = self.rng.random(n) < 0.75
+        origin_null = self.rng.random(n) < 0.5
         list_offsets = np.zeros(n + 1, np.int32)
-        np.cumsum(1 + has_source.astype(np.int32), out=list_offsets[1:])
+        np.cumsum(1 + has_origin.astype(np.int32), out=list_offsets[1:])
         m = int(list_offsets[-1])
         key_off, key_data = np.empty(m + 1, np.int32), np.empty(8 * m, np.uint8)
         val_off, val_data = np.empty(m + 1, np.int32), np.empty(16 * m, np.uint8)
         val_valid = np.empty(m, np.bool_)
-        _fill_headers(trace, has_source, source_null, _HEX_DIGITS, key_off, key_data, val_off, val_data, val_valid)
+        fill_headers(trace, has_origin, origin_null, HEX_DIGITS, key_off, key_data, val_off, val_data, val_valid)
         items = pa.StructArray.from_arrays(
             [
                 arrow_binary(len(key_off) - 1, key_off, key_data, None, pa.string()),
@@ -197,148 +196,6 @@ class _Draw:
             fields=list(HEADER_TYPE),
         )
         return pa.ListArray.from_arrays(list_offsets, items)
-
-
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
-_CURRENCY_BYTES = np.frombuffer(b"".join(_CURRENCIES), np.uint8).reshape(len(_CURRENCIES), 3)
-
-
-@njit(cache=True)
-def _fill_headers(
-    trace: np.ndarray,
-    has_source: np.ndarray,
-    source_null: np.ndarray,
-    hexdigits: np.ndarray,
-    key_off: np.ndarray,
-    key_data: np.ndarray,
-    val_off: np.ndarray,
-    val_data: np.ndarray,
-    val_valid: np.ndarray,
-) -> None:
-    """Header items: ("trace-id", 16 hex chars) and, where has_source, ("source", "checkout" or null)."""
-    trace_id = np.frombuffer(b"trace-id", np.uint8)
-    source = np.frombuffer(b"source", np.uint8)
-    checkout = np.frombuffer(b"checkout", np.uint8)
-    j = kp = vp = 0
-    for i in range(trace.shape[0]):
-        key_off[j] = kp
-        val_off[j] = vp
-        key_data[kp : kp + 8] = trace_id
-        kp += 8
-        for b in range(8):
-            val_data[vp] = hexdigits[trace[i, b] >> 4]
-            val_data[vp + 1] = hexdigits[trace[i, b] & 15]
-            vp += 2
-        val_valid[j] = True
-        j += 1
-        if has_source[i]:
-            key_off[j] = kp
-            val_off[j] = vp
-            key_data[kp : kp + 6] = source
-            kp += 6
-            val_valid[j] = not source_null[i]
-            if val_valid[j]:
-                val_data[vp : vp + 8] = checkout
-                vp += 8
-            j += 1
-    key_off[j] = kp
-    val_off[j] = vp
-
-
-@njit(cache=True)
-def _put_int(out: np.ndarray, pos: Int, v: Int) -> Int:
-    """Decimal digits of a non-negative int (hand-written: numba has no str formatting)."""
-    if v == 0:
-        out[pos] = 48
-        return pos + 1
-    digits = 0
-    t = v
-    while t > 0:
-        t //= 10
-        digits += 1
-    for i in range(digits - 1, -1, -1):
-        out[pos + i] = 48 + v % 10
-        v //= 10
-    return pos + digits
-
-
-@njit(cache=True)
-def _put_text(out: np.ndarray, pos: Int, text: np.ndarray) -> Int:
-    for b in text:
-        out[pos] = b
-        pos += 1
-    return pos
-
-
-@njit(cache=True)
-def _payment_json_fill(
-    out: np.ndarray,
-    offsets: np.ndarray,
-    key_bytes: np.ndarray,
-    null: np.ndarray,
-    cents: np.ndarray,
-    merchant: np.ndarray,
-    currency: np.ndarray,
-    ts: np.ndarray,
-    currencies: np.ndarray,
-    p_user: np.ndarray,
-    p_null: np.ndarray,
-    p_amount: np.ndarray,
-    p_merchant: np.ndarray,
-    p_currency: np.ndarray,
-    p_ts: np.ndarray,
-    p_end: np.ndarray,
-) -> Int:
-    pos: Int = 0
-    for i in range(null.shape[0]):
-        offsets[i] = pos
-        pos = _put_text(out, pos, p_user)
-        if null[i]:
-            pos = _put_text(out, pos, p_null)
-        else:
-            out[pos] = 34
-            pos = _put_text(out, pos + 1, key_bytes[i])
-            out[pos] = 34
-            pos += 1
-        pos = _put_text(out, pos, p_amount)
-        pos = _put_int(out, pos, cents[i] // 100)
-        out[pos] = 46
-        out[pos + 1] = 48 + (cents[i] % 100) // 10
-        out[pos + 2] = 48 + cents[i] % 10
-        pos = _put_text(out, pos + 3, p_merchant)
-        m = merchant[i]
-        for d in range(4, -1, -1):
-            out[pos + d] = 48 + m % 10
-            m //= 10
-        pos = _put_text(out, pos + 5, p_currency)
-        pos = _put_text(out, pos, currencies[currency[i]])
-        pos = _put_text(out, pos, p_ts)
-        pos = _put_int(out, pos, ts[i])
-        pos = _put_text(out, pos, p_end)
-    offsets[null.shape[0]] = pos
-    return pos
-
-
-def _payment_json(
-    key_bytes: np.ndarray,
-    null: np.ndarray,
-    cents: np.ndarray,
-    merchant: np.ndarray,
-    currency: np.ndarray,
-    ts: np.ndarray,
-    currencies: np.ndarray,
-) -> pa.Array:
-    """Values as JSON payments, `{"user":..,"amount":..,"merchant":..,"currency":..,"ts":..}`,
-    formatted by a compiled loop: Python string formatting would be half the generator's time."""
-    n = len(null)
-    out = np.empty(n * (key_bytes.shape[1] + 120), np.uint8)
-    offsets = np.empty(n + 1, np.int32)
-    parts = [
-        np.frombuffer(t, np.uint8)
-        for t in (b'{"user":', b"null", b',"amount":', b',"merchant":"m-', b'","currency":"', b'","ts":', b"}")
-    ]
-    end = _payment_json_fill(out, offsets, key_bytes, null, cents, merchant, currency, ts, currencies, *parts)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out[:end])])
 
 
 class _ChunkWriter:
@@ -420,7 +277,7 @@ class _Logins:
         self.next_offset = np.zeros(cfg.partitions, dtype=np.int64)
         self.records = 0
 
-    def block(self, payments: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
+    def follow(self, payments: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
         cfg, n = self.cfg, payments.num_rows
         ts = payments.column("timestamp").cast(pa.int64()).to_numpy()
         keys = payments.column("key")
@@ -484,11 +341,11 @@ def generate(cfg: GeneratorConfig, *, progress: bool = True, store: Storage | No
             try:
                 remaining = cfg.records
                 while remaining:
-                    n = min(_BLOCK, remaining)
-                    batch = draw.block(n)
+                    n = min(_STEP_RECORDS, remaining)
+                    batch = draw.draw(n)
                     writers[0].add(batch, draw.bounds)
                     if logins is not None:
-                        writers[1].add(*logins.block(batch))
+                        writers[1].add(*logins.follow(batch))
                     remaining -= n
                     bar.update(n)
                 for w in writers:
