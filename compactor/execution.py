@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.errors import ConnectPlanTooLarge
+from compactor.errors import ConnectRequestTooLarge
 from compactor.group_partitioning import group_slots
 from compactor.lease import best_effort
 from compactor.shuffle_codec import CODEC
@@ -51,7 +51,7 @@ class Execution(Protocol[Rows]):
         """Tasks that run at once."""
 
     @property
-    def runs_here(self) -> bool:
+    def shares_environment(self) -> bool:
         """Tasks run in this process's environment (its credentials, its disk)."""
 
     def slots(self, partitions: int) -> npt.NDArray[np.int64]:
@@ -112,7 +112,7 @@ class InProcess:
     `progress`: a progress bar of each map's tasks, with this description."""
 
     codec = None
-    runs_here = True
+    shares_environment = True
 
     def __init__(self, threads: int = 1, progress: str | None = None) -> None:
         self.parallelism = self.threads = threads
@@ -205,7 +205,7 @@ class OnSpark:
         self.stored: list[str] = []  # task functions handed through the run's store
         ship_to_executors(spark)
         self.parallelism = spark_kind.cores(spark)
-        self.runs_here = spark_kind.runs_here(spark)
+        self.shares_environment = spark_kind.shares_environment(spark)
         if description is not None and not spark_kind.is_connect(spark):
             spark.sparkContext.setJobDescription(description)
 
@@ -226,7 +226,7 @@ class OnSpark:
         return rows.filter(F.col(column).isin([int(v) for v in values])).select(*columns)
 
     def collect(self, name: str, rows: DataFrame) -> pa.Table:
-        return self._run(name, rows.toArrow)
+        return self._action(name, rows.toArrow)
 
     def shuffle(
         self,
@@ -243,7 +243,7 @@ class OnSpark:
             frame = frame.sortWithinPartitions(*sort)
         action = frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow
         with nullcontext() if batch_bytes is None else _arrow_batches_of(self.spark, batch_bytes):
-            return self._run(name, action)
+            return self._action(name, action)
 
     def scan(
         self, name: str, rows: DataFrame, key: str, order: Sequence[str], task: Task, schema: pa.Schema
@@ -251,7 +251,7 @@ class OnSpark:
         """The rows hashed by `key` into the session's shuffle partitions
         (`spark.sql.shuffle.partitions`), sorted in each (spilling to disk as Spark sorts)."""
         frame = rows.repartition(key).sortWithinPartitions(key, *order)
-        return self._run(name, frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow)
+        return self._action(name, frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow)
 
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """Items and results pickled: they cross as a binary column, a task per item."""
@@ -264,7 +264,7 @@ class OnSpark:
                 yield pa.RecordBatch.from_arrays([b.column(0), pa.array(done, pa.binary())], ["item", "result"])
 
         frame = self.spark.range(0, len(items), 1, len(items)).mapInArrow(self._task(results), _EACH_ROWS)
-        got = self._run(name, frame.toArrow)
+        got = self._action(name, frame.toArrow)
         by_item = dict(zip(got.column("item").to_pylist(), got.column("result").to_pylist()))
         return [pickle.loads(by_item[i]) for i in range(len(items))]
 
@@ -302,11 +302,11 @@ class OnSpark:
         from pyspark import cloudpickle
 
         # pyspark's vendored cloudpickle is unannotated.
-        body: bytes = cloudpickle.dumps(task)  # type: ignore[no-untyped-call]
+        body: bytes = cloudpickle.dumps(task)
         if len(body) <= CARRIED_BYTES:
             return task
         if self.errors is None:
-            raise ConnectPlanTooLarge(
+            raise ConnectRequestTooLarge(
                 f"a Spark task's function holds {len(body) / 2**20:,.0f} MiB (the source's chunk list), more than "
                 f"a Spark Connect request carries here ({CARRIED_BYTES >> 20} MiB): run this on a classic session "
                 "(spark-submit, or --master), or without --spark"
@@ -316,8 +316,8 @@ class OnSpark:
         self.stored.append(key)
         return _stored(self.errors.dest, key)
 
-    def _run(self, name: str, action: Callable[[], T]) -> T:
-        return action() if self.errors is None else self.errors.run(self.spark, name, action)
+    def _action(self, name: str, action: Callable[[], T]) -> T:
+        return action() if self.errors is None else self.errors.watched(self.spark, name, action)
 
 
 _EACH_ROWS = "item long, result binary"
