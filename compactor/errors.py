@@ -45,6 +45,6 @@ class RunInProgress(KeyfillError, RuntimeError):
     only one of them could commit the next version."""
 
 
-class ConnectPlanTooLarge(KeyfillError, RuntimeError):
+class ConnectRequestTooLarge(KeyfillError, RuntimeError):
     """A Spark task's function larger than a Spark Connect request carries, with no run's
     store to hand it through (`compactor.execution.OnSpark`)."""

@@ -107,7 +107,7 @@ def estimate(prepared: Prepared, analysis: Analysis) -> Estimate:
         group_balance=float(loads.max() / loads.mean()) if loads.sum() else 1.0,
     )
     est.recommendations = _recommend(
-        est, slice_length.derive(payload, slice_length.span(analysis.stats.chunks), groups)
+        est, slice_length.derive(payload, slice_length.extent_ms_of(analysis.stats.chunks), groups)
     )
     return est
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from compactor.execution import Execution, Rows
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import compacted
-from keygroups.errors import ExecutorsCannotRun
+from keygroups.errors import ExecutorsNotEquipped
 from keygroups.storage import Storage
 
 WHY = (
@@ -27,7 +27,7 @@ WHY = (
 def check_executors_reach(
     execution: Execution[Rows], source: SourceArchive, chunks: list[SourceChunk], dest: Storage, run: str | None
 ) -> None:
-    """Raise ExecutorsCannotRun when a task cannot read the source's first chunk or, for a
+    """Raise ExecutorsNotEquipped when a task cannot read the source's first chunk or, for a
     run that holds a lease (`run`), does not see the lease this process wrote."""
     checks: list[tuple[str, Storage, str, bool]] = []
     if chunks:
@@ -36,7 +36,7 @@ def check_executors_reach(
         checks.append((f"the destination {dest.url}", dest, compacted.lease_key(run), False))
     for (what, store, key, _), problem in zip(checks, execution.each("archive access", _look, checks)):
         if problem is not None:
-            raise ExecutorsCannotRun(f"Spark's executors cannot read {what} ({store.url_for(key)}): {problem}. {WHY}")
+            raise ExecutorsNotEquipped(f"Spark's executors cannot read {what} ({store.url_for(key)}): {problem}. {WHY}")
 
 
 def _look(check: tuple[str, Storage, str, bool]) -> str | None:

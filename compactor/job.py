@@ -195,7 +195,7 @@ def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, fl
     start, chunks = prepared.start, prepared.chunks
 
     clock = PhaseClock(phases)
-    if not execution.runs_here:
+    if not execution.shares_environment:
         check_executors_reach(execution, source, chunks, dest, None if prepared.lease is None else prepared.run)
     if grows is not None:
         check_history(execution, source, prepared.listed, grows)
@@ -237,7 +237,7 @@ def analyse(prepared: Prepared, execution: Execution[Rows], phases: dict[str, fl
         )
     if derived:
         payload = stats.payload
-        chosen = slice_length.derive(payload, slice_length.span(stats.chunks), groups)
+        chosen = slice_length.derive(payload, slice_length.extent_ms_of(stats.chunks), groups)
         cfg = dataclasses.replace(cfg, slice_duration=chosen)
         stats = dataclasses.replace(stats, chunks=slice_length.coarsen(stats.chunks, cfg.slice_duration_ms))
         log.info(

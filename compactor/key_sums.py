@@ -49,7 +49,7 @@ def _slot_of(table: np.ndarray, shift: np.uint64, h: np.uint64) -> np.uint64:
 
 
 @njit(cache=True, nogil=True)
-def _sum_spans(
+def _sum_ranges(
     hashes: np.ndarray,
     offsets: np.ndarray,
     data: np.ndarray,
@@ -130,7 +130,7 @@ def sum_by_key(
     first = np.empty(n, np.int64)
     entries = np.empty((n, 5), np.int64)
     bits = max(10, (2 * min(expect, n)).bit_length())
-    m = _sum_spans(
+    m = _sum_ranges(
         np.ascontiguousarray(hashes, np.uint64),
         cols.offsets,
         cols.data,

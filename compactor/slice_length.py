@@ -8,7 +8,7 @@ micro-batches (seen on a sparse topic: docs/performance.md#derived-slice-length)
 and the watermark moves in big steps, so a job holds more open windows at once.
 
 Rule: the shortest length of `LADDER` whose slices hold, on average over the archive's
-event-time span, at least `MIN_PIECE_BYTES` of payload per group, capped at `MAX_DERIVED`
+event-time extent, at least `MIN_PIECE_BYTES` of payload per group, capped at `MAX_DERIVED`
 (the largest watermark step a backfill should take without being asked). Busy archives
 keep the old default, 1 m (terabytes over three months: tens of MB a minute); sparse ones
 get hours or a day.
@@ -45,17 +45,17 @@ MIN_PIECE_BYTES = 64 << 10  # payload per group and slice: blocks large enough t
 MAX_DERIVED = "1d"
 
 
-def derive(payload_bytes: int, span_ms: int, groups: int) -> str:
+def derive(payload_bytes: int, extent_ms: int, groups: int) -> str:
     """The ladder's shortest length whose slices hold at least MIN_PIECE_BYTES per group on
-    average over `span_ms`, at most MAX_DERIVED."""
+    average over `extent_ms`, at most MAX_DERIVED."""
     for label, ms in LADDER.items():
-        slices = max(1, -(-span_ms // ms))
+        slices = max(1, -(-extent_ms // ms))
         if payload_bytes / slices >= MIN_PIECE_BYTES * groups or label == MAX_DERIVED:
             return label
     return MAX_DERIVED
 
 
-def span(chunks: list[ChunkStats]) -> int:
+def extent_ms_of(chunks: list[ChunkStats]) -> int:
     """Event time the archive covers, from the chunk summaries."""
     if not chunks:
         return 0

@@ -76,7 +76,7 @@ def _as_raised(kind: str, message: str) -> KeyfillError:
 
 
 class TaskErrors:
-    """The error channel of one run: `guard` wraps the tasks, `run` the driver's actions.
+    """The error channel of one run: `guard` wraps the tasks, `watched` the driver's actions.
     Pickled into the tasks (a store and a key)."""
 
     def __init__(self, dest: Storage, run: str) -> None:
@@ -122,7 +122,7 @@ class TaskErrors:
             message += f"; the task's traceback is in {self.dest.url_for(self.key)}"
         return _as_raised(str(found.get("type")), message)
 
-    def run(self, spark: SparkSession, description: str, action: Callable[[], T]) -> T:
+    def watched(self, spark: SparkSession, description: str, action: Callable[[], T]) -> T:
         """`action()` (a Spark action) in a job group of its own, cancelled as soon as a task
         reports an error, which is then raised here; an action that fails raises its task's
         error (`raised_in_task`)."""

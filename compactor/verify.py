@@ -56,11 +56,11 @@ class VerifyReport:
     files: int = 0
     violations: dict[str, list[str]] = field(default_factory=lambda: {c: [] for c in CHECKS})
     counts: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CHECKS})
-    not_run: list[str] = field(default_factory=list)  # checks that could not run: never "ok"
+    skipped: list[str] = field(default_factory=list)  # checks that could not run: never "ok"
 
     @property
     def ok(self) -> bool:
-        return not any(self.counts.values()) and not self.not_run
+        return not any(self.counts.values()) and not self.skipped
 
     def fail(self, check: str, message: str) -> None:
         self.counts[check] += 1
@@ -76,7 +76,7 @@ class VerifyReport:
             "files": self.files,
             "violations": self.violations,
             "counts": self.counts,
-            "not_run": self.not_run,
+            "skipped": self.skipped,
         }
 
 
@@ -98,7 +98,7 @@ def plan_audit(source: SourceArchive, dest: Storage) -> tuple[VerifyReport, Audi
         metas = PieceIndex.of(dest, manifest).metas(0, manifest.slices)
     except compacted.FormatError as exc:
         report.fail("manifest", str(exc))
-        report.not_run = [c for c in CHECKS if c != "manifest"]  # nothing to check them against
+        report.skipped = [c for c in CHECKS if c != "manifest"]  # nothing to check them against
         return report, None
     chunks = [c for c in source.list_chunks() if c.topic == manifest.topic]
     by_file: dict[str, list[Piece]] = {}

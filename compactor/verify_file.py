@@ -120,12 +120,12 @@ class FileChecker:
             r = by_partition.get(p)
             o = offsets[parts == p]
             if r is None or o.min() < r.first_offset or o.max() > r.last_offset:
-                span = "none" if r is None else f"{r.first_offset}..{r.last_offset}"
+                allowed = "none" if r is None else f"{r.first_offset}..{r.last_offset}"
                 problems.append(
                     (
                         "slice_bounds",
                         f"{piece.where(name)}: partition {p} offsets {o.min()}..{o.max()} outside the slice's "
-                        f"range {span}",
+                        f"range {allowed}",
                     )
                 )
         return problems

@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 Result = dict[str, Any]  # what a worked example's run found, for its report
 
 
-def run_example(
+def example(
     app: str,
-    run: Callable[[SparkSession, Namespace], Result],
+    job: Callable[[SparkSession, Namespace], Result],
     report: Callable[[Result, Namespace], None],
     args: Namespace,
 ) -> int:
-    """`report(run(spark, args), args)` in a session named `app`, stopped afterwards."""
+    """`report(job(spark, args), args)` in a session named `app`, stopped afterwards."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -33,7 +33,7 @@ def run_example(
     spark = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC").getOrCreate()
     set_log_level(spark, "ERROR")
     try:
-        report(run(spark, args), args)
+        report(job(spark, args), args)
     finally:
         spark.stop()
     return 0

@@ -120,7 +120,7 @@ def fraud_windows(source: DataFrame, window: str = "1 minute", watermark_delay: 
     )
 
 
-def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
+def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     import reader.spark
@@ -238,9 +238,9 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.example_session import run_example
+    from jobs.example_session import example
 
-    return run_example("keyfill fraud backfill", run, report, parse_args(argv))
+    return example("keyfill fraud backfill", job, report, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def first_time(urls: list[str]) -> int:
     return min(compacted.load_manifest(open_storage(u)).bounds(0)[0] for u in urls)
 
 
-def run(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
+def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     import reader.spark
     from keyfill.cli.args import time_ms
     from keygroups.storage import StorageError, open_storage, overlapping
@@ -190,9 +190,9 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.example_session import run_example
+    from jobs.example_session import example
 
-    return run_example("keyfill fraud join", run, report, parse_args(argv))
+    return example("keyfill fraud join", job, report, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
-def run() -> int:
+def entry() -> int:
+    """What spark-submit runs: `main` with its errors in one line."""
     from jobs.exit import one_line_errors
 
     return one_line_errors(main, "jobs/verify.py")
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(entry())

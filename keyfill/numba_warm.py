@@ -56,7 +56,7 @@ def kernels() -> dict[str, Kernel]:
     return found
 
 
-def run_tasks(work: Path) -> int:
+def exercise_tasks(work: Path) -> int:
     """Generate, compact, read, replay and keyBy-split a small archive; the records replayed."""
     from compactor.job import CompactConfig, compact
     from compactor.sources import open_source
@@ -118,7 +118,7 @@ def run_tasks(work: Path) -> int:
 def warm() -> dict[str, Kernel]:
     """Run the tasks in this process, in a scratch folder; the kernels afterwards."""
     with tempfile.TemporaryDirectory(prefix="keyfill-warm-") as work:
-        run_tasks(Path(work))
+        exercise_tasks(Path(work))
     return kernels()
 
 
@@ -155,8 +155,8 @@ def build_seed(code: Path, out: Path | None = None) -> dict[str, Any]:
         dirs: dict[str, list[str]] = {}
         shutil.rmtree(out, ignore_errors=True)
         for info in found.values():
-            source_dir = Path(info["file"]).resolve().parent
-            rel = source_dir.relative_to(code.resolve()).as_posix()
+            code_dir = Path(info["file"]).resolve().parent
+            rel = code_dir.relative_to(code.resolve()).as_posix()
             if rel in dirs or not info["cache"]:
                 continue
             names = _files(Path(info["cache"]))

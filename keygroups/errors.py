@@ -56,6 +56,6 @@ class CommitConflict(KeyfillError, RuntimeError):
     """Another compaction committed the version this one was about to."""
 
 
-class ExecutorsCannotRun(KeyfillError):
+class ExecutorsNotEquipped(KeyfillError):
     """A Spark cluster's executors lack what keyfill's tasks need (a package a client cannot
     ship, or access to the archive): they run in the cluster's environment, not the client's."""

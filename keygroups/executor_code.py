@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 from typing import Any
 
-from keygroups.errors import ExecutorsCannotRun
+from keygroups.errors import ExecutorsNotEquipped
 from keygroups.spark_kind import is_connect
 
 PACKAGES = ("keyfill", "keygroups", "compactor", "reader", "jobs")  # what a task may import of keyfill
@@ -70,7 +70,7 @@ def _ship_over_connect(spark: Any) -> str | None:
     found = look_on_executors(spark)
     missing = [m for m in NEEDED if m in found["missing"]]
     if missing:
-        raise ExecutorsCannotRun(
+        raise ExecutorsNotEquipped(
             f"the Spark cluster's Python lacks {', '.join(missing)}, which keyfill's tasks import: install "
             "keyfill there (the cluster's or the job's environment, e.g. a Databricks environment or cluster "
             "library `keyfill`; docs/deploy.md), since compiled packages cannot be shipped from this client"

@@ -45,7 +45,7 @@ def master(spark: Any) -> str:
         return "unknown"
 
 
-def runs_here(spark: Any) -> bool:
+def shares_environment(spark: Any) -> bool:
     """The session's tasks run on this machine, in this process's environment: a classic
     session on a local master. A Connect server's executors have the server's environment,
     wherever it runs."""

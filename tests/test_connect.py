@@ -224,14 +224,14 @@ def test_verify_on_connect_refuses_a_plan_too_large_for_a_request_in_one_line(co
 
 def verify_with_nothing_carried(spark, src: str, dest: str) -> str:
     from compactor import execution
-    from compactor.errors import ConnectPlanTooLarge
+    from compactor.errors import ConnectRequestTooLarge
     from compactor.sources import open_source
     from compactor.verify_spark import verify_spark
 
     before, execution.CARRIED_BYTES = execution.CARRIED_BYTES, 0
     try:
         verify_spark(open_source(src), open_storage(dest), spark)
-    except ConnectPlanTooLarge as exc:
+    except ConnectRequestTooLarge as exc:
         return str(exc)
     finally:
         execution.CARRIED_BYTES = before

@@ -582,7 +582,7 @@ def test_verify_of_an_unreadable_manifest_reports_checks_not_run(source, archive
     shutil.copytree(archive, dest)
     (dest / compacted.version_key(compacted.load_manifest(open_storage(str(dest))).version)).write_text("{ not json")
     report = verify(open_source(source), open_storage(str(dest)))
-    assert not report.ok and set(report.not_run) == set(CHECKS) - {"manifest"}
+    assert not report.ok and set(report.skipped) == set(CHECKS) - {"manifest"}
     assert main(["verify", source, str(dest), "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "FAIL manifest" in out and "unreadable manifest" in out

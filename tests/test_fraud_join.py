@@ -14,7 +14,7 @@ import pyarrow as pa
 from test_reader import source_table
 
 from compactor.job import CompactConfig, compact
-from jobs.fraud_join import run
+from jobs.fraud_join import job
 from keyfill.synth.generate import GeneratorConfig, generate
 from tests.connect_client import CONNECT
 from tests.records import below_handoff
@@ -90,7 +90,7 @@ def fraud_join_finds_every_payment_with_a_login(spark, urls: list[str], payments
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "2")  # the join's state stores: one per partition, per side
     try:
-        r = run(spark, args)
+        r = job(spark, args)
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", partitions)
     assert (r["payments"], r["logins"]) == (payments.num_rows, logins.num_rows)

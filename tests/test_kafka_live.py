@@ -380,7 +380,7 @@ def test_the_fraud_example_goes_on_live_in_one_query(spark, keyfill_kafka, tmp_p
     topic, then the topic: every window equal to a count over the whole topic."""
     import argparse
 
-    from jobs.fraud_backfill import parse_args, run
+    from jobs.fraud_backfill import job, parse_args
     from keyfill.synth.generate import GeneratorConfig, generate
     from tests.test_reader import source_table
     from tests.test_spark_source import assert_closed_windows
@@ -400,7 +400,7 @@ def test_the_fraud_example_goes_on_live_in_one_query(spark, keyfill_kafka, tmp_p
         + ["--until-now", "--max-offsets-per-trigger", "1000", "--max-slices-per-trigger", "4"]
     )
     assert isinstance(args, argparse.Namespace)
-    result = run(spark, args)
+    result = job(spark, args)
     assert result["records"] == len(records) and result["dropped_late"] == 0
     assert_closed_windows(spark, result["windows_dir"], table, minimum=50)
 

@@ -21,9 +21,9 @@ import json, os, sys, tempfile
 from pathlib import Path
 import keygroups._numba as kn
 import numba
-from keyfill.numba_warm import kernels, run_tasks
+from keyfill.numba_warm import kernels, exercise_tasks
 with tempfile.TemporaryDirectory() as work:
-    replayed = run_tasks(Path(work))
+    replayed = exercise_tasks(Path(work))
 print(json.dumps({"seeded": kn._generic, "cpu": numba.config.CPU_NAME, "replayed": replayed,
                   "file": kn.__file__, "kernels": kernels()}))
 """

@@ -65,7 +65,7 @@ def folder_bytes(path: str) -> int:
 
 
 def test_a_sparse_archive_with_all_defaults_is_few_micro_batches_and_about_the_sources_size(spark, sparse, tmp_path):
-    from jobs.fraud_backfill import parse_args, run
+    from jobs.fraud_backfill import job, parse_args
 
     url = str(tmp_path / "c")
     result = compact(CompactConfig(source=sparse, dest=url), spark)
@@ -74,5 +74,5 @@ def test_a_sparse_archive_with_all_defaults_is_few_micro_batches_and_about_the_s
     assert manifest.slice_duration_ms > 60_000  # longer than the old fixed 1 m
     assert folder_bytes(url) <= 1.5 * folder_bytes(sparse)
     assert result.slices < 100
-    done = run(spark, parse_args([url, "--out", str(tmp_path / "fraud")]))
+    done = job(spark, parse_args([url, "--out", str(tmp_path / "fraud")]))
     assert done["records"] == manifest.totals["records"] and 1 <= done["batches"] <= 100

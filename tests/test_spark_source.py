@@ -488,7 +488,7 @@ def test_the_fraud_backfill_example_over_spark_connect_writes_every_closed_windo
 def fraud_backfill_writes_every_closed_window(spark, archive, work: str) -> None:
     import argparse
 
-    from jobs.fraud_backfill import run
+    from jobs.fraud_backfill import job
 
     url, src = archive
     args = argparse.Namespace(
@@ -501,7 +501,7 @@ def fraud_backfill_writes_every_closed_window(spark, archive, work: str) -> None
         top=3,
         overwrite=True,
     )
-    result = run(spark, args)
+    result = job(spark, args)
     assert result["dropped_late"] == 0 and result["records"] == src.num_rows
     assert_closed_windows(spark, result["windows_dir"], src, minimum=100)
     assert open(result["handoff_csv"]).read().count("\n") == len(np.unique(src.column("partition").to_numpy()))

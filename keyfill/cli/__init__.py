@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log_to_terminal(args.verbosity)
 
-    run: Callable[[argparse.Namespace], int] = args.run  # the subcommand's, set by its `add`
+    handle: Callable[[argparse.Namespace], int] = args.handle  # the subcommand's, set by its `add`
     try:
-        return run(args)
+        return handle(args)
     except KeyfillError as exc:
         print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
         return 2

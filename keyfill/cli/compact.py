@@ -217,7 +217,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_compact_arguments(p)
     add_embedded_spark_arguments(p)
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
 def add_embedded_spark_arguments(p: argparse.ArgumentParser, memory: bool = True) -> None:
@@ -256,7 +256,7 @@ def spark_for(args: argparse.Namespace, app: str, **kw: Any) -> contextlib.Abstr
     return embedded_spark(master, app=app, remote=remote, **kw)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from compactor.job import compact, prepare
 
     session_flags(args)  # both given: refused before any work

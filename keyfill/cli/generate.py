@@ -58,10 +58,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing archive at --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from keyfill.synth.generate import GeneratorConfig, generate
 
     start_ms = {} if args.start is None else {"start_ms": args.start}

@@ -18,10 +18,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("url", help="compacted archive")
     p.add_argument("--format", choices=["spark", "csv", "json"], default="spark", help="output form")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from keygroups import compacted, handoff
     from keygroups.storage import open_storage
 

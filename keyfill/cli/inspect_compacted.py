@@ -54,7 +54,7 @@ def _gets(m: Manifest) -> int:
     return compacted.replay_gets(m.group_file_bytes)
 
 
-def run(store: Storage, as_json: bool) -> int:
+def show(store: Storage, as_json: bool) -> int:
     s = summary(store)
     if as_json:
         print(json.dumps(s, indent=2))

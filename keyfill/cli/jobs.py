@@ -22,7 +22,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         'compact)" SRC DEST ...; each also runs as python -m jobs.compact, on an embedded local Spark.',
     )
     p.add_argument("name", nargs="?", choices=sorted(JOBS), help="one job: print its path alone")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
 def path(name: str) -> str:
@@ -32,7 +32,7 @@ def path(name: str) -> str:
     return spec.origin
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     if args.name:
         print(path(args.name))
         return 0

@@ -23,10 +23,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_compact_arguments(p)
     add_embedded_spark_arguments(p)
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from compactor.estimate import estimate
     from compactor.execution import for_session
     from compactor.job import analyse, prepare

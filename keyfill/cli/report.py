@@ -34,10 +34,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--threads", type=positive_int, default=4, help="threads of that replay")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of a line")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from keyfill.report import write_report
 
     data = write_report(args.url, args.out, replay_seconds=args.replay_seconds, threads=args.threads)

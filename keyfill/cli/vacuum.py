@@ -24,10 +24,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--delete", action="store_true", help="delete the files listed (default: only list them)")
     p.add_argument("--json", action="store_true", help="print what is (or would be) deleted and kept as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from compactor.vacuum import plan_vacuum, vacuum
     from keyfill.cli.args import mb
     from keygroups.durations import parse_duration

@@ -38,10 +38,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_embedded_spark_arguments(p, memory=False)
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from compactor.verify import verify
     from keyfill.cli.compact import session_flags, source_from_args, spark_for
     from keygroups.errors import OptionError
@@ -68,7 +68,7 @@ def print_verify_report(report: VerifyReport, as_json: bool) -> None:
         print(json.dumps(report.to_json(), indent=2))
     else:
         for check, count in report.counts.items():
-            if check in report.not_run:
+            if check in report.skipped:
                 print(f"skip {check:<13} not run: the manifest is needed to check it")
                 continue
             print(f"{'ok  ' if count == 0 else 'FAIL'} {check:<13} {'' if count == 0 else f'{count} violation(s)'}")

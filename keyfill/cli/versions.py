@@ -21,7 +21,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("url", help="compacted archive")
     p.add_argument("--json", action="store_true", help="print the versions as JSON")
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
 def rows(store: Storage) -> list[dict[str, Any]]:
@@ -46,7 +46,7 @@ def rows(store: Storage) -> list[dict[str, Any]]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from keyfill.cli.args import iso
     from keygroups.errors import FormatError
     from keygroups.storage import open_storage

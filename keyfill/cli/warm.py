@@ -15,10 +15,10 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "compiling them on its first task (seconds, see docs/deploy.md). Run it where the cluster's Python runs, "
         "e.g. in the image build. A wheel from `make wheel` needs none of this: it ships its kernels compiled.",
     )
-    p.set_defaults(run=run)
+    p.set_defaults(handle=handle)
 
 
-def run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     from keyfill.numba_warm import warm
 
     t = time.perf_counter()

@@ -121,15 +121,15 @@ def check_spark_query(
             reference = _collect(spark, build(*inputs), work + "/ref-ck")
             if reference.dropped:
                 raise DifferentialError(f"the reference query dropped {reference.dropped} row(s) in one micro-batch")
-            sources = []
+            streams = []
             for dest, gone in zip(dests, late):
-                source = spark.readStream.format("keyfill").options(**spark_options(settings, start)).load(dest)
+                stream = spark.readStream.format("keyfill").options(**spark_options(settings, start)).load(dest)
                 if gone:
                     late_df = spark.createDataFrame(sorted(gone), "partition int, offset long")
-                    source = source.join(late_df, ["partition", "offset"], "left_anti").select(*source.columns)
-                sources.append(source)
+                    stream = stream.join(late_df, ["partition", "offset"], "left_anti").select(*stream.columns)
+                streams.append(stream)
             stops = [1 + n % 3 for n in settings.restarts[:1]]  # micro-batches before the crash
-            backfill = _collect(spark, build(*sources), work + "/ck", stops)
+            backfill = _collect(spark, build(*streams), work + "/ck", stops)
         finally:
             if shuffle is None:  # not set: Spark's default again
                 spark.conf.unset("spark.sql.shuffle.partitions")
@@ -171,14 +171,14 @@ def _reference_input(spark: SparkSession, dest: str, on_time: list[Record], work
 
 
 @dataclass
-class _Run:
+class _Collected:
     rows: list[OutputRow]  # every appended row, each micro-batch counted once
     dropped: int
     batches: int
     restarts: int
 
 
-def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequence[int] = ()) -> _Run:
+def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequence[int] = ()) -> _Collected:
     """Run `df` with AvailableNow into a sink keyed by batch id (a replayed batch replaces
     its first writing, as an idempotent sink does), crashing after `stops[i]` micro-batches
     of run i and resuming from `checkpoint`.
@@ -232,7 +232,7 @@ def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequenc
     for name in sorted(n for n in os.listdir(folder) if n.endswith(".pickle")):
         with open(os.path.join(folder, name), "rb") as f:
             rows += pickle.load(f)
-    return _Run(rows, dropped, batches, restarts)
+    return _Collected(rows, dropped, batches, restarts)
 
 
 def _by_key(rows: list[OutputRow], key: str) -> dict[Any, list[OutputRow]]:

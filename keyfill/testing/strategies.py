@@ -149,12 +149,12 @@ def topic_archives(
 
         n = draw(records)
 
-        def span(draw: st.DrawFn, start: int) -> None:
+        def records_from(draw: st.DrawFn, start: int) -> None:
             for i in range(start, min(n, start + _CHUNK)):
                 record(draw, i == 0)
 
         for start in range(0, n, _CHUNK):
-            draw(_together(functools.partial(span, start=start)))
+            draw(_together(functools.partial(records_from, start=start)))
         return TopicArchive(topic, tuple(tuple(ps) for ps in parts), draw(st.integers(5, 60)))
 
 

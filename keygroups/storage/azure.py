@@ -153,7 +153,7 @@ class AzureStorage(ObjectStore):
         from azure.storage.blob import BlobBlock
 
         target, source = self._blob(self._name(key)), self._blob(self._name(base))
-        source_url, auth = self._readable(source)
+        base_url, auth = self._readable(source)
         upload = uuid.uuid4().hex[:16]
         parts: list[Any] = []
 
@@ -164,7 +164,7 @@ class AzureStorage(ObjectStore):
             for at in range(0, size, MAX_COPY_PART_BYTES):
                 bid = part_id()
                 length = min(MAX_COPY_PART_BYTES, size - at)
-                target.stage_block_from_url(bid, source_url, source_offset=at, source_length=length, **auth)
+                target.stage_block_from_url(bid, base_url, source_offset=at, source_length=length, **auth)
                 parts.append(BlobBlock(bid))
             view = memoryview(data)
             for at in range(0, len(data), UPLOAD_PART_BYTES):

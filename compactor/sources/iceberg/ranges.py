@@ -92,19 +92,19 @@ def cut_ranges(extents: list[Extent], target: int) -> list[Range]:
                         sum(e.size * s for e, s in zip(inside, share)),
                     )
                 )
-        run: list[_Piece] = []
-        run_records = 0.0
+        batch: list[_Piece] = []
+        batch_records = 0.0
         for piece in pieces:
-            if run and (run_records + piece[3] > target or len(run) >= 256):
-                out.append(_joined(p, run))
-                run, run_records = [], 0.0
-            run.append(piece)
-            run_records += piece[3]
-        if run:
-            out.append(_joined(p, run))
+            if batch and (batch_records + piece[3] > target or len(batch) >= 256):
+                out.append(_joined(p, batch))
+                batch, batch_records = [], 0.0
+            batch.append(piece)
+            batch_records += piece[3]
+        if batch:
+            out.append(_joined(p, batch))
     return out
 
 
-def _joined(p: int, run: list[_Piece]) -> Range:
-    files = sorted({e.file for piece in run for e in piece[2]})
-    return p, run[0][0], run[-1][1], tuple(files), sum(piece[4] for piece in run)
+def _joined(p: int, batch: list[_Piece]) -> Range:
+    files = sorted({e.file for piece in batch for e in piece[2]})
+    return p, batch[0][0], batch[-1][1], tuple(files), sum(piece[4] for piece in batch)

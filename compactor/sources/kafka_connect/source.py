@@ -279,17 +279,17 @@ class KafkaConnectSource(SourceArchive):
         if chunk.next_offset is None or chunk.next_file is None:  # both set, or neither (the last file)
             return
         url = self.store.url_for
-        span = chunk.next_offset - chunk.first_offset
-        if n > span:
+        owned = chunk.next_offset - chunk.first_offset
+        if n > owned:
             raise ArchiveError(
                 f"{url(chunk.key)}: holds {n} records from offset {chunk.first_offset}, but the next file "
-                f"{url(chunk.next_file)} starts at offset {chunk.next_offset}, {span} later: the files overlap"
+                f"{url(chunk.next_file)} starts at offset {chunk.next_offset}, {owned} later: the files overlap"
             )
-        if n < span and not self.allow_dropped:
+        if n < owned and not self.allow_dropped:
             raise ArchiveError(
                 f"{url(chunk.key)}: holds {n} records, but the next file {url(chunk.next_file)} starts "
                 f"at offset {chunk.next_offset}, so offsets {chunk.first_offset}..{chunk.next_offset - 1} "
-                f"({span} records) belong to it: {span - n} were dropped by the connector "
+                f"({owned} records) belong to it: {owned - n} were dropped by the connector "
                 "(behavior.on.null.values=ignore, a filtering SMT, a compacted topic) or a file is missing, "
                 "and the offsets of the records after a drop are unknown. Pass --allow-dropped to number "
                 "the file's records from its start offset (docs/kafka-connect-source.md)"
