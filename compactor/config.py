@@ -7,20 +7,22 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from compactor import defaults
-from compactor.lease import Lease
-from compactor.slicing import Continuation, SlicePlan
 from compactor.sources import SourceArchive, SourceChunk, SourceOptions, source_class, source_options
-from compactor.statistics import Statistics
 from keygroups import bounds, compacted, envelope
 from keygroups.bounds import within
 from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
 from keygroups.storage import Storage
+
+if TYPE_CHECKING:  # the phases' state types: `import compactor.config` loads no Spark-side module
+    from compactor.lease import Lease
+    from compactor.slicing import Continuation, SlicePlan
+    from compactor.statistics import Statistics
 
 NULL_KEY_POLICIES = ("partition",)
 

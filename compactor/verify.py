@@ -5,9 +5,9 @@ Checks, each reported by name:
 - manifest: present, of this format version, totals consistent with the index;
 - checksums: every segment file's size, and every piece's byte range, CRC-32C and record
   count, match the piece index; the pieces of a file tile it after its header;
-- exactly once: per partition, the compacted records equal the source records below
-  the hand-off offset as a multiset (count and the sum of 64-bit record fingerprints) and their offsets equal the
-  source's offsets (no gap, no overlap, no duplicate);
+- exactly once: per partition, record by record in offset order, every source record below
+  the hand-off offset is in the archive once, with the same 64-bit fingerprint, and the
+  archive holds nothing else (no gap, no extra, no duplicate);
 - key order: in every segment file each key's records (null keys: per partition) are in
   offset order, and every key lives in exactly the group the assignment gives it;
 - slice bounds: every record of slice s lies inside the slice's offset range for its

@@ -15,7 +15,7 @@ class DataSourceOptionError(OptionError):
     """An option of the keyfill Spark source is missing or malformed; names the option."""
 
 
-OLD_OPTION_ERROR = "Source" + "OptionError"  # spelt apart: tests/test_glossary.py finds no such name
+OLD_OPTION_ERROR = "SourceOptionError"  # the name before the glossary pass
 
 
 def __getattr__(name: str) -> Any:

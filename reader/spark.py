@@ -32,6 +32,7 @@ parses options.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, MutableMapping
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -79,7 +80,8 @@ def __getattr__(name: str) -> Any:
     from reader import errors
 
     if name == errors.OLD_OPTION_ERROR:
-        return getattr(errors, name)
+        warnings.warn(f"reader.spark.{name} is now DataSourceOptionError", DeprecationWarning, stacklevel=2)
+        return errors.DataSourceOptionError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

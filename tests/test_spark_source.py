@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import EqualTo
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
 from test_reader import hypothesis_settings, source_table
 
@@ -377,6 +378,13 @@ def test_a_task_is_sent_the_options_and_filters_never_what_planning_loaded(archi
         copy = pickle.loads(pickle.dumps(planned))
         assert copy.archive._manifest is None and copy.opts == opts
         assert sum(b.num_rows for b in copy.read(parts[0])) == sum(b.num_rows for b in planned.read(parts[0]))
+    pushing = reader.spark.KeyfillPushdownReader(opts)  # the filters a task applies go with it
+    list(pushing.pushFilters([EqualTo(("partition",), 1)]))
+    parts = pushing.partitions()
+    copy = pickle.loads(pickle.dumps(pushing))
+    assert copy.pushed == pushing.pushed and copy.pushed.exact and copy.archive._manifest is None
+    rows = [r for b in copy.read(parts[0]) for r in b.column("partition").to_pylist()]
+    assert rows and set(rows) == {1}
 
 
 @given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(1, 40))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+from keygroups.errors import KeyfillError
+
 JOBS = {
     "compact": ("jobs.compact", "the compaction (same options as `keyfill compact`)"),
     "verify": ("jobs.verify", "the audit, records checked in Spark (as `keyfill verify --spark`)"),
@@ -28,7 +30,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def path(name: str) -> str:
     spec = importlib.util.find_spec(JOBS[name][0])
     if spec is None or spec.origin is None:  # an installation without the jobs package's files
-        raise RuntimeError(f"job {name}: module {JOBS[name][0]} not found in this installation")
+        raise KeyfillError(f"job {name}: module {JOBS[name][0]} not found in this installation")
     return spec.origin
 
 

@@ -1,4 +1,4 @@
-"""Order-independent record digests: what verify compares between source and archive."""
+"""64-bit record fingerprints: what verify compares, record by record, between source and archive."""
 
 from __future__ import annotations
 

@@ -69,6 +69,8 @@ class AzureStorage(ObjectStore):
     def _errors(self, key: str) -> Iterator[None]:
         try:
             yield
+        except DeadlineExceeded as e:  # the retry hook's: name the object, as every store does
+            raise self._translate(e, key) from e
         except StorageError as e:
             if self.root not in str(e):  # raised while the client was built: name the object
                 raise type(e)(f"{self.url_for(key)}: {e}") from e.__cause__
@@ -95,7 +97,7 @@ class AzureStorage(ObjectStore):
                 f"access denied to {url} ({detail}): check the credential, {credential_origin()}, and its role"
             )
         if isinstance(exc, DeadlineExceeded):
-            return StorageError(f"Azure request for {url} failed: {exc}")
+            return DeadlineExceeded(f"Azure request for {url} failed: {exc}")
         if isinstance(exc, aex.HttpResponseError) and getattr(exc, "status_code", None) is not None:
             return StorageError(f"Azure error on {url}: {exc.status_code} {code or exc.reason}".rstrip())
         if isinstance(exc, aex.AzureError):  # no answer from the service (a body cut short or stalled: no status)

@@ -9,7 +9,7 @@ import os
 import time
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlparse, urlsplit
 
 from keygroups.errors import StorageError
 from keygroups.storage.clients import LazyClient
@@ -37,7 +37,8 @@ def _deadline_hook(limits: StoreLimits) -> Any:
         sent = int(request.http_request.headers.get("Content-Length") or 0)
         if attempt > 1 and not limits.allows_retry(started, now, sent):
             last = "each failed or went unanswered"  # the SDK's hook sees requests, not their outcomes
-            raise DeadlineExceeded(DeadlineExceeded.message(now - started, attempt - 1, request.http_request.url, last))
+            where = urlsplit(request.http_request.url)._replace(query="").geturl()  # a SAS's signature stays out
+            raise DeadlineExceeded(DeadlineExceeded.message(now - started, attempt - 1, where, last))
 
     return hook
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import ObjectInfo, ObjectStore, check_key, check_prefix
+from keygroups.storage.limits import DeadlineExceeded
 from keygroups.storage.s3_client import S3Client
 
 # Objects from this size up are uploaded as concurrent multipart parts of this size (boto3's
@@ -60,7 +61,8 @@ class S3Storage(ObjectStore):
             )
         endpoint = self.client.meta.endpoint_url
         where = "" if endpoint in str(exc) else f" (endpoint {endpoint})"  # a body's read timeout names none
-        return StorageError(f"S3 request for {url} failed{where}: {exc}")
+        kind = DeadlineExceeded if isinstance(exc, DeadlineExceeded) else StorageError
+        return kind(f"S3 request for {url} failed{where}: {exc}")
 
     @contextmanager
     def _errors(self, key: str) -> Iterator[None]:
