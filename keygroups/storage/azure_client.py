@@ -43,6 +43,43 @@ def _deadline_hook(limits: StoreLimits) -> Any:
     return hook
 
 
+def _retry_policy() -> Any:
+    """azure-storage-blob's exponential retry that retries 429 Too Many Requests too: the SDK's
+    own policy retries 408 and 5xx (Azure Storage throttles with 503 ServerBusy) and hands a
+    429 back at once, as a front end or proxy before the account sends it. A 429 is retried
+    on the same counters as the SDK's retries of the request, and the deadline hook bounds it
+    alike."""
+    from azure.storage.blob import ExponentialRetry
+
+    class ThrottledRetry(ExponentialRetry):
+        def configure_retries(self, request: Any) -> dict[str, Any]:
+            # once per request: the loop below resumes the SDK's with the same counters
+            settings: dict[str, Any] | None = request.context.get("keyfill_retries")
+            if settings is None:
+                settings = request.context["keyfill_retries"] = super().configure_retries(request)
+            return settings
+
+        def send(self, request: Any) -> Any:
+            while True:
+                response = super().send(request)  # type: ignore[no-untyped-call]  # the SDK's loop: 5xx, 408, no answer
+                if response.http_response.status_code != 429:
+                    return response
+                settings = self.configure_retries(request)
+                if not self.increment(settings, request=request.http_request, response=response.http_response):
+                    return response
+                self.sleep(settings, request.context.transport)  # type: ignore[no-untyped-call]
+
+    # The SDK's default waits 15 s before its first retry, longer than a whole request may
+    # take here; this waits about 0.5, 2.5, 4.5 and 8.5 s (with jitter), as botocore's
+    # standard mode does. The SDK annotates these two as int; it computes with floats.
+    return ThrottledRetry(
+        initial_backoff=0.5,  # type: ignore[arg-type]
+        increment_base=2,
+        retry_total=RETRY_TOTAL,
+        random_jitter_range=0.5,  # type: ignore[arg-type]
+    )
+
+
 def _connection_fields() -> dict[str, str]:
     """The `Name=value` fields of AZURE_STORAGE_CONNECTION_STRING (none when it is unset)."""
     raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
@@ -82,7 +119,7 @@ class AzureClient(LazyClient):
             import requests
             import requests.adapters
             from azure.core.pipeline.transport import RequestsTransport
-            from azure.storage.blob import BlobServiceClient, ExponentialRetry
+            from azure.storage.blob import BlobServiceClient
         except ImportError as e:
             raise StorageError(f"{_NEEDS} ({e})") from None
         session = requests.Session()
@@ -97,16 +134,7 @@ class AzureClient(LazyClient):
                 connection_timeout=self.limits.connect_s,
                 read_timeout=self.limits.read_s,
             ),
-            # The SDK's default waits 15 s before its first retry, longer than a whole request
-            # may take here; this waits about 0.5, 2.5, 4.5 and 8.5 s (with jitter), as
-            # botocore's standard mode does.
-            # The SDK annotates these two as int; it computes with floats (random.uniform).
-            "retry_policy": ExponentialRetry(
-                initial_backoff=0.5,  # type: ignore[arg-type]
-                increment_base=2,
-                retry_total=RETRY_TOTAL,
-                random_jitter_range=0.5,  # type: ignore[arg-type]
-            ),
+            "retry_policy": _retry_policy(),
             "raw_request_hook": _deadline_hook(self.limits),
             "max_single_put_size": UPLOAD_PART_BYTES,
             "max_block_size": UPLOAD_PART_BYTES,
