@@ -59,6 +59,12 @@ def _retry_policy() -> Any:
                 settings = request.context["keyfill_retries"] = super().configure_retries(request)
             return settings
 
+        def get_backoff_time(self, settings: dict[str, Any]) -> float:
+            # The SDK counts the retry about to start from 1 (increment() runs before the
+            # wait), so its first wait was initial_backoff + increment_base (2.5 s here), its
+            # last 16.5 s: counted from 0, the waits are the ones below.
+            return float(super().get_backoff_time({**settings, "count": settings["count"] - 1}))
+
         def send(self, request: Any) -> Any:
             while True:
                 response = super().send(request)  # type: ignore[no-untyped-call]  # the SDK's loop: 5xx, 408, no answer
