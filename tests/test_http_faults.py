@@ -18,6 +18,7 @@ import reader
 from compactor.job import CompactConfig, compact
 from keyfill.testing.http_faults import HttpFaultProxy, Match, in_front_of
 from keygroups.storage import StorageError, open_storage
+from keygroups.storage.limits import DeadlineExceeded
 from tests.test_faults import source, source_records, use_env
 
 __all__ = ["source"]  # test_faults' module fixture, the generated topic: a fixture of this module too
@@ -69,7 +70,8 @@ def test_a_burst_of_503_or_429_shorter_than_the_retries_is_retried_and_read_whol
 def test_503_to_every_request_fails_the_read_at_the_deadline_in_one_line_naming_the_object(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
-    """Ends (pytest-timeout's bound, not a timed one) with a StorageError naming the object."""
+    """Ends (pytest-timeout's bound, not a timed one) with the stores' one DeadlineExceeded, in
+    one line naming the object."""
     url = request.getfixturevalue(f"{backend}_url")
     open_storage(url).write("obj", b"x" * 1000)
     with proxied(request, monkeypatch, backend) as proxy:
@@ -82,6 +84,7 @@ def test_503_to_every_request_fails_the_read_at_the_deadline_in_one_line_naming_
         assert proxy.failed >= 2  # retried before giving up
     message = str(err.value)
     assert f"{url}/obj" in message and "\n" not in message, message
+    assert isinstance(err.value, DeadlineExceeded) and "gave up after" in message, message  # one class, every store
     print(f"{backend}, 503 to every request ({proxy.failed} answered): {message}")
 
 

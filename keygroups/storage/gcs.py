@@ -19,6 +19,7 @@ from typing import Any
 from keygroups.errors import ObjectNotFound, StorageError
 from keygroups.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, check_key, check_prefix
 from keygroups.storage.clients import LazyClient
+from keygroups.storage.limits import DeadlineExceeded
 
 _NEEDS = "gs:// URLs need google-cloud-storage: pip install 'keyfill[gcs]'"
 
@@ -107,9 +108,10 @@ class GcsStorage(ObjectStore):
             return ObjectNotFound(f"no such object: {url}")
         if isinstance(exc, (gex.Forbidden, gex.Unauthorized)):
             return StorageError(f"access denied to {url}: check the credentials and the IAM role ({exc.code})")
-        if isinstance(exc, gex.RetryError):
-            cause = exc.cause or exc
-            return StorageError(f"GCS request for {url} failed: gave up after retrying until the deadline: {cause}")
+        if isinstance(exc, gex.RetryError):  # the client's own deadline over its retries: keyfill's, set from ours
+            return DeadlineExceeded(
+                f"GCS request for {url} failed: gave up after retrying until the deadline: {_last_answer(exc)}"
+            )
         if isinstance(exc, gex.GoogleAPICallError):
             return StorageError(f"GCS error on {url}: {exc.code} {exc.message}".rstrip())
         return StorageError(f"GCS request for {url} failed: {type(exc).__name__}: {exc}")
@@ -250,3 +252,14 @@ class GcsStorage(ObjectStore):
         if not prefix:
             return self
         return GcsStorage(self.bucket, self._name(prefix), client=self._client)
+
+
+def _last_answer(exc: Any) -> str:
+    """What the last attempt got: the HTTP status and reason of a refused download (the
+    client's InvalidResponse prints as a tuple of its arguments), else the error itself."""
+    cause = exc.cause or exc
+    response = getattr(cause, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is not None:
+        return f"{status} {getattr(response, 'reason', '') or ''}".rstrip()
+    return str(cause)
