@@ -39,7 +39,7 @@ from compactor.verify import CHECKS, verify
 from keyfill.cli import main
 from keyfill.synth.generate import GeneratorConfig, generate
 from keyfill.testing.s3server import S3Server, start_seaweedfs
-from keyfill.testing.servers import ScratchServer
+from keyfill.testing.servers import ScratchServer, use_env
 from keygroups import compacted
 from keygroups.errors import KeyfillError
 from keygroups.storage import StorageError, open_storage
@@ -683,9 +683,3 @@ def test_responses_cut_short_under_a_replay_are_fetched_again_each_record_once(
                     got += zip(ev.batch.column("partition").to_pylist(), ev.batch.column("offset").to_pylist())
         assert proxy.cuts_left == 0  # every cut was met
     assert len(got) == len(set(got)) and set(got) == set(source_records(source, archive))
-
-
-def use_env(monkeypatch, env: dict) -> None:
-    """Set a server's variables (None: unset) for this test."""
-    for k, v in env.items():
-        monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)

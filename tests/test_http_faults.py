@@ -17,9 +17,10 @@ import pytest
 import reader
 from compactor.job import CompactConfig, compact
 from keyfill.testing.http_faults import HttpFaultProxy, Match, in_front_of
+from keyfill.testing.servers import use_env
 from keygroups.storage import StorageError, open_storage
 from keygroups.storage.limits import DeadlineExceeded
-from tests.test_faults import source, source_records, use_env
+from tests.test_faults import source, source_records
 
 __all__ = ["source"]  # test_faults' module fixture, the generated topic: a fixture of this module too
 

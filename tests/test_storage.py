@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keyfill.testing.servers import use_env
 from keygroups.storage import (
     LocalStorage,
     ObjectExists,
@@ -776,8 +777,7 @@ def test_a_body_cut_short_or_stalled_is_fetched_again_or_reported_never_returned
     open_storage(url).write("obj", data)
     proxy, env = in_front_of(server)
     with proxy:
-        for k, v in env.items():
-            monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
+        use_env(monkeypatch, env)
         monkeypatch.setenv("KEYFILL_STORAGE_READ_TIMEOUT", "1")
         monkeypatch.setenv("KEYFILL_STORAGE_DEADLINE", "3")
         store = open_storage(url)
@@ -805,8 +805,7 @@ def test_a_store_that_stops_answering_gives_up_at_its_deadline_with_one_error_cl
     open_storage(url).write("obj", b"x" * 1000)
     proxy, env = in_front_of(server)
     with proxy:
-        for k, v in env.items():
-            monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
+        use_env(monkeypatch, env)
         monkeypatch.setenv("KEYFILL_STORAGE_CONNECT_TIMEOUT", "1")
         monkeypatch.setenv("KEYFILL_STORAGE_READ_TIMEOUT", "1")
         monkeypatch.setenv("KEYFILL_STORAGE_DEADLINE", "3")

@@ -14,10 +14,23 @@ import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import pytest
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ScratchServer")
+
+
+def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str | None]) -> None:
+    """A server's (or proxy's) variables for one test, None unsetting one; pytest puts the
+    earlier values back after it (`ScratchServer.applied_env` does the same for a block)."""
+    for key, value in env.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
 
 
 class ScratchServer:
