@@ -143,7 +143,8 @@ class InProcess:
             pool.shutdown(cancel_futures=True)
 
     def where(self, rows: pa.Table, column: str, values: Sequence[int], columns: Sequence[str]) -> pa.Table:
-        return rows.filter(pc.is_in(rows.column(column), pa.array(values, rows.schema.field(column).type))).select(
+        kept = rows.select(list(dict.fromkeys([*columns, column])))  # the filter copies only what is kept
+        return kept.filter(pc.is_in(kept.column(column), pa.array(values, kept.schema.field(column).type))).select(
             columns
         )
 
