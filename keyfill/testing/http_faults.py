@@ -1,8 +1,11 @@
 """An HTTP proxy on 127.0.0.1 for tests of what an object store's refusals do to a client:
 `fail(status, times)` answers the next matching requests itself with a 429 or a 503 (what
 every cloud sends daily in bursts), with the store's own error body and an optional
-`Retry-After`; every other request goes on to the server (SeaweedFS, fake-gcs-server,
-Azurite) and its answer comes back unchanged.
+`Retry-After`; `expire_credentials(times)` with the store's own answer to an expired
+credential (which no emulator can produce: their keys never expire); `trickle(step,
+every_s, times)` forwards a request but sends its answer's body `step` bytes at a time (a
+slow or overloaded server); every other request goes on to the server (SeaweedFS,
+fake-gcs-server, Azurite) and its answer comes back unchanged.
 
 Written here, on the standard library (`http.server.ThreadingHTTPServer`, `http.client`),
 because no maintained library injects faults per request inside a test's process: the HTTP
@@ -26,7 +29,7 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,10 +53,12 @@ def any_get(method: str, path: str) -> bool:
 
 @dataclass
 class _Fault:
-    status: int
+    status: int  # answered with this; 0: forwarded, its answer's body trickled (`pace`)
     retry_after: int | None
     match: Match
     left: int
+    expired: bool = False  # the store's expired-credential answer, not a throttling one
+    pace: tuple[int, float] = (0, 0.0)  # a trickle's bytes per step and seconds between steps
 
 
 class HttpFaultProxy:
@@ -97,9 +102,28 @@ class HttpFaultProxy:
         with self._lock:
             self._faults.append(_Fault(status, retry_after, match or any_get, times))
 
+    def expire_credentials(self, times: int = 1, match: Match | None = None) -> None:
+        """Answer the next `times` requests that `match` accepts (default: any request) as the
+        store answers a credential that has expired: S3 400 `ExpiredToken` (a session token's
+        end), GCS 401 `Invalid Credentials` (an OAuth token's), Azure 403
+        `AuthenticationFailed` (a SAS's end)."""
+        status = _EXPIRED[self.store][0]
+        with self._lock:
+            self._faults.append(_Fault(status, None, match or _any, times, expired=True))
+
+    def trickle(self, step: int, every_s: float, times: int = 1, match: Match | None = None) -> None:
+        """Forward the next `times` requests that `match` accepts (default: any GET), then
+        send each answer's headers at once and its body `step` bytes every `every_s`
+        seconds: a body slower than a client's read timeout when `every_s` exceeds it, a long
+        transfer that never pauses that long otherwise."""
+        if step < 1 or every_s <= 0:
+            raise ValueError(f"step={step}, every_s={every_s}: at least a byte, every so many seconds")
+        with self._lock:
+            self._faults.append(_Fault(0, None, match or any_get, times, pace=(step, every_s)))
+
     @property
     def failed(self) -> int:
-        """Requests this proxy answered with a fault."""
+        """Requests this proxy answered with a fault (or trickled)."""
         with self._lock:
             return self._failed
 
@@ -137,17 +161,23 @@ class HttpFaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def error_body(self, status: int, path: str) -> tuple[bytes, dict[str, str]]:
-        """The store's error body for `status` on `path`, and its headers."""
+    def error_body(self, status: int, path: str, expired: bool = False) -> tuple[bytes, dict[str, str]]:
+        """The store's error body for `status` on `path` (for an expired credential when
+        `expired`), and its headers."""
         request_id = f"keyfill-fault-{time.monotonic_ns():x}"
         if self.store == "gcs":  # the JSON API's error resource
-            reason, message = _GCS[status]
+            reason, message = _EXPIRED["gcs"][1:] if expired else _GCS[status]
             body = (
                 f'{{"error": {{"code": {status}, "message": "{message}", '
-                f'"errors": [{{"message": "{message}", "domain": "global", "reason": "{reason}"}}]}}}}'
+                f'"errors": [{{"message": "{message}", "domain": "global", "reason": "{reason}"'
+                + (', "locationType": "header", "location": "Authorization"' if expired else "")
+                + "}]}}"
             )
-            return body.encode(), {"Content-Type": "application/json; charset=UTF-8"}
-        code, message = (_S3 if self.store == "s3" else _AZURE)[status]
+            headers = {"Content-Type": "application/json; charset=UTF-8"}
+            if expired:  # as GCS sends with a 401
+                headers["WWW-Authenticate"] = 'Bearer realm="https://accounts.google.com/", error="invalid_token"'
+            return body.encode(), headers
+        code, message = _EXPIRED[self.store][1:] if expired else (_S3 if self.store == "s3" else _AZURE)[status]
         if self.store == "azure":  # as Azure Storage writes it: request id and time on lines of their own
             message = f"{message}\nRequestId:{request_id}\nTime:{time.strftime('%Y-%m-%dT%H:%M:%S.0000000Z')}"
             xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
@@ -161,7 +191,8 @@ class HttpFaultProxy:
         return f'<?xml version="1.0" encoding="UTF-8"?>\n{xml}'.encode(), {"Content-Type": "application/xml", **headers}
 
 
-_REASONS = {429: "Too Many Requests", 503: "Service Unavailable"}
+_REASONS = {429: "Too Many Requests", 503: "Service Unavailable"}  # what fail() answers
+_STATUS_LINES = {**_REASONS, 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 # S3's own throttling answer is 503 SlowDown; AWS sends no 429, S3-compatible stores that do
 # use codes of their own, which botocore does not know: its retry of them rests on the status
 _S3 = {503: ("SlowDown", "Please reduce your request rate."), 429: ("TooManyRequests", "Too many requests.")}
@@ -173,6 +204,21 @@ _GCS = {
     503: ("backendError", "We encountered an internal error. Please try again."),
     429: ("rateLimitExceeded", "The rate of requests to the bucket exceeds the rate limit."),
 }
+# An expired credential, in each store's words: (status, code or reason, message)
+_EXPIRED = {
+    "s3": (400, "ExpiredToken", "The provided token has expired."),
+    "gcs": (401, "authError", "Invalid Credentials"),
+    "azure": (
+        403,
+        "AuthenticationFailed",
+        "Server failed to authenticate the request. Make sure the value of Authorization header is formed "
+        "correctly including the signature.",
+    ),
+}
+
+
+def _any(method: str, path: str) -> bool:
+    return True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -217,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         body = self._body()
         fault = self.proxy._take(self.command, unquote(urlsplit(self.path).path))
-        if fault is not None:
+        if fault is not None and fault.status:
             self._answer(fault)
             return
         try:
@@ -227,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             with response:
-                self._relay(response)
+                self._relay(response, fault.pace if fault is not None else (CHUNK, 0.0))
         except OSError:  # the client went away mid-answer: this connection's state is lost
             self.close_connection = True
             if self._upstream is not None:
@@ -236,8 +282,8 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_PATCH = do_OPTIONS = _handle
 
     def _answer(self, fault: _Fault) -> None:
-        body, headers = self.proxy.error_body(fault.status, urlsplit(self.path).path)
-        self.send_response_only(fault.status, _REASONS[fault.status])
+        body, headers = self.proxy.error_body(fault.status, urlsplit(self.path).path, fault.expired)
+        self.send_response_only(fault.status, _STATUS_LINES[fault.status])
         for name, value in headers.items():
             self.send_header(name, value)
         if fault.retry_after is not None:
@@ -273,7 +319,17 @@ class _Handler(BaseHTTPRequestHandler):
                     raise
         raise AssertionError("unreachable")
 
-    def _relay(self, response: http.client.HTTPResponse) -> None:
+    def _relay(self, response: http.client.HTTPResponse, pace: tuple[int, float]) -> None:
+        """Pass the server's answer on; its body `pace[0]` bytes at a time, `pace[1]` seconds
+        apart (a trickle's; else as fast as it comes)."""
+        step, every_s = pace
+
+        def body() -> Iterator[bytes]:
+            while data := response.read(step):
+                yield data
+                if every_s:  # the handler's writes are unbuffered: this step is on its way
+                    time.sleep(every_s)
+
         self.send_response_only(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in HOP:
@@ -281,18 +337,18 @@ class _Handler(BaseHTTPRequestHandler):
         bodiless = self.command == "HEAD" or response.status in (204, 304) or response.status < 200
         if bodiless or not response.chunked and response.length is not None:
             self.end_headers()  # the server's Content-Length, passed on
-            while not bodiless and (data := response.read(CHUNK)):
+            for data in () if bodiless else body():
                 self.wfile.write(data)
             return
         if not response.chunked:  # a body that ends when the server closes: so does this one
             self.close_connection = True
             self.end_headers()
-            while data := response.read(CHUNK):
+            for data in body():
                 self.wfile.write(data)
             return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        while data := response.read(CHUNK):
+        for data in body():
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.write(b"0\r\n\r\n")
 

@@ -94,20 +94,30 @@ class GcsStorage(ObjectStore):
 
     def _translate(self, exc: Exception, key: str) -> StorageError:
         from google.api_core import exceptions as gex
-        from google.auth.exceptions import DefaultCredentialsError, RefreshError
+        from google.auth.exceptions import DefaultCredentialsError, InvalidOperation, RefreshError
 
         url = self.url_for(key)
+        sdk = self._client._client  # None when building it failed: no credentials to name
+        origin = credential_origin(getattr(sdk, "_credentials", None)) if sdk is not None else ""
+        if isinstance(exc, InvalidOperation) and origin.startswith("anonymous"):
+            # google-auth answers a 401 by refreshing the credentials, which anonymous ones cannot
+            return StorageError(f"GCS refused the credentials for {url} (401 Unauthorized): they came from {origin}")
         if isinstance(exc, DefaultCredentialsError):
             return StorageError(
                 f"no Google credentials found for {url}: run `gcloud auth application-default login`, "
                 "set GOOGLE_APPLICATION_CREDENTIALS, or run with a service account (workload identity)"
             )
         if isinstance(exc, RefreshError):
-            return StorageError(f"Google credentials for {url} could not be refreshed: {exc}")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return StorageError(f"GCS credentials for {url} could not be refreshed ({first}): they came from {origin}")
         if isinstance(exc, gex.NotFound):
             return ObjectNotFound(f"no such object: {url}")
-        if isinstance(exc, (gex.Forbidden, gex.Unauthorized)):
-            return StorageError(f"access denied to {url}: check the credentials and the IAM role ({exc.code})")
+        if isinstance(exc, gex.Unauthorized):  # still refused after google-auth refreshed them
+            return StorageError(
+                f"GCS refused the credentials for {url} (401 {_error_message(exc)}): they came from {origin}"
+            )
+        if isinstance(exc, gex.Forbidden):
+            return StorageError(f"access denied to {url} (403): check the credentials, from {origin}, and the IAM role")
         if isinstance(exc, gex.RetryError):  # the client's own deadline over its retries: keyfill's, set from ours
             return DeadlineExceeded(
                 f"GCS request for {url} failed: gave up after retrying until the deadline: {_last_answer(exc)}"
@@ -252,6 +262,41 @@ class GcsStorage(ObjectStore):
         if not prefix:
             return self
         return GcsStorage(self.bucket, self._name(prefix), client=self._client)
+
+
+def credential_origin(credentials: Any) -> str:
+    """Where the client's Google credentials came from, by their type (what Application
+    Default Credentials found), for an error that says GCS refused them."""
+    kind = type(credentials).__module__ + "." + type(credentials).__name__
+    if credentials is None or kind == "google.auth.credentials.AnonymousCredentials":
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        return f"anonymous credentials (STORAGE_EMULATOR_HOST={emulator})" if emulator else "anonymous credentials"
+    words = {
+        "google.oauth2.service_account.Credentials": "a service-account key",
+        "google.oauth2.credentials.Credentials": "a user's login",
+        "google.auth.compute_engine.credentials.Credentials": "the metadata server's account (GCE, GKE, Dataproc)",
+        "google.auth.impersonated_credentials.Credentials": "an impersonated service account",
+    }.get(kind, f"{kind} credentials")
+    if kind.startswith(
+        ("google.auth.external_account", "google.auth.identity_pool", "google.auth.aws", "google.auth.pluggable")
+    ):
+        words = "workload identity federation (an external account)"
+    email = getattr(credentials, "service_account_email", None)
+    if isinstance(email, str) and "@" in email:
+        words += f" of {email}"
+    if "metadata server" in words:
+        return words
+    key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    return f"{words} in GOOGLE_APPLICATION_CREDENTIALS={key_file}" if key_file else f"{words} from gcloud's ADC file"
+
+
+def _error_message(exc: Any) -> str:
+    """The message of GCS's JSON error (a download's error prints its URL, the JSON and the
+    client's argument tuple), else the exception's own."""
+    try:
+        return str(exc.response.json()["error"]["message"])
+    except Exception:
+        return str(exc.message).strip().splitlines()[0] if str(exc.message).strip() else type(exc).__name__
 
 
 def _last_answer(exc: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from keygroups.errors import ObjectExists, ObjectNotFound, StorageError
 from keygroups.storage.base import ObjectInfo, ObjectStore, check_key, check_prefix
 from keygroups.storage.limits import DeadlineExceeded
-from keygroups.storage.s3_client import S3Client
+from keygroups.storage.s3_client import S3Client, credential_origin
 
 # Objects from this size up are uploaded as concurrent multipart parts of this size (boto3's
 # managed transfer): no 5 GB single-PUT ceiling, a failed part is retried alone.
@@ -19,6 +19,18 @@ MULTIPART_BYTES = 16 << 20
 # most 5 GiB (kept well below here).
 MIN_PART_BYTES = 5 << 20
 MAX_COPY_PART_BYTES = 1 << 30
+# S3's answers to credentials it does not take: a session token that has ended (ExpiredToken,
+# as STS's temporary credentials do after their hour), keys it does not know or that sign wrong
+REFUSED_CREDENTIALS = (
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "TokenRefreshRequired",
+    "InvalidToken",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+)
+# Requests of one GET whose body is cut off or stops coming: the first and two more.
+BODY_ATTEMPTS = 3
 
 
 def error_code(exc: BaseException | None) -> str:
@@ -51,9 +63,17 @@ class S3Storage(ObjectStore):
                 return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {url})")
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectNotFound(f"no such object: {url}")
-            if code in ("AccessDenied", "403", "Forbidden"):
-                return StorageError(f"access denied to {url}: check AWS credentials and policy")
             message = exc.response.get("Error", {}).get("Message", "")
+            if code in ("AccessDenied", "403", "Forbidden"):
+                return StorageError(
+                    f"access denied to {url}: check the credentials, from {credential_origin(self.client)}, "
+                    "and the bucket's policy"
+                )
+            if code in REFUSED_CREDENTIALS:
+                return StorageError(
+                    f"S3 refused the credentials for {url} ({code}: {message}): they came from "
+                    f"{credential_origin(self.client)}"
+                )
             return StorageError(f"S3 error on {url}: {code} {message}".rstrip())
         if isinstance(exc, NoCredentialsError):
             return StorageError(
@@ -91,23 +111,31 @@ class S3Storage(ObjectStore):
         return ObjectNotFound(f"no such object: {self.url_for(key)}")
 
     def _get(self, key: str, **kw: Any) -> bytes:
-        from botocore.exceptions import IncompleteReadError, ResponseStreamingError
+        from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
 
         full = self._name(key)
-        attempts = 3
+        attempts = BODY_ATTEMPTS
         with self._errors(key):
             while True:
                 body = self.client.get_object(Bucket=self.bucket, Key=full, **kw)["Body"]
                 try:
                     data: bytes = body.read()
                     return data
-                except (IncompleteReadError, ResponseStreamingError):
-                    # botocore retries requests, not a body cut off mid-stream. Each wait is
+                except (IncompleteReadError, ResponseStreamingError, ReadTimeoutError) as e:
+                    # botocore retries requests, not a body cut off or stopped mid-stream
+                    # (GCS's and Azure's clients fetch such a body again). Each wait is
                     # bounded by the read timeout and each re-request by the deadline, so a
                     # long transfer cut near its end is fetched again, not abandoned.
                     attempts -= 1
-                    if not attempts:
-                        raise
+                    if attempts:
+                        continue
+                    if isinstance(e, ReadTimeoutError):  # it names no endpoint ("None"): say what happened
+                        raise StorageError(
+                            f"S3 request for {self.url_for(key)} failed (endpoint {self.client.meta.endpoint_url}): "
+                            f"its body stopped coming, no bytes for {self._client.limits.read_s:g} s "
+                            f"(KEYFILL_STORAGE_READ_TIMEOUT), {BODY_ATTEMPTS} times"
+                        ) from e
+                    raise
 
     def read(self, key: str) -> bytes:
         return self._get(key)

@@ -4,6 +4,7 @@ of one request (`StoreLimits`, from the environment)."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -87,3 +88,35 @@ class S3Client(LazyClient):
         client = boto3.session.Session(botocore_session=core).client("s3", config=config)
         _deadline_hooks(client.meta.events, self.limits)
         return client
+
+
+# botocore's credential providers (each Credentials' `method`) in words a user can act on
+_ORIGINS = {
+    "explicit": "keys passed to the client",
+    "env": "AWS_ACCESS_KEY_ID in the environment",
+    "shared-credentials-file": "the shared credentials file (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials)",
+    "config-file": "the AWS config file (AWS_CONFIG_FILE or ~/.aws/config)",
+    "custom-process": "the profile's credential_process",
+    "assume-role": "a role assumed through the profile's role_arn",
+    "assume-role-with-web-identity": "a web identity token (AWS_WEB_IDENTITY_TOKEN_FILE, as EKS's IRSA sets)",
+    "sso": "IAM Identity Center (aws sso login) of the profile",
+    "login": "an aws login session of the profile",
+    "container-role": "the container's role (an ECS task role, EKS Pod Identity)",
+    "iam-role": "the instance's role (EC2 instance metadata)",
+    "ec2-credentials-file": "the EC2 credentials file",
+    "boto-config": "a boto config file (BOTO_CONFIG, /etc/boto.cfg)",
+}
+_PROFILED = {"shared-credentials-file", "config-file", "custom-process", "assume-role", "sso", "login"}
+
+
+def credential_origin(client: Any) -> str:
+    """Where `client`'s credentials came from, for an error that says S3 refused them:
+    botocore records the provider that found them (`Credentials.method`)."""
+    # BaseClient._get_credentials: botocore's own accessor (private; absent, say less)
+    credentials = getattr(client, "_get_credentials", lambda: None)()
+    if credentials is None:
+        return "botocore's credential chain"
+    method = str(getattr(credentials, "method", "") or "")
+    origin = _ORIGINS.get(method, f"botocore's {method!r} provider" if method else "botocore's credential chain")
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
+    return f"{origin}, profile {profile}" if profile and method in _PROFILED else origin
