@@ -1,23 +1,29 @@
 """What the read-ahead budget bounds: peak RSS of a replay and of a Spark query whose consumer is
 slower than the reader, at two budgets, over an archive whose slices are far larger than
-either; and what the bound costs a fast consumer.
+either; what the bound costs a fast consumer; and what mapping large buffers
+(`reader.memory.map_large_buffers`, on unless KEYFILL_MMAP_THRESHOLD=0) does to both.
 
     python -m bench.bench_memory            # 6M records, 64 groups, 1 h slices (~340 MB; made once, cached)
     python -m bench.bench_memory --quick    # 600K records, 10 min slices
 
-Rows, each in a child process of its own, so its peak RSS (`ru_maxrss`) is its own:
+Rows, each in a child process of its own; its peak RSS is the kernel's high-water mark of
+that process (VmHWM, read from /proc while it runs: `ru_maxrss` of a child counts its
+parent's RSS at the fork):
 - replay, slow consumer: `reader.replay` (4 threads) with a consumer that sleeps 2 ms on every
-  batch of --batch-size records, over the first --records-slow records; the process's RSS once
-  the replay is open (imports, manifest, index cache: its baseline), its peak, and the bytes
-  the reader counted as held at most (`ReadBudget.peak`).
+  batch of --batch-size records, over the first --records-slow records; the RSS once the first
+  records came (warmed up: kernels loaded, the first read-ahead filled), the peak, the peak
+  over the warmed-up RSS against the goal (read-ahead + 192 MB), and the bytes the reader
+  counted as held at most (`ReadBudget.peak`). With large buffers mapped (the default) and
+  with the allocator left alone.
 - `keyfill replay`: the CLI over the whole archive (a null sink: the fast consumer), its
-  records/s and peak RSS.
+  records/s (best of 3, the two allocator settings alternating) and peak RSS.
 - Spark, slow sink: a local[2] query `format("keyfill")` -> mapInArrow that sleeps 20 ms on
   every Arrow batch -> noop sink, one micro-batch (maxSlicesPerTrigger=1); the peak RSS of the
   largest Python worker (the task that reads the source), sampled from /proc every 50 ms.
 
-Each row at readAheadBytes 64 MiB and 2 GiB. The fast-consumer ratio (64 MiB / 2 GiB) is
-what the bound costs a consumer that keeps up.
+Each row at readAheadBytes 64 MiB and 2 GiB. The fast-consumer ratios are what the bound
+costs a consumer that keeps up (64 MiB / 2 GiB), and what mapping large buffers costs it
+(mapped / left alone).
 """
 
 from __future__ import annotations
@@ -34,42 +40,60 @@ import time
 MiB = 1 << 20
 
 
-def rss_mb(pid: str | int = "self") -> float:
+def status_mb(field: str, pid: str | int = "self") -> float:
+    """A /proc/<pid>/status field in MB (VmRSS, VmHWM); 0 once the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
 
 
+def rss_mb(pid: str | int = "self") -> float:
+    return status_mb("VmRSS", pid)
+
+
 def child_replay(url: str, read_ahead: int, records: int, batch: int) -> None:
     """In the child: a replay with a slow consumer; prints its figures as JSON."""
     import reader
 
-    n, t0 = 0, time.perf_counter()
+    n, t0, warm = 0, time.perf_counter(), 0.0
     with reader.replay(url, threads=4, read_ahead_bytes=read_ahead, batch_size=batch) as events:
-        base = rss_mb()
         for ev in events:
             if isinstance(ev, reader.Records):
+                warm = warm or rss_mb()
                 n += ev.batch.num_rows
                 time.sleep(0.002)
                 if n >= records:
                     break
         held = events.budget.peak
-    print(json.dumps({"records": n, "seconds": time.perf_counter() - t0, "base_mb": base, "held": held}))
+    out = {"records": n, "seconds": time.perf_counter() - t0, "warm_mb": warm, "held": held}
+    print(json.dumps({**out, "peak_mb": status_mb("VmHWM")}))
 
 
-def run_child(args: list[str]) -> tuple[str, float]:
-    """A child process's stdout and its peak RSS in MB."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float]:
+    """A child process's stdout, its peak RSS in MB (VmHWM, polled until it exits) and its
+    CPU seconds (user + system: less swayed than wall time by a busy machine)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    peak, done = [0.0], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], status_mb("VmHWM", proc.pid))
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
+    done.set()
+    poller.join()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(args)} failed")
-    return out, usage.ru_maxrss / 1024
+    return out, peak[0], usage.ru_utime + usage.ru_stime
 
 
 def descendants(root: int) -> list[int]:
@@ -168,28 +192,42 @@ def main() -> None:
 
     url = cached_compacted(args.dir, records, 64, slices, session, seal_all=True)
     budgets = [64 * MiB, 2048 * MiB]
+    allocators = {"mapped": {}, "left alone": {"KEYFILL_MMAP_THRESHOLD": "0"}}
     print(f"\n{records:,} records, 64 groups, {slices} slices, at {url}")
-    print(f"{'row':<44} {'read-ahead':>10} {'records/s':>10} {'baseline MB':>12} {'peak RSS MB':>12} {'held MiB':>9}")
-    fast: dict[int, float] = {}
+    print(
+        f"{'row':<46} {'read-ahead':>10} {'records/s':>10} {'warm MB':>8} {'peak MB':>8} {'over warm':>10} "
+        f"{'goal':>6} {'held MiB':>9}"
+    )
     for ra in budgets:
-        out, peak = run_child(
-            [sys.executable, "-m", "bench.bench_memory", "--child", url, str(ra), str(slow_n), str(args.batch_size)]
-        )
-        r = json.loads(out.strip().splitlines()[-1])
-        label = f"replay, slow consumer ({r['records']:,} records)"
-        print(
-            f"{label:<44} {ra // MiB:>7} MiB {r['records'] / r['seconds']:>10,.0f} {r['base_mb']:>12.0f} "
-            f"{peak:>12.0f} {r['held'] / MiB:>9.1f}"
-        )
+        for name, env in allocators.items():
+            child = [sys.executable, "-m", "bench.bench_memory", "--child", url, str(ra), str(slow_n)]
+            out, _, _ = run_child([*child, str(args.batch_size)], env)
+            r = json.loads(out.strip().splitlines()[-1])
+            label = f"replay, slow consumer, buffers {name}"
+            over = r["peak_mb"] - r["warm_mb"]
+            print(
+                f"{label:<46} {ra // MiB:>7} MiB {r['records'] / r['seconds']:>10,.0f} {r['warm_mb']:>8.0f} "
+                f"{r['peak_mb']:>8.0f} {over:>10.0f} {ra // MiB + 192:>6} {r['held'] / MiB:>9.1f}"
+            )
+    fast: dict[tuple[int, str], float] = {}
+    peaks: dict[tuple[int, str], float] = {}
+    cpu: dict[tuple[int, str], float] = {}
     for ra in budgets:
-        best = 0.0
-        for _ in range(2):
-            out, peak = run_child(["keyfill", "replay", url, "--read-ahead-bytes", str(ra), "--json"])
-            summary = json.loads(out)
-            best = max(best, summary["records"] / summary["seconds"])
-        fast[ra] = best
-        label = "keyfill replay (fast consumer, best of 2)"
-        print(f"{label:<44} {ra // MiB:>7} MiB {best:>10,.0f} {'':>12} {peak:>12.0f}")
+        for _ in range(3):  # alternating, best of 3
+            for name, env in allocators.items():
+                cli = [sys.executable, "-m", "keyfill", "replay", url, "--read-ahead-bytes", str(ra), "--json"]
+                out, peak, seconds = run_child(cli, env)
+                summary = json.loads(out)
+                key = (ra, name)
+                fast[key] = max(fast.get(key, 0.0), summary["records"] / summary["seconds"])
+                peaks[key] = max(peaks.get(key, 0.0), peak)
+                cpu[key] = min(cpu.get(key, seconds), seconds)
+        for name in allocators:
+            label = f"keyfill replay (fast, best of 3), {name}"
+            print(
+                f"{label:<46} {ra // MiB:>7} MiB {fast[ra, name]:>10,.0f} {'':>8} {peaks[ra, name]:>8.0f}"
+                f"   CPU {cpu[ra, name]:.2f} s"
+            )
     if not args.no_spark:
         s = session()
         import reader.spark as rs
@@ -201,7 +239,14 @@ def main() -> None:
             rate = rows / (time.perf_counter() - t0)
             label = f"Spark, slow sink (1 batch, {rows:,} rows)"
             print(f"{label:<44} {ra // MiB:>7} MiB {rate:>10,.0f} {'':>12} {peak:>12.0f}")
-    print(f"\nfast consumer, 64 MiB / 2 GiB read-ahead: {fast[budgets[0]] / fast[budgets[1]]:.2f}x records/s")
+    small, large = budgets
+    print(f"\nfast consumer, 64 MiB / 2 GiB read-ahead: {fast[small, 'mapped'] / fast[large, 'mapped']:.2f}x records/s")
+    for ra in budgets:
+        ratio, spent = fast[ra, "mapped"] / fast[ra, "left alone"], cpu[ra, "mapped"] / cpu[ra, "left alone"]
+        print(
+            f"fast consumer at {ra // MiB} MiB, buffers mapped / left alone: {ratio:.2f}x records/s, "
+            f"{spent:.2f}x CPU seconds"
+        )
     print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB peak)")
 
 

@@ -8,8 +8,7 @@ thread's steps and yields the watermark of s once every thread is past s
 (`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
 of s and before any record of s + 1 (docs/design.md, invariants 1-4), and no thread waits for
 another. Inside a slice `reader.pacing` bounds how far threads drift apart in event time;
-`reader.checkpoint` is the position the consumer can resume from.
-"""
+`reader.checkpoint` is the position the consumer can resume from."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from reader.checkpoint import Checkpoint, State
 from reader.errors import ReplayError
 from reader.fetch import PieceFetcher, read_failed, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
-from reader.memory import bounded_read_ahead
+from reader.memory import bounded_read_ahead, map_large_buffers
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
 from reader.read_budget import ReadBudget, ReadStopped
@@ -90,9 +89,10 @@ class Replay:
             self.plan.end = self.bounds.end_slice
         self._stop = threading.Event()
         self.pacer = Pacer(opts, self._stop)
-        # the budget, bounded by the memory the process has (reader.memory.bounded_read_ahead):
-        # what every thread has fetched or decoded and the consumer has not taken
+        # what every thread has fetched or decoded and the consumer has not taken, bounded by
+        # the memory the process has; large buffers mapped, so that RSS stays near it (reader.memory)
         self.budget = ReadBudget(bounded_read_ahead(opts.read_ahead_bytes), self._stop)
+        map_large_buffers()
         self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop, self.budget)
         self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(GET_THREADS, opts.threads))

@@ -3,6 +3,7 @@ on. One builder for every decoder (envelope, Kafka Connect) and the generator.""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,30 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from keygroups._numba import njit
+
+# Scratch larger than this is not kept: a decode of one large file (compaction, inspect)
+# allocates its own rather than pinning it to the thread for the thread's life.
+SCRATCH_KEPT_BYTES = 64 << 20
+
+
+class Scratch(threading.local):
+    """A byte buffer each thread reuses from one decode to the next (the decompressed
+    blocks, read once and dropped), grown when a decode needs more. Allocated afresh for
+    every step of every reader thread, it left glibc's per-thread arenas holding freed
+    memory far beyond what the read budget counts
+    (docs/performance.md#large-buffers-mapped)."""
+
+    def __init__(self) -> None:
+        self.kept = np.empty(0, np.uint8)
+
+    def __call__(self, size: int) -> np.ndarray:
+        """`size` bytes, valid until this thread's next call."""
+        if size > SCRATCH_KEPT_BYTES:
+            return np.empty(size, np.uint8)
+        if self.kept.shape[0] < size:
+            self.kept = np.empty(0, np.uint8)  # the old one goes before the new one comes
+            self.kept = np.empty(min(SCRATCH_KEPT_BYTES, max(size, 1 << 20)), np.uint8)
+        return self.kept[:size]
 
 
 @dataclass

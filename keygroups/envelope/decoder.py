@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups._numba import Int, njit
-from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, copy_bytes
+from keygroups.envelope.buffers import EnvelopeBuffers, Scratch, arrow_binary, copy_bytes
 from keygroups.envelope.framing import (
     ERR_EOF,
     ERR_NEGATIVE,
@@ -52,33 +52,38 @@ def _put(dst: np.ndarray, at: Int, src: np.ndarray, pos: Int, length: Int) -> In
 
 @njit(cache=True, nogil=True)
 def _decode_records(
-    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, counts: np.ndarray, headers: bool
+    buf: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    counts: np.ndarray,
+    headers: bool,
+    k_data: np.ndarray,
+    v_data: np.ndarray,
+    hk_data: np.ndarray,
+    hv_data: np.ndarray,
 ) -> tuple[Any, ...]:
     """Decode every record of the blocks [starts[b], ends[b]) of `buf` in one pass: each byte
-    string is copied as it is read, into a scratch buffer as large as the blocks (no column
-    can hold more), and each column's bytes are copied once more, whole, into a buffer of
-    exactly their size (a batch holds no slack: the read budget counts `nbytes`). One pass
-    instead of two (positions, then a copy per item) took a third off the decode.
+    string is copied as it is read into the caller's k/v/hk/hv_data, each as large as the
+    blocks (no column can hold more); the caller cuts them to the bytes written (a batch
+    holds no slack: the read budget counts `nbytes`). One pass instead of two (positions,
+    then a copy per item) took a third off the decode.
     `headers` False: header items are read past, not kept (their arrays come back empty).
-    Returns (error, failing record, partition, offset, timestamp, key offsets/data/valid,
-    value offsets/data/valid, header offsets, header key offsets/data, header value
-    offsets/data/valid)."""
+    Returns (error, failing record, partition, offset, timestamp, key offsets, key bytes
+    written, key valid, value offsets, value bytes written, value valid, header offsets,
+    header key offsets, header key bytes written, header value offsets, header value bytes
+    written, header value valid)."""
     n = 0
     for b in range(counts.shape[0]):
         n += counts[b]
-    room = buf.shape[0] + 8
     part = np.empty(n, np.int32)
     off = np.empty(n, np.int64)
     ts = np.empty(n, np.int64)
     k_off, v_off = np.empty(n + 1, np.int32), np.empty(n + 1, np.int32)
-    k_data, v_data = np.empty(room, np.uint8), np.empty(room, np.uint8)
     k_valid, v_valid = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
     h_off = np.empty(n + 1, np.int32)
     cap = 16 if headers else 0
     hk_off, hv_off = np.empty(cap + 1, np.int32), np.empty(cap + 1, np.int32)
     hv_valid = np.zeros(cap, np.bool_)
-    hk_data = np.empty(room if headers else 0, np.uint8)
-    hv_data = np.empty(room if headers else 0, np.uint8)
     # bytes written to each data buffer
     kz: Int = 0
     vz: Int = 0
@@ -196,18 +201,30 @@ def _decode_records(
         off,
         ts,
         k_off,
-        k_data[:kz].copy(),
+        kz,
         k_valid,
         v_off,
-        v_data[:vz].copy(),
+        vz,
         v_valid,
         h_off,
         hk_off,
-        hk_data[:hkz].copy(),
+        hkz,
         hv_off,
-        hv_data[:hvz].copy(),
+        hvz,
         hv_valid[:j],
     )
+
+
+_NONE = np.empty(0, np.uint8)
+_SCRATCH = Scratch()
+
+
+def _shrunk(a: np.ndarray, size: int) -> np.ndarray:
+    """`a` cut to its first `size` bytes in place: realloc gives the rest back (glibc moves
+    no bytes to shrink: mremap for a mapped buffer, a split for one in an arena)."""
+    if a.shape[0] != size:
+        a.resize(size, refcheck=False)  # refcheck: only this function and the caller hold `a`
+    return a
 
 
 NO_HEADERS_SCHEMA = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("headers"))
@@ -235,7 +252,7 @@ def decode_avro(
     `header`: the file's header when `data` is only whole blocks of it (`framing.read_blocks`).
     `headers` False: the batch has no `headers` column (ARROW_SCHEMA without it); a reader
     that drops them saves their copies and checks (a quarter of the decode)."""
-    blocks = read_blocks(data, name, verified=verified, header=header)
+    blocks = read_blocks(data, name, verified=verified, header=header, scratch=_SCRATCH)
     meta = text_metadata(blocks.meta, name)
     if not _is_envelope(blocks.meta.get("avro.schema")):
         blocks.schema(name)  # names a missing or unreadable schema
@@ -245,8 +262,18 @@ def decode_avro(
         raise CorruptFile(
             f"{name}: block headers claim {int(counts.sum())} records in {int((ends - starts).sum())} bytes"
         )
-    err, at, *arrays = _decode_records(buf, starts, ends, counts, headers)
-    c = EnvelopeBuffers(*arrays)
+    room = buf.shape[0] + 8
+    # Items are copied into buffers as large as the input could fill, then shrunk in place
+    # (realloc): no second copy (docs/performance.md#large-buffers-mapped).
+    k_data, v_data = np.empty(room, np.uint8), np.empty(room, np.uint8)
+    hk_data, hv_data = (np.empty(room, np.uint8), np.empty(room, np.uint8)) if headers else (_NONE, _NONE)
+    err, at, part, off, ts, k_off, kz, k_valid, v_off, vz, v_valid, h_off, hk_off, hkz, hv_off, hvz, hv_valid = (
+        _decode_records(buf, starts, ends, counts, headers, k_data, v_data, hk_data, hv_data)
+    )
+    c = EnvelopeBuffers(
+        part, off, ts, k_off, _shrunk(k_data, kz), k_valid, v_off, _shrunk(v_data, vz), v_valid,
+        h_off, hk_off, _shrunk(hk_data, hkz), hv_off, _shrunk(hv_data, hvz), hv_valid,
+    )  # fmt: skip
     if err:
         where = f"record {at}" + (f" (after offset {c.off[at - 1]})" if at else "")
         raise CorruptFile(f"{name}: {RECORD_ERRORS[err]} at {where}")

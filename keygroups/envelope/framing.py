@@ -19,6 +19,7 @@ import io
 import json
 import lzma
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,7 +308,14 @@ class Blocks:
         return Blocks(self.meta, buf, ends - (self.ends - self.starts), ends, self.counts)
 
 
-def read_blocks(data: bytes, name: str, *, verified: bool = False, header: bytes | None = None) -> Blocks:
+def read_blocks(
+    data: bytes,
+    name: str,
+    *,
+    verified: bool = False,
+    header: bytes | None = None,
+    scratch: Callable[[int], np.ndarray] | None = None,
+) -> Blocks:
     """Header, block framing (sync markers checked, GIL released) and decompression: what
     every decoder of Avro containers needs before it reads records (`verified`: see
     `decompress`). `header`: the file's header, when `data` holds only whole blocks from
@@ -332,7 +340,7 @@ def read_blocks(data: bytes, name: str, *, verified: bool = False, header: bytes
     if codec in ("zstandard", "lz4"):
         return _fastavro_blocks(data if header is None else header + data, meta, name)
     if codec != "null":
-        buf, starts, ends = decompress(codec, view, starts, ends, name, verified=verified)
+        buf, starts, ends = decompress(codec, view, starts, ends, name, verified=verified, scratch=scratch)
     return Blocks(meta, buf, starts, ends, counts)
 
 
@@ -379,7 +387,14 @@ def _fastavro_blocks(data: bytes, meta: dict[str, bytes], name: str) -> Blocks:
 
 
 def decompress(
-    codec: str, view: memoryview, starts: np.ndarray, ends: np.ndarray, name: str, *, verified: bool = False
+    codec: str,
+    view: memoryview,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    name: str,
+    *,
+    verified: bool = False,
+    scratch: Callable[[int], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(buffer, starts, ends) of the decompressed blocks. snappy goes straight into one
     buffer sized from the blocks' own length prefixes, all blocks in one compiled call
@@ -400,7 +415,8 @@ def decompress(
             if (sizes < 0).any():
                 raise ValueError("snappy block without a valid length")
             out_ends = np.cumsum(sizes)
-            whole = np.empty((int(out_ends[-1]) if len(sizes) else 0) + snappy.SLACK, np.uint8)
+            size = (int(out_ends[-1]) if len(sizes) else 0) + snappy.SLACK
+            whole = np.empty(size, np.uint8) if scratch is None else scratch(size)
             bad = snappy.decompress_blocks(buf, starts, ends - 4, whole, out_ends - sizes, out_ends)
             if bad >= 0:
                 raise ValueError(f"block {bad + 1} of {len(starts)} is not valid snappy data")
