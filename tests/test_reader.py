@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import Future
 from unittest import mock
 
 import numpy as np
@@ -25,6 +26,7 @@ from keygroups import compacted, envelope
 from keygroups.piece_index import row_group_of
 from keygroups.storage import open_storage
 from tests.records import archive_metas, below_handoff, copy_archive, rewrite_index
+from tests.waits import WAIT_S, wait_until
 
 
 def hypothesis_settings(examples: int) -> settings:
@@ -273,13 +275,21 @@ def test_a_damaged_row_group_in_a_preload_fails_only_the_threads_that_need_it(ar
     assert row_group_of(victim.slice) == last >= 2
     with plan._lock:
         claimed = plan._claim(range(1, last + 1))  # as a preload does
+    asked = threading.Event()
+
+    class Watched(Future):  # the preload's claim on row group 1, telling when a thread waits on it
+        def result(self, timeout=None):
+            asked.set()
+            return super().result(timeout)
+
+    plan._loading[1] = Watched()
     waited: list = []
     waiting = threading.Thread(target=lambda: waited.append(plan._load(1)))
     waiting.start()
-    time.sleep(0.2)  # the thread waits for the preload's claim on row group 1
+    assert asked.wait(WAIT_S), "the thread never waited for the preload's claim on row group 1"
     with pytest.raises(compacted.FormatError, match=f"slice {victim.slice}, group {victim.group}"):
         plan._fill(claimed)
-    waiting.join(timeout=10)
+    waiting.join(timeout=WAIT_S)
     assert waited and waited[0][0], "the sound row group was not loaded"
     with pytest.raises(compacted.FormatError, match=f"slice {victim.slice}, group {victim.group}"):
         plan._load(last)
@@ -460,8 +470,11 @@ def test_leaving_early_stops_all_threads(archives):
         for i, _ in enumerate(events):
             if i == 3:
                 break
-    time.sleep(0.2)
-    assert not [t for t in threading.enumerate() if t.name.startswith("keyfill-replay") and t.is_alive()]
+    # close() waits a second for its threads; a busy machine may take longer to end them
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("keyfill-replay") and t.is_alive()],
+        "the replay's threads stopped",
+    )
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path):

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
+from tests.waits import WAIT_S
 
 
 def bundle(group: int, slices: list[int]) -> Bundle:
@@ -92,7 +93,9 @@ def test_a_failed_thread_reaches_a_consumer_waiting_on_another():
         for _ in merge.records(0):
             pass
     assert isinstance(failed.value.error, OSError)
-    assert time.monotonic() - started < 2
+    # reached within a bound, not a claim of speed: 0.2 s idle; a busy machine may take several
+    # times that, a consumer left waiting would never return
+    assert time.monotonic() - started < 20
 
 
 def test_a_stopped_replay_releases_producers_and_consumer():
@@ -104,7 +107,7 @@ def test_a_stopped_replay_releases_producers_and_consumer():
     threading.Timer(0.2, stop.set).start()
     got = [(b.group, b.batch.column("v")[0].as_py() % 100) for ready in merge.records(0) for b in ready]
     # thread 1 never said anything
-    blocked.join(2)
+    blocked.join(WAIT_S)  # released by the stop: at once idle, a while on a busy machine
     assert not blocked.is_alive()
     assert got == [(0, 0), (1, 0)]
     assert not merge.put(1, [bundle(2, [0])], 1)  # after the stop nothing more is taken
