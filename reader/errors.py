@@ -35,6 +35,15 @@ class VersionGone(KeyfillError, RuntimeError):
     """A file of the version being read was deleted while it was read, a newer version not
     naming it (a vacuum with a short --retain): names the file and the latest version."""
 
+    @classmethod
+    def of(cls, where: str, latest: int) -> VersionGone:
+        return cls(
+            f"{where}: gone; the version this read opened was deleted while it read it (a vacuum with a short "
+            f"--retain) and version {latest} is the latest. Nothing of another version was delivered: start again "
+            f"on version {latest}, or resume from the checkpoint if that version holds the same archive (an append "
+            "of the one read, or its input compacted again alike: `keyfill versions`)"
+        )
+
 
 class DataLoss(KeyfillError):
     """Offsets the query must read are no longer (or not yet) in the topic: names them."""

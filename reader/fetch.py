@@ -298,12 +298,7 @@ def read_failed(store: Storage, p: Piece, exc: BaseException) -> KeyfillError:
         except KeyfillError:
             latest = None  # the archive itself is gone or unreadable: the file's error says enough
         if found is not None and latest is not None and found[0] not in latest.runs:
-            return VersionGone(
-                f"{where}: gone; the version this read opened was deleted while it read it (a vacuum with a short "
-                f"--retain) and version {latest.version} is the latest. Nothing of another version was delivered: "
-                f"start again on version {latest.version}, or resume from the checkpoint if that version is an "
-                "append of the one read (`keyfill versions`)"
-            )
+            return VersionGone.of(where, latest.version)
     return IntegrityError(f"{where}: {exc}")
 
 

@@ -7,6 +7,8 @@ reads either in a task, and `reader.spark` adapts the three to PySpark's Data So
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +16,10 @@ import numpy as np
 from pyspark.sql.datasource import InputPartition
 
 from keygroups import compacted, handoff
+from keygroups.errors import ObjectNotFound
 from keygroups.piece_index import PieceIndex, piece_list, row_group_of, row_group_start
 from keygroups.storage import Storage, open_storage
-from reader.errors import ArchiveChanged, DataSourceOptionError
+from reader.errors import ArchiveChanged, DataSourceOptionError, VersionGone
 from reader.memory import bounded_read_ahead
 from reader.pushdown import Pushdown
 from reader.spark_options import PACED_WITHOUT_START, Options
@@ -187,9 +190,23 @@ class ArchivePlanner:
                 end += 1
         return end
 
+    @contextmanager
+    def _version_kept(self) -> Iterator[None]:
+        """An index object missing while this version is planned: VersionGone when the version
+        itself was deleted meanwhile (a vacuum; a query with AvailableNow stays on the version
+        it started on), else the store's own error."""
+        try:
+            yield
+        except ObjectNotFound as exc:
+            latest = compacted.versions(self.store)
+            if not latest or self.manifest.version in latest:
+                raise
+            raise VersionGone.of(str(exc).removeprefix("no such object: "), latest[-1]) from None
+
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""
-        rows = self.index.slice_rows(first, end)
+        with self._version_kept():
+            rows = self.index.slice_rows(first, end)
         return rows.column("records").to_numpy(), rows.column("bytes").to_numpy()
 
     def plan(self, first: int, end: int, pushed: Pushdown | None = None) -> list[GroupsPartition]:
@@ -197,7 +214,8 @@ class ArchivePlanner:
         balanced by bytes (a group is never split: its records keep their order), by default
         `partitions_for` them; only the pieces that can hold a match of `pushed` filters."""
         by_group: dict[int, list[compacted.Piece]] = {}
-        table = self.index.piece_rows(first, end)
+        with self._version_kept():
+            table = self.index.piece_rows(first, end)
         if pushed is not None:
             table = pushed.pieces(table)
         for p in piece_list(table):

@@ -133,6 +133,59 @@ def test_a_spark_task_whose_version_was_vacuumed_fails_naming_the_file(source, t
     assert store.url_for(partition.pieces[0].file) in str(err.value)
 
 
+@pytest.mark.parametrize("alike", [True, False], ids=["recompacted-alike", "recompacted-otherwise"])
+def test_a_spark_query_whose_version_is_vacuumed_stops_and_resumes_each_record_once(spark, source, tmp_path, alike):
+    """An AvailableNow query reads version 1 a few slices a micro-batch. After its first, an
+    overwrite commits and a vacuum with --retain 0s deletes version 1's files: the query stops
+    with VersionGone naming the object and the latest version, having delivered only records
+    of version 1, each once. Restarted from its checkpoint: recompacted alike (same input and
+    configuration: the same archive id), it goes on in version 2's files from the slice it
+    reached, every record once; recompacted otherwise, it stops with ArchiveChanged naming both
+    ids, and a new checkpoint reads version 2 whole."""
+    from pyspark.errors import StreamingQueryException
+
+    import reader.spark
+
+    reader.spark.register(spark)
+    url = str(tmp_path / "c")
+    cfg = dict(seal_all=True, source=source, dest=url, groups=4, slice_duration="5s")
+    compact(CompactConfig(**cfg))
+    first = compacted.load_manifest(open_storage(url))
+    got: list[tuple[int, int]] = []
+
+    def keep(batch, i: int) -> None:
+        rows = batch.select("partition", "offset").toArrow()
+        got.extend(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist()))
+        if compacted.load_manifest(open_storage(url)).version == 1:
+            compact(CompactConfig(**{**cfg, "overwrite": True, "groups": 4 if alike else 3}))
+            store = open_storage(url)
+            assert vacuum_files(store, vacuum_plan(store, retain_ms=0)) > 0  # version 1's files are gone
+
+    def run(checkpoint: str) -> None:
+        df = spark.readStream.format("keyfill").option("maxSlicesPerTrigger", "6").load(url)
+        writer = df.writeStream.foreachBatch(keep).option("checkpointLocation", str(tmp_path / checkpoint))
+        writer.trigger(availableNow=True).start().awaitTermination()
+
+    everything = source_keys(source)
+    with pytest.raises(StreamingQueryException) as err:
+        run("ck")
+    assert "gone; the version this read opened was deleted" in str(err.value)
+    assert f"{url}/index/" in str(err.value) and "version 2 is the latest" in str(err.value)
+    assert got and len(got) == len(set(got)) and set(got) < set(everything)
+    second = compacted.load_manifest(open_storage(url))
+    if alike:
+        run("ck")
+        assert second.archive == first.archive
+        assert sorted(got) == everything  # every record, once, across the two versions
+        return
+    with pytest.raises(StreamingQueryException) as err:
+        run("ck")
+    assert f"holds offsets of archive {first.archive}, but this archive is {second.archive}" in str(err.value)
+    got.clear()
+    run("ck-new")
+    assert sorted(got) == everything
+
+
 def test_of_two_compactions_racing_for_a_version_exactly_one_commits(spark, source, tmp_path, monkeypatch):
     dest = str(tmp_path / "c")
     compact(CompactConfig(seal_all=True, source=source, dest=dest, groups=3, slice_duration="30s"), spark)
