@@ -21,7 +21,7 @@ def test_murmur2_matches_kafka_vectors():
         assert murmur2(key) == expected
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=50), st.integers(1, 1000))
 def test_vectorised_partitioner_equals_scalar(keys, partitions):
     many = murmur2_many(keys)
