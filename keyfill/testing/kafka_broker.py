@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from keyfill.testing.servers import ScratchServer, free_port, started
+from keyfill.testing.servers import START_S, ScratchServer, free_port, started
 from keyfill.testing.tcp_proxy import FaultProxy
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def _start_once(timeout: float, proxied: bool) -> KafkaBroker:
     return broker
 
 
-def start_broker(*, timeout: float = 30.0, tries: int = 3, proxied: bool = False) -> KafkaBroker:
+def start_broker(*, timeout: float = START_S, tries: int = 3, proxied: bool = False) -> KafkaBroker:
     """Start tansu on a free port (retried: the port can be taken before tansu binds it).
     `proxied`: clients reach it (bootstrap and the address it advertises) through a
     `FaultProxy`, `broker.proxy`, that drops or stalls their connections on command while

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyfill.testing.servers import ScratchServer, packaged_binary, started
+from keyfill.testing.servers import START_S, ScratchServer, packaged_binary, started
 from keygroups.storage.s3 import error_code
 
 ACCESS_KEY = "keyfill-test-key"
@@ -149,7 +149,7 @@ def _start_once(bucket: str, timeout: float) -> S3Server:
     return server
 
 
-def start_seaweedfs(bucket: str = BUCKET, *, timeout: float = 60.0, tries: int = 3) -> S3Server:
+def start_seaweedfs(bucket: str = BUCKET, *, timeout: float = START_S, tries: int = 3) -> S3Server:
     """Start `weed mini` and create ``bucket``; retried because a chosen port can be taken
     by someone else between our probe and weed's bind."""
     return started(lambda: _start_once(bucket, timeout), tries)

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 S = TypeVar("S", bound="ScratchServer")
 
+# How long a server may take to answer after its start: 1-5 s on two idle cores, several
+# times that on a busy machine (load 10-15 on 2 cores); only a server that cannot start takes
+# longer, and then the error carries the tail of its log.
+START_S = 120.0
+
 
 def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str | None]) -> None:
     """A server's (or proxy's) variables for one test, None unsetting one; pytest puts the
