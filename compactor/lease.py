@@ -44,6 +44,10 @@ GRACE_MS = LEASE_MS  # vacuum waits this much longer: clock skew between the run
 # object): a store that does not answer would otherwise hold the run for its whole bound
 # (KEYFILL_STORAGE_DEADLINE) again after the error that ended it.
 RECORD_S = 5.0
+# The runs of this process that have ended, whatever their lease says: a rerun in the same
+# process (a driver that retries, a test) must not wait for a lease it could not mark failed.
+_ENDED: set[str] = set()
+_ENDED_LOCK = threading.Lock()
 
 
 def best_effort(action: Callable[[], object], seconds: float | None = None) -> str | None:
@@ -150,9 +154,14 @@ def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None) ->
 
 def _gone(r: LeaseRecord) -> bool:
     """Whether the run's process has exited, when it ran on this host (elsewhere: unknown,
-    so not gone). A pid since reused by another process counts as alive: the safe side."""
+    so not gone), or the run ended in this process (`Lease.release`) though its lease still
+    says running: a store that refused every request could not take the mark. A pid since
+    reused by another process counts as alive: the safe side."""
     if r.host != socket.gethostname():
         return False
+    if r.pid == os.getpid():
+        with _ENDED_LOCK:
+            return r.run in _ENDED
     try:
         os.kill(r.pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
@@ -228,6 +237,8 @@ class Lease:
         Best effort within `RECORD_S`: a lease left as it was ends by its age."""
         self._stop.set()
         self._lost = True  # no renewal from here on
+        with _ENDED_LOCK:
+            _ENDED.add(self.record.run)
 
         def end() -> None:
             if self._thread is not None:

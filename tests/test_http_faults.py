@@ -5,7 +5,9 @@ retried and the bytes are right; a store that answers 503 to everything fails th
 one line naming the object, at its deadline; a replay through a few 503s delivers every
 record once. A body that trickles in is read whole however long it takes, as long as no
 wait passes the read timeout, and one that stops fails the read in one line; an expired
-credential fails in one line naming where it came from, after a few requests at most."""
+credential fails in one line naming where it came from, after a few requests at most.
+Compactions, appends, the audit and the Spark source under these faults:
+tests/test_http_fault_runs.py."""
 
 from __future__ import annotations
 

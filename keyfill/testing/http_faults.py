@@ -26,6 +26,7 @@ then this one, then the server.
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import threading
 import time
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from keyfill.testing import tcp_proxy
 
@@ -45,6 +46,18 @@ STORES = ("s3", "gcs", "azure")
 HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
 
 Match = Callable[[str, str], bool]  # (method, path without the query, %-decoded) -> whether to answer it
+
+
+def _object_path(target: str, body: bytes) -> str:
+    """A request's path as a `Match` sees it: %-decoded, without the query, but with a GCS
+    upload's object name appended (from its `name=` parameter, or a multipart upload's
+    metadata part), so an upload matches by its object as a PUT does on S3 and Azure."""
+    parts = urlsplit(target)
+    path = unquote(parts.path)
+    if not path.startswith("/upload/storage/"):
+        return path
+    name = parse_qs(parts.query).get("name") or re.findall(rb'"name":\s*"([^"]+)"', body[:4096])[:1]
+    return f"{path}/{name[0].decode() if isinstance(name[0], bytes) else name[0]}" if name else path
 
 
 def any_get(method: str, path: str) -> bool:
@@ -120,6 +133,11 @@ class HttpFaultProxy:
             raise ValueError(f"step={step}, every_s={every_s}: at least a byte, every so many seconds")
         with self._lock:
             self._faults.append(_Fault(0, None, match or any_get, times, pace=(step, every_s)))
+
+    def clear(self) -> None:
+        """Drop the faults no request has met yet (an outage armed with a large `times` ends)."""
+        with self._lock:
+            self._faults = []
 
     @property
     def failed(self) -> int:
@@ -262,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._body()
-        fault = self.proxy._take(self.command, unquote(urlsplit(self.path).path))
+        fault = self.proxy._take(self.command, _object_path(self.path, body))
         if fault is not None and fault.status:
             self._answer(fault)
             return
