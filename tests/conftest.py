@@ -11,12 +11,20 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from keyfill.testing.s3server import S3Server
+
+# No verdict may depend on the machine's speed (README.md, "Tests"): hypothesis' default deadline
+# (200 ms an example) fails a test on a busy machine as DeadlineExceeded or "Unreliable test
+# timings". Every property test here sets deadline=None; this profile covers one that forgets.
+settings.register_profile("keyfill-tests", deadline=None)
+settings.load_profile("keyfill-tests")
 
 # Every Spark driver the tests start (the session's, and the CLI's and spark-submit's in
 # subprocesses, which inherit the variable) compiles with the JVM's quick compiler only: the
@@ -26,6 +34,17 @@ from keyfill.testing.s3server import S3Server
 # collector threads, which took CPU the other test process needed (test_kafka_live and
 # test_spark_source: 207 s -> 193 s). Users' jobs keep the JVM's defaults.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# Every such driver reads tests/spark-conf/spark-defaults.conf: the time-based Spark settings a
+# busy machine can trip, made explicit and generous there (the file says which, and what Spark
+# fixes with no setting). Their Python workers run this interpreter, whatever the shell
+# exported (another checkout's fails to connect back, or runs other code), through
+# tests/spark-conf/worker-python: with pyspark's byte-compiled modules, so a new worker meets
+# Spark's fixed 10 s to connect back on a busy machine too (the script says how).
+SPARK_CONF = Path(__file__).resolve().parent / "spark-conf"
+os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF))
+os.environ["SPARK_AUTH_SOCKET_TIMEOUT"] = "120"  # spark-defaults.conf's socket bound, on the driver's Python side
+os.environ["KEYFILL_TESTS_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["PYSPARK_PYTHON"] = str(SPARK_CONF / "worker-python")
 
 
 @pytest.fixture(scope="session")
