@@ -203,14 +203,17 @@ def restart_after_k_batches(spark, archive, work: str) -> None:
     url, src = archive
     out, ck = f"{work}/out", f"{work}/ck"
     df = stream(spark, url, maxSlicesPerTrigger="1")
+    # A batch every 2 s at most: the ~12 slices take 20 s or more, so the stop below comes
+    # part-way however long this thread takes to see batch 1 (back-to-back batches could all
+    # finish within one slow poll on a busy machine)
     q = (
         df.writeStream.format("parquet")
         .option("path", out)
         .option("checkpointLocation", ck)
-        .trigger(processingTime="0 seconds")
+        .trigger(processingTime="2 seconds")
         .start()
     )
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while (q.lastProgress or {}).get("batchId", -1) < 1 and time.time() < deadline:
         time.sleep(0.2)
     q.stop()
@@ -262,7 +265,7 @@ def test_option_errors_name_the_option(spark, tmp_path):
             .writeStream.format("noop")
             .option("checkpointLocation", str(tmp_path / "ck"))
             .start()
-            .awaitTermination(60)
+            .awaitTermination(300)  # it fails as it starts: seconds, or a minute on a busy machine
         )
     with pytest.raises(reader.spark.DataSourceOptionError, match="numPartitions"):
         reader.spark.Options.parse({"path": "x", "numPartitions": "0"})
