@@ -44,6 +44,11 @@ GRACE_MS = LEASE_MS  # vacuum waits this much longer: clock skew between the run
 # object): a store that does not answer would otherwise hold the run for its whole bound
 # (KEYFILL_STORAGE_DEADLINE) again after the error that ended it.
 RECORD_S = 5.0
+# How long a run that sees a live run ordered after it waits for that one to stop (it lists
+# the leases, sees this one's and marks its own failed: about a second, or RECORD_S when the
+# store is slow), and how often it looks meanwhile (`check_alone`).
+LATER_WAIT_S = 15.0
+LATER_POLL_S = 0.25
 # The runs of this process that have ended, whatever their lease says: a rerun in the same
 # process (a driver that retries, a test) must not wait for a lease it could not mark failed.
 _ENDED: set[str] = set()
@@ -119,27 +124,37 @@ def read_leases(store: Storage) -> dict[str, LeaseRecord]:
     return out
 
 
-def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None) -> None:
-    """Refuse to go on beside a live run (its lease renewed in time and not marked failed)
-    that started first: only one of two runs can commit the next version, and the other
-    would find out after all its work. Each run creates its lease before it looks, so of two
-    that start at once each sees the other, and (started_ms, run), the same to both, lets the
-    later one stop. A run whose lease has lapsed, or whose process on this host has exited
-    (killed, or it failed against a store that no longer answered, so its lease could not be
-    marked), stops no one."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    live = [
-        r
-        for r in read_leases(store).values()
-        if r.run != mine.run
-        and r.state == "running"
-        and now <= r.expires_ms
-        and (r.started_ms, r.run) < (mine.started_ms, mine.run)
-        and not _gone(r)
-    ]
-    if not live:
-        return
-    first = min(live, key=lambda r: (r.started_ms, r.run))
+def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None, wait_s: float | None = None) -> None:
+    """Refuse to go on beside a live run (its lease renewed in time and not marked failed):
+    only one of two runs can commit the next version, and the other would find out after
+    all its work. Each run creates its lease, then looks, and (started_ms, run), the same
+    to both, orders them:
+    - a live run ordered first: this one stops at once;
+    - a live run ordered after this one: this one waits (`wait_s`, LATER_WAIT_S) for it to
+      stop, which it does if it saw this run's lease. If it is still running then, it looked
+      before this run's lease was there (its create came first though its stamp is later: a
+      slow request) and went on: this one stops. Without the wait, both went on.
+    A run whose lease has lapsed, or whose process on this host has exited (killed, or it
+    failed against a store that no longer answered, so its lease could not be marked),
+    stops no one."""
+
+    def order(r: LeaseRecord) -> tuple[int, str]:
+        return r.started_ms, r.run
+
+    until = time.monotonic() + (LATER_WAIT_S if wait_s is None else wait_s)
+    while True:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        live = [
+            r
+            for r in read_leases(store).values()
+            if r.run != mine.run and r.state == "running" and now <= r.expires_ms and not _gone(r)
+        ]
+        first = min(live, key=order, default=None)
+        if first is None:
+            return
+        if order(first) < order(mine) or time.monotonic() >= until:
+            break
+        time.sleep(LATER_POLL_S)
     at = datetime.fromtimestamp(first.started_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     ends = datetime.fromtimestamp(first.expires_ms / 1000, timezone.utc).strftime("%H:%M:%S UTC")
     what = "append" if first.kind == "append" else "compaction"
@@ -186,6 +201,8 @@ class Lease:
 
     def acquire(self) -> Lease:
         """Create the lease (before the run writes anything) and start renewing it."""
+        with _ENDED_LOCK:
+            _ENDED.discard(self.record.run)  # a run id used again in this process (tests) runs again
         self.store.create(self.key, self._body())
         self._renewed = time.monotonic()
         self._thread = threading.Thread(target=self._renew_loop, name=f"keyfill-lease-{self.record.run}", daemon=True)

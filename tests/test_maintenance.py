@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 
 import reader
 from compactor import job as job_module
+from compactor import lease
 from compactor.errors import CompactionError, HeldBack, HistoryChanged, LeaseLost, RunInProgress
 from compactor.job import CompactConfig, compact
 from compactor.lease import Lease, LeaseRecord, check_alone
@@ -217,14 +218,27 @@ def test_a_compaction_started_beside_a_running_one_stops_before_writing(full_sou
     assert compact(CompactConfig(source=full_source, dest=url, groups=3)).version == 1
 
 
+def checked_as_a_run_does(store, rec: LeaseRecord, went_on: list[str], **kwargs) -> None:
+    """What `take_lease` does once the lease is created: look, and on RunInProgress mark the
+    lease failed."""
+    try:
+        check_alone(store, rec, **kwargs)
+        went_on.append(rec.run)
+    except RunInProgress as exc:
+        assert "keyfill versions" in str(exc)
+        rec.state = "failed"
+        store.write(compacted.lease_key(rec.run), compacted.dumps(asdict(rec)))
+
+
 @given(st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), min_size=1, max_size=6))
 @settings(max_examples=150, deadline=None)
 def test_of_runs_starting_together_exactly_the_first_live_one_goes_on(runs):
-    """Runs that all created their leases and then looked (started_ms drawn from a few values,
-    so ties are common): only the earliest live one by (started_ms, run) goes on; a lease that
-    failed or lapsed stops no one."""
+    """Runs that all created their leases, then look at once, each in a thread (started_ms
+    drawn from a few values, so ties are common), beside leases that failed or lapsed: the
+    earliest live one by (started_ms, run) goes on, once the others stopped; no other does."""
     now = 10_000_000
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lease, "LATER_POLL_S", 0.01)
         store = open_storage(d)
         records = []
         for i, (started, failed, lapsed) in enumerate(runs):
@@ -232,19 +246,33 @@ def test_of_runs_starting_together_exactly_the_first_live_one_goes_on(runs):
             rec.state = "failed" if failed else "running"
             store.write(compacted.lease_key(rec.run), compacted.dumps(asdict(rec)))
             records.append(rec)
-        went_on = []
-        for rec in records:
-            try:
-                check_alone(store, rec, now_ms=now)
-                went_on.append(rec.run)
-            except RunInProgress as exc:
-                assert "keyfill versions" in str(exc)
         live = [r for r in records if r.state == "running" and r.expires_ms >= now]
-        first = min(live, key=lambda r: (r.started_ms, r.run)) if live else None
-        # every run not behind the first live one goes on: the first itself, and the failed or lapsed before it
-        assert went_on == [
-            r.run for r in records if first is None or (r.started_ms, r.run) <= (first.started_ms, first.run)
-        ]
+        went_on: list[str] = []
+        looks = {"now_ms": now, "wait_s": 60}
+        threads = [threading.Thread(target=checked_as_a_run_does, args=(store, r, went_on), kwargs=looks) for r in live]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert went_on == ([min(live, key=lambda r: (r.started_ms, r.run)).run] if live else [])
+
+
+def test_a_run_stamped_first_whose_lease_came_second_stops_naming_the_one_that_went_on(tmp_path, monkeypatch):
+    """The race the held-out check lost on S3: run B stamps its lease first but its create is
+    slow; run A creates and looks in between, sees no one and goes on. B then sees A, ordered
+    after it: A does not stop (it never saw B), so after the wait B stops, naming A. Both went
+    on before (the commit decided, after both had done all their work)."""
+    monkeypatch.setattr(lease, "LATER_POLL_S", 0.01)
+    store = open_storage(str(tmp_path))
+    b = LeaseRecord(RUN_B, "compact", "another-host", 1, 1_000, 1_000, int(time.time() * 1000) + 60_000)
+    a = LeaseRecord(RUN_A, "compact", "another-host", 2, 2_000, 2_000, int(time.time() * 1000) + 60_000)
+    went_on: list[str] = []
+    store.write(compacted.lease_key(a.run), compacted.dumps(asdict(a)))
+    checked_as_a_run_does(store, a, went_on)  # B's lease is not there yet
+    store.write(compacted.lease_key(b.run), compacted.dumps(asdict(b)))
+    with pytest.raises(RunInProgress, match=f"run {RUN_A}"):
+        check_alone(store, b, wait_s=0.2)
+    assert went_on == [RUN_A]
 
 
 @pytest.fixture(scope="module")
