@@ -49,6 +49,7 @@ RECORD_S = 5.0
 # store is slow), and how often it looks meanwhile (`check_alone`).
 LATER_WAIT_S = 15.0
 LATER_POLL_S = 0.25
+_pause = time.sleep  # check_alone's wait (a test counts them)
 # The runs of this process that have ended, whatever their lease says: a rerun in the same
 # process (a driver that retries, a test) must not wait for a lease it could not mark failed.
 _ENDED: set[str] = set()
@@ -89,6 +90,7 @@ class LeaseRecord:
     expires_ms: int  # renewed_ms + LEASE_MS, by the run's clock
     state: str = "running"  # running | failed (ended: vacuum may take its files at once)
     groups: int | None = None  # once known: segment files of higher groups are not the run's
+    alone: bool = False  # it looked and found no run it must give way to: it goes on (`check_alone`)
 
     def ended(self, now_ms: int) -> bool:
         """Whether vacuum may take the run's files (if no version names the run)."""
@@ -130,10 +132,11 @@ def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None, wa
     all its work. Each run creates its lease, then looks, and (started_ms, run), the same
     to both, orders them:
     - a live run ordered first: this one stops at once;
-    - a live run ordered after this one: this one waits (`wait_s`, LATER_WAIT_S) for it to
-      stop, which it does if it saw this run's lease. If it is still running then, it looked
-      before this run's lease was there (its create came first though its stamp is later: a
-      slow request) and went on: this one stops. Without the wait, both went on.
+    - a live run ordered after this one: it looked before this run's lease was there (its
+      create came first though its stamp is later: a slow request) and went on, or it saw
+      this lease and stops. This one stops at once if that run's lease says it went on
+      (`alone`, written once it has looked), else waits for it to stop (`wait_s`,
+      LATER_WAIT_S) and stops if it has not. Without this, both went on.
     A run whose lease has lapsed, or whose process on this host has exited (killed, or it
     failed against a store that no longer answered, so its lease could not be marked),
     stops no one."""
@@ -152,9 +155,13 @@ def check_alone(store: Storage, mine: LeaseRecord, now_ms: int | None = None, wa
         first = min(live, key=order, default=None)
         if first is None:
             return
-        if order(first) < order(mine) or time.monotonic() >= until:
+        if order(first) < order(mine):
             break
-        time.sleep(LATER_POLL_S)
+        went_on = [r for r in live if r.alone]  # a later one that said it goes on: no need to wait
+        if went_on or time.monotonic() >= until:
+            first = min(went_on or live, key=order)
+            break
+        _pause(LATER_POLL_S)
     at = datetime.fromtimestamp(first.started_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     ends = datetime.fromtimestamp(first.expires_ms / 1000, timezone.utc).strftime("%H:%M:%S UTC")
     what = "append" if first.kind == "append" else "compaction"
@@ -208,6 +215,13 @@ class Lease:
         self._thread = threading.Thread(target=self._renew_loop, name=f"keyfill-lease-{self.record.run}", daemon=True)
         self._thread.start()
         return self
+
+    def went_on(self) -> None:
+        """The run looked and goes on: a run that started at once and sees this lease after
+        it stops without waiting (`check_alone`)."""
+        with self._lock:
+            self.record.alone = True
+        self.renew()
 
     def set_groups(self, groups: int) -> None:
         with self._lock:
@@ -285,4 +299,5 @@ def take_lease(store: Storage, run: str, kind: str) -> Lease:
     except BaseException:
         lease.release(failed=True)
         raise
+    lease.went_on()
     return lease

@@ -224,6 +224,8 @@ def checked_as_a_run_does(store, rec: LeaseRecord, went_on: list[str], **kwargs)
     try:
         check_alone(store, rec, **kwargs)
         went_on.append(rec.run)
+        rec.alone = True  # Lease.went_on
+        store.write(compacted.lease_key(rec.run), compacted.dumps(asdict(rec)))
     except RunInProgress as exc:
         assert "keyfill versions" in str(exc)
         rec.state = "failed"
@@ -260,9 +262,11 @@ def test_of_runs_starting_together_exactly_the_first_live_one_goes_on(runs):
 def test_a_run_stamped_first_whose_lease_came_second_stops_naming_the_one_that_went_on(tmp_path, monkeypatch):
     """The race the held-out check lost on S3: run B stamps its lease first but its create is
     slow; run A creates and looks in between, sees no one and goes on. B then sees A, ordered
-    after it: A does not stop (it never saw B), so after the wait B stops, naming A. Both went
-    on before (the commit decided, after both had done all their work)."""
-    monkeypatch.setattr(lease, "LATER_POLL_S", 0.01)
+    after it: A does not stop (it never saw B). A's lease says it went on, so B stops at once,
+    naming it, without waiting; had A said nothing, B would stop once its wait ran out. Both
+    went on before (the commit decided, after both had done all their work)."""
+    waits: list[float] = []
+    monkeypatch.setattr(lease, "_pause", waits.append)
     store = open_storage(str(tmp_path))
     b = LeaseRecord(RUN_B, "compact", "another-host", 1, 1_000, 1_000, int(time.time() * 1000) + 60_000)
     a = LeaseRecord(RUN_A, "compact", "another-host", 2, 2_000, 2_000, int(time.time() * 1000) + 60_000)
@@ -271,8 +275,12 @@ def test_a_run_stamped_first_whose_lease_came_second_stops_naming_the_one_that_w
     checked_as_a_run_does(store, a, went_on)  # B's lease is not there yet
     store.write(compacted.lease_key(b.run), compacted.dumps(asdict(b)))
     with pytest.raises(RunInProgress, match=f"run {RUN_A}"):
-        check_alone(store, b, wait_s=0.2)
-    assert went_on == [RUN_A]
+        check_alone(store, b, wait_s=60)
+    assert went_on == [RUN_A] and waits == []
+    a.alone = False  # as if A's mark had not reached the store: B waits until its wait runs out
+    store.write(compacted.lease_key(a.run), compacted.dumps(asdict(a)))
+    with pytest.raises(RunInProgress, match=f"run {RUN_A}"):
+        check_alone(store, b, wait_s=0)
 
 
 @pytest.fixture(scope="module")
