@@ -56,12 +56,15 @@ def wheel(seeded_packages, tmp_path_factory) -> str:
 
 def python_without_keyfill(folder) -> str:
     """This interpreter, with site-packages on its path but no .pth file read, so the
-    editable install of keyfill is invisible."""
+    editable install of keyfill is invisible. Started as every test worker is
+    (tests/spark-conf/worker-python): pyspark byte-compiled from site-packages, not from the
+    zip Spark puts first on a worker's path, so the driver's streaming source worker connects
+    back within Spark's fixed 10 s on a busy machine too."""
     path = folder / "python"
     path.write_text(
         "#!/bin/sh\n"
         f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{sysconfig.get_paths()["purelib"]}" '
-        f'exec {sys.executable} -S "$@"\n'
+        f'exec {os.path.join(ROOT, "tests", "spark-conf", "worker-python")} -S "$@"\n'
     )
     path.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
