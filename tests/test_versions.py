@@ -112,6 +112,32 @@ def test_a_version_vacuumed_under_a_replay_fails_it_naming_the_file_and_the_late
     assert len(got) == len(set(got)) and set(got) < set(source_keys(source))
 
 
+@pytest.mark.parametrize("backend", ["s3", "gcs", "azure"])
+def test_segment_files_replaced_under_a_replay_fail_it_naming_one_never_decoding_it(source, request, backend):
+    """Every segment file of the version a running replay reads is replaced in place (other
+    bytes under the same name, as a tool that rewrites objects would leave them): the replay
+    fails naming a replaced file, having delivered only records of the files it opened, each
+    once; nothing of the replaced bytes is decoded."""
+    url = request.getfixturevalue(f"{backend}_url")
+    compact(CompactConfig(seal_all=True, source=source, dest=url, groups=4, slice_duration="5s"))
+    store = open_storage(url)
+    segments = [o.key for o in store.list(compacted.GROUPS + "/")]
+    got = []
+    with pytest.raises(reader.ReplayError) as err:
+        with reader.replay(url, threads=2, batch_size=50, queue_batches=1, read_ahead_bytes=1 << 12) as events:
+            it = iter(events)
+            got += keys_of([next(it) for _ in range(3)])
+            for key in segments:
+                data = store.read(key)
+                store.write(key, data[:1000] + bytes(b ^ 0x5A for b in data[1000:]))  # same length, other bytes
+            for ev in it:
+                got += keys_of([ev])
+    message = str(err.value)
+    assert "CRC-32C differs from the index (file corrupted or replaced)" in message, message
+    assert any(store.url_for(key) in message for key in segments), message
+    assert len(got) == len(set(got)) and set(got) < set(source_keys(source))
+
+
 def test_a_spark_task_whose_version_was_vacuumed_fails_naming_the_file(source, tmp_path):
     """The Spark source's task side, planned on version 1, reading after an overwrite and a
     vacuum with --retain 0s: the same VersionGone as the replay, naming the file."""
