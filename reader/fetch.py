@@ -23,7 +23,6 @@ from reader.coalesce import parts, span
 from reader.errors import VersionGone
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.fetched_span import FetchedSpan
-from reader.memory import map_large_buffers
 from reader.read_budget import ReadBudget
 
 LOOKAHEAD_SLICES = 256  # how far a span may reach past the slice being read
@@ -336,7 +335,6 @@ def read_groups(
     # GETs in flight: two spans per group, within 4..GET_THREADS threads (a span's parts share them)
     pool = FetchPool(workers or min(GET_THREADS, max(4, 2 * len(order))), "keyfill-group-read")
     budget = ReadBudget(read_ahead_bytes)
-    map_large_buffers()  # so the process's memory stays near what the budget counts
     fetcher = PieceFetcher(
         store,
         pool,

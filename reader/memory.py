@@ -54,8 +54,9 @@ def bounded_read_ahead(wanted: int, sharers: int = 1) -> int:
 
 def map_large_buffers() -> int | None:
     """Have glibc map buffers of MMAP_THRESHOLD_BYTES and more from the OS and give them back
-    when freed; once per process, called where a reader opens. Returns the threshold set,
-    or None where nothing was set.
+    when freed; once per process, called where a replay opens (not in a Spark task: there
+    its decode spent 15-20% more CPU a row with it, 0.62-0.70 us against 0.53-0.65). Returns
+    the threshold set, or None where nothing was set.
 
     Why: the reader's decoded batches and decode buffers are megabytes each, allocated by
     one thread and freed by another. By default glibc raises its mmap threshold to the size
