@@ -54,6 +54,7 @@ from keygroups import spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
 from reader.errors import ArchiveChanged, DataSourceOptionError
 from reader.kafka_live import KafkaRange, partition_marks
+from reader.planning_process import keep_pandas_out
 from reader.pushdown import Pushdown, push
 from reader.spark_live import LivePlanner
 from reader.spark_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
@@ -246,6 +247,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     that was latest when the query started."""
 
     def __init__(self, opts: Options):
+        keep_pandas_out()  # in Spark's planning process only: its start is every query's (reader.planning_process)
         self.opts = opts
         self.archive = ArchivePlanner(opts)
         self.live = LivePlanner(self.archive)

@@ -29,6 +29,7 @@ from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from reader import planning_process
 from tests.connect_client import CONNECT
 from tests.records import archive_metas, below_handoff
 
@@ -400,12 +401,15 @@ def test_bundles_are_no_further_apart_than_the_heaviest_group(weights, bundles):
     assert owner == reader.spark_partitions.balanced(list(weights), bundles)  # the same plan every time
 
 
-def test_planning_a_streaming_query_loads_no_decoder(archive):
+def test_planning_a_streaming_query_loads_no_decoder_nor_pandas(archive):
     """Spark starts a Python process to plan each streaming query, and its start is the
-    query's: planning a micro-batch must not load numba or its kernels (reader.spark_read)."""
+    query's: planning a micro-batch must not load numba or its kernels (reader.spark_read),
+    nor, in that process, pandas (reader.planning_process), and plans what any process plans."""
     url, _ = archive
     script = f"""
-import sys
+import importlib.machinery, json, pickle, sys
+if sys.argv[1] == "runner":  # as `python -m` of Spark's runner module names this process
+    sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec(sys.argv[2], None)
 import reader.spark
 source = reader.spark.KeyfillDataSource({{"path": {url!r}}})
 source.session_cores = 2
@@ -413,11 +417,33 @@ rdr = source.streamReader(None)
 start = rdr.initialOffset()
 rdr.prepareForTriggerAvailableNow()
 end = rdr.latestOffset(start, rdr.getDefaultReadLimit())
-assert rdr.partitions(start, end)
-print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite")))
+parts = rdr.partitions(start, end)
+report = rdr.reportLatestOffset()
+try:
+    import pandas
+    refused = ""
+except ImportError as exc:
+    refused = str(exc)
+print(json.dumps({{
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite", "pandas")),
+    "plan": [start, end, report, pickle.dumps(parts).hex()],
+    "refused": refused,
+}}))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]", done.stdout
+    runs = {
+        kind: json.loads(
+            subprocess.run(
+                [sys.executable, "-c", script, kind, planning_process.RUNNER],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for kind in ("runner", "elsewhere")
+    }
+    assert runs["runner"]["loaded"] == [] and "kept out of Spark's planning process" in runs["runner"]["refused"]
+    assert runs["runner"]["plan"] == runs["elsewhere"]["plan"] and runs["runner"]["plan"][3]
+    assert runs["elsewhere"]["refused"] == ""  # elsewhere pandas is left alone (a user's process may use it)
 
 
 @pytest.mark.parametrize("cores", [None, 1, 3, 1000])
