@@ -23,12 +23,13 @@ from reader.memory import bounded_read_ahead
 from reader.pushdown import RowFilter
 from reader.spark_options import Options
 from reader.spark_partitions import GroupsPartition
-from reader.spark_rows import arrow_schema, to_spark_batches
+from reader.spark_rows import Constants, arrow_schema, to_spark_batches
 
 
 def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | None = None) -> Iterator[pa.RecordBatch]:
     """The partition's groups through the replay's group reader, only the records `rows` keeps."""
     budget = bounded_read_ahead(opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
+    constants = Constants()
     for step, batch in read_groups(
         open_storage(opts.path),
         partition.pieces,
@@ -45,7 +46,7 @@ def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | No
             keep = rows.keep(batch)
             batch, slices = batch.filter(keep), slices[keep]
         yield from to_spark_batches(
-            batch, partition.topic, int(step.group[0]), slices, opts.batch_size, opts.include_headers
+            batch, partition.topic, int(step.group[0]), slices, opts.batch_size, opts.include_headers, constants
         )
 
 

@@ -49,25 +49,49 @@ def schema_ddl(include_headers: bool = False) -> str:
     return ", ".join(f"`{name}` {ddl}" for name, _, ddl in _fields(include_headers))
 
 
+class Constants:
+    """Columns whose every row holds one value (the topic, timestampType, a step's group):
+    one array per value, grown to the longest batch asked for, handed out as zero-copy
+    slices, so a batch pays nothing per row for them."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple[object, pa.DataType], pa.Array] = {}
+
+    def column(self, value: object, kind: pa.DataType, n: int) -> pa.Array:
+        have = self._arrays.get((value, kind))
+        if have is None or len(have) < n:
+            have = pa.repeat(pa.scalar(value, kind), max(n, 2 * len(have) if have is not None else n))
+            self._arrays[(value, kind)] = have
+        return have.slice(0, n)
+
+
 def to_spark_batches(
-    batch: pa.RecordBatch, topic: str, group: int, s: int | np.ndarray, rows: int, include_headers: bool = False
+    batch: pa.RecordBatch,
+    topic: str,
+    group: int,
+    s: int | np.ndarray,
+    rows: int,
+    include_headers: bool = False,
+    constants: Constants | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """An envelope batch of the archive as the source's schema (`s`: the slice of every
-    record, or one per record), in batches of at most `rows` records."""
+    record, or one per record), in batches of at most `rows` records; `constants`: the
+    caller's, kept from batch to batch."""
     n = batch.num_rows
-    slices = np.full(n, s, np.int32) if np.ndim(s) == 0 else np.asarray(s, np.int32)
+    const = constants or Constants()
     columns = [
         batch.column("key"),
         batch.column("value"),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
+        const.column(topic, pa.string(), n),
         batch.column("partition"),
         batch.column("offset"),
         batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
-        pa.array(np.full(n, CREATE_TIME, np.int32)),
+        const.column(CREATE_TIME, pa.int32(), n),
     ]
     if include_headers:
         columns.append(batch.column("headers").cast(HEADERS))
-    columns += [pa.array(np.full(n, group, np.int32)), pa.array(slices)]
+    columns.append(const.column(group, pa.int32(), n))
+    columns.append(const.column(s, pa.int32(), n) if np.ndim(s) == 0 else pa.array(np.asarray(s, np.int32)))
     out = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
     for start in range(0, n, rows):
         yield out.slice(start, rows)

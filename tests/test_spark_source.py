@@ -25,6 +25,7 @@ from test_reader import hypothesis_settings, source_table
 
 import reader.spark
 import reader.spark_partitions
+import reader.spark_rows
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
@@ -645,3 +646,15 @@ def test_a_running_query_refuses_an_archive_replaced_under_it(archive, tmp_path)
     copy.create(compacted.version_key(2), compacted.dumps(doc))
     with pytest.raises(reader.spark.ArchiveChanged, match="recompacted since"):
         rdr.latestOffset(start, ReadAllAvailable())
+
+
+@hypothesis_settings(100)
+@given(st.lists(st.tuples(st.sampled_from(["orders", "", "ü"]), st.integers(0, 3), st.integers(0, 5000)), max_size=30))
+def test_constant_columns_are_the_value_on_every_row(asks):
+    """A task's constant columns (topic, timestampType, group) are zero-copy slices of one
+    array per value, grown as batches get longer: each is the value, exactly n times."""
+    constants = reader.spark_rows.Constants()
+    for topic, group, n in asks:
+        got = constants.column(topic, pa.string(), n), constants.column(group, pa.int32(), n)
+        assert got[0].equals(pa.repeat(pa.scalar(topic, pa.string()), n))
+        assert got[1].equals(pa.repeat(pa.scalar(group, pa.int32()), n))
