@@ -15,6 +15,7 @@ against two references over the same records in the same local[2] session:
     python -m bench.bench_spark_source                    # 2M records (generated and compacted once, cached)
     python -m bench.bench_spark_source --records 10000000
     python -m bench.bench_spark_source --quick            # 400K records, one round
+    python -m bench.bench_spark_source --installed-pyspark  # workers import pip's byte-compiled pyspark
 
 The archive: --records generated records (8 partitions, 20K keys, headers in the archive),
 compacted with 16 groups, `--seal-all`, the slice length the compactor derives. Two queries:
@@ -22,7 +23,12 @@ the source only (`key`, `timestamp`, `length(value)`), and a 10 s watermark with
 window, count and sum of value lengths per key (4 shuffle partitions). Sources alternate
 within a round; best of --repeat rounds. A second table explains the first: seconds inside
 micro-batches (their triggerExecution: no query start), the number of micro-batches, and CPU
-per row in the JVM and in the Python task workers.
+per row in the JVM and in the Python task workers, and the query's start: from `start()` to
+its first micro-batch (for a Python source, mostly the process Spark starts to plan it, which
+imports pyspark from Spark's pyspark.zip and compiles it: the zip holds no bytecode).
+`--installed-pyspark` runs every Python worker of the session, that process included, with
+pip's installed (byte-compiled) pyspark instead (tests/spark-conf/worker-python): the same code,
+what Spark's start costs every Python source.
 Targets: keyfill >= 0.9x python on both queries, >= 0.75x parquet on the windowed one.
 """
 
@@ -37,6 +43,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -174,6 +181,7 @@ class CpuSampler:
 class Run:
     rows: int
     wall: float  # start() to the end of awaitTermination()
+    to_first: float  # start() to the first micro-batch's start: the query's start
     in_batches: float  # the micro-batches' triggerExecution, summed
     batches: int  # micro-batches with rows
     all_batches: int  # with those without: a windowed query's last emits its windows
@@ -184,7 +192,7 @@ class Run:
 def measure(spark, df, ck: str) -> Run:
     shutil.rmtree(ck, ignore_errors=True)
     with CpuSampler(spark.sparkContext._gateway.proc.pid) as cpu:
-        started = time.perf_counter()
+        epoch, started = time.time(), time.perf_counter()
         q = df.writeStream.format("noop").outputMode("append").option("checkpointLocation", ck)
         q = q.trigger(availableNow=True).start()
         q.awaitTermination()
@@ -193,7 +201,8 @@ def measure(spark, df, ck: str) -> Run:
     in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
     shutil.rmtree(ck, ignore_errors=True)
     rows = sum(p["numInputRows"] for p in progress)
-    return Run(rows, wall, in_batches, len(progress), len(q.recentProgress), *cpu.seconds())
+    first = datetime.fromisoformat(q.recentProgress[0]["timestamp"].replace("Z", "+00:00")).timestamp() - epoch
+    return Run(rows, wall, first, in_batches, len(progress), len(q.recentProgress), *cpu.seconds())
 
 
 def main() -> int:
@@ -203,6 +212,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None, help="rounds, best kept (default 2; --quick 1)")
     ap.add_argument("--python-rows", default="16384,65536,262144", help="the Python source's rows a batch, swept")
     ap.add_argument("--queries", default=",".join(QUERIES))
+    ap.add_argument(
+        "--installed-pyspark",
+        action="store_true",
+        help="Python workers import pip's byte-compiled pyspark, not Spark's pyspark.zip",
+    )
     ap.add_argument("--dir", default="/tmp/keyfill-bench-spark-source", help="archive and Parquet cache")
     args = ap.parse_args()
     records = args.records or (400_000 if args.quick else 2_000_000)
@@ -214,6 +228,9 @@ def main() -> int:
     # Workers import the Python source by reference (bench.python_source): they need the
     # checkout (where `python -m bench...` runs) on their path.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    if args.installed_pyspark:  # before the session: every Python worker it starts
+        os.environ["PYSPARK_PYTHON"] = os.path.join(os.getcwd(), "tests", "spark-conf", "worker-python")
+        os.environ["KEYFILL_TESTS_PYTHON"] = sys.executable
     from bench.python_source import PrebuiltDataSource
     from compactor.spark_session import local_spark
 
@@ -280,15 +297,18 @@ def report(
         )
     print("rows/s; python+decode: the prebuilt source, each task also decoding its share of keyfill's pieces")
     print(
-        "\nwhere the time went (best run of each): seconds in micro-batches of the whole, micro-batches "
-        "(with rows/all), CPU us a row"
+        "\nwhere the time went (best run of each): seconds from start() to the first micro-batch and in "
+        "micro-batches, micro-batches (with rows/all), CPU us a row"
     )
-    print(f"{'query':<10}{'source':<22}{'whole s':>9}{'batches s':>11}{'batches':>9}{'JVM us':>9}{'Python us':>11}")
+    print(
+        f"{'query':<10}{'source':<22}{'whole s':>9}{'start s':>9}{'batches s':>11}{'batches':>9}{'JVM us':>9}"
+        f"{'Python us':>11}"
+    )
     for q in queries:
         for s in sources:
             r = best[(q, s)]
             print(
-                f"{q:<10}{s:<22}{r.wall:>9.2f}{r.in_batches:>11.2f}{f'{r.batches}/{r.all_batches}':>9}"
+                f"{q:<10}{s:<22}{r.wall:>9.2f}{r.to_first:>9.2f}{r.in_batches:>11.2f}{f'{r.batches}/{r.all_batches}':>9}"
                 f"{r.jvm_cpu / n * 1e6:>9.2f}{r.python_cpu / n * 1e6:>11.2f}"
             )
 
