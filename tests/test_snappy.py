@@ -43,8 +43,9 @@ block = st.one_of(st.binary(max_size=5000), repetitive)
 @settings(max_examples=400, deadline=None)
 @given(blocks=st.lists(block, max_size=8))
 def test_blocks_decode_as_cramjam_does(blocks):
-    """Random and repetitive data (copies with offsets under 8 repeat a pattern byte by byte,
-    longer ones move 8 bytes at a time; long literals take the 1-4 byte length forms)."""
+    """Random and repetitive data (a copy with an offset under 8 repeats a pattern: its first
+    bytes one by one, then words from whole patterns back; longer offsets move 8 bytes at a
+    time; long literals take the 1-4 byte length forms)."""
     raw = [bytes(cramjam.snappy.compress_raw(b)) for b in blocks]
     bad, out = _decode(raw)
     assert bad == -1

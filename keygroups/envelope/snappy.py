@@ -156,9 +156,16 @@ def decompress_blocks(
                 while j < n:
                     _copy8(out, op + j, out, at + j)  # type: ignore[call-arg]  # numba stub: see _copy8
                     j += 8
-            else:  # a pattern shorter than 8 bytes repeats: byte by byte
-                for j in range(n):
+            else:  # a pattern shorter than 8 bytes repeats: its first bytes one by one, until
+                # whole patterns span 8 bytes, then words from that far back (the same bytes)
+                span = offset * ((offset + 7) // offset)
+                lead = min(n, span - offset)
+                for j in range(lead):
                     out[op + j] = out[at + j]
+                j = lead
+                while j < n:
+                    _copy8(out, op + j, out, op + j - span)  # type: ignore[call-arg]  # numba stub: see _copy8
+                    j += 8
             op += n
         if op != stop:
             return b
