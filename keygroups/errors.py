@@ -23,7 +23,15 @@ class StorageError(KeyfillError):
 
 
 class ObjectNotFound(StorageError):
-    """The object does not exist (the bucket or directory may)."""
+    """The object does not exist (the bucket or directory may): `url` names it, for a caller
+    that reports the missing object in an error of its own."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)  # the only argument, so a copy pickled to another process is the same
+        self.url = url
+
+    def __str__(self) -> str:
+        return f"no such object: {self.url}"
 
 
 class ObjectExists(StorageError):

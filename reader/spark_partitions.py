@@ -201,7 +201,7 @@ class ArchivePlanner:
             latest = compacted.versions(self.store)
             if not latest or self.manifest.version in latest:
                 raise
-            raise VersionGone.of(str(exc).removeprefix("no such object: "), latest[-1]) from None
+            raise VersionGone.of(exc.url, latest[-1]) from None
 
     def slice_sizes(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Records and bytes of slices [first, end), from the slice index alone."""

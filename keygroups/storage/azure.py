@@ -86,7 +86,7 @@ class AzureStorage(ObjectStore):
         if code == "ContainerNotFound":
             return StorageError(f"Azure container does not exist: {self.root} (accessing {url})")
         if isinstance(exc, aex.ResourceNotFoundError) or code == "BlobNotFound":
-            return ObjectNotFound(f"no such object: {url}")
+            return ObjectNotFound(url)
         if (
             isinstance(exc, aex.ClientAuthenticationError)
             or code.startswith("Authorization")
@@ -244,7 +244,7 @@ class AzureStorage(ObjectStore):
             found = self._container().exists()
         if not found:
             return StorageError(f"Azure container does not exist: {self.root} (accessing {self.url_for(key)})")
-        return ObjectNotFound(f"no such object: {self.url_for(key)}")
+        return ObjectNotFound(self.url_for(key))
 
     def delete(self, key: str) -> None:
         name = self._name(key)

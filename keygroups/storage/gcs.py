@@ -111,7 +111,7 @@ class GcsStorage(ObjectStore):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             return StorageError(f"GCS credentials for {url} could not be refreshed ({first}): they came from {origin}")
         if isinstance(exc, gex.NotFound):
-            return ObjectNotFound(f"no such object: {url}")
+            return ObjectNotFound(url)
         if isinstance(exc, gex.Unauthorized):  # still refused after google-auth refreshed them
             return StorageError(
                 f"GCS refused the credentials for {url} (401 {_error_message(exc)}): they came from {origin}"
@@ -141,7 +141,7 @@ class GcsStorage(ObjectStore):
                 raise
         if not found:
             return StorageError(f"GCS bucket does not exist: gs://{self.bucket} (accessing {self.url_for(key)})")
-        return ObjectNotFound(f"no such object: {self.url_for(key)}")
+        return ObjectNotFound(self.url_for(key))
 
     @contextmanager
     def _object(self, key: str) -> Iterator[Any]:

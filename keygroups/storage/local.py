@@ -39,7 +39,7 @@ class LocalStorage(Storage):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             if verb == "write":
                 raise StorageError(f"cannot write {self.url_for(key)}: {e.strerror}") from e
-            raise ObjectNotFound(f"no such object: {self.url_for(key)}") from e
+            raise ObjectNotFound(self.url_for(key)) from e
         except OSError as e:
             raise StorageError(f"cannot {verb} {self.url_for(key)}: {e.strerror or e}") from e
 

@@ -62,7 +62,7 @@ class S3Storage(ObjectStore):
             if code == "NoSuchBucket":
                 return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {url})")
             if code in ("NoSuchKey", "404", "NotFound"):
-                return ObjectNotFound(f"no such object: {url}")
+                return ObjectNotFound(url)
             message = exc.response.get("Error", {}).get("Message", "")
             if code in ("AccessDenied", "403", "Forbidden"):
                 return StorageError(
@@ -108,7 +108,7 @@ class S3Storage(ObjectStore):
                 if error_code(e) in ("404", "NoSuchBucket", "NotFound"):
                     return StorageError(f"S3 bucket does not exist: s3://{self.bucket} (accessing {self.url_for(key)})")
                 raise
-        return ObjectNotFound(f"no such object: {self.url_for(key)}")
+        return ObjectNotFound(self.url_for(key))
 
     def _get(self, key: str, **kw: Any) -> bytes:
         from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
