@@ -122,7 +122,7 @@ def spark(s3_server, gcs_server, azure_server):
 
 @pytest.fixture(scope="module")
 def full_source(tmp_path_factory):
-    """A generated source whose chunk files tests copy over in steps (test_append.copy_share):
+    """A generated source whose chunk files tests copy over in steps (tests.records.copy_share):
     a source that grows as an archiving connector writes it."""
     from keyfill.synth.generate import GeneratorConfig, generate
 

@@ -48,6 +48,25 @@ def copy_archive(src_root: str, dest_url: str):
     return dest
 
 
+def copy_share(full: str, dest_url: str, share: float = 1.0) -> None:
+    """The first `share` of each partition's chunk files of the generated source `full` into
+    the store at `dest_url` (a local folder or a store URL), those there already left as they
+    are: a source that grows by new chunk files, as an archiving connector writes them."""
+    import os
+
+    from keygroups.storage import open_storage
+
+    store = open_storage(dest_url)
+    there = {o.key for o in store.list()}
+    for root, _, files in os.walk(full):
+        names = sorted(f for f in files if f.endswith(".avro"))
+        for name in names[: round(len(names) * share)]:
+            key = os.path.relpath(os.path.join(root, name), full).replace(os.sep, "/")
+            if key not in there:
+                with open(os.path.join(root, name), "rb") as f:
+                    store.write(key, f.read())
+
+
 def archive_metas(store):
     """Every slice of a compacted archive, with its pieces (from the index)."""
     from keygroups import compacted

@@ -32,6 +32,7 @@ from tests.records import (
     archive_metas,
     below_handoff,
     check_sealed,
+    copy_share,
     envelope_records,
     replayed,
     sealed_slices,
@@ -168,21 +169,6 @@ def test_an_appended_history_replays_as_the_grown_source_across_versions(tmp_pat
         got = [(m.slice, m.start_ms, m.records, m.partitions) for m in archive_metas(open_storage(dest))]
         want = [(m.slice, m.start_ms, m.records, m.partitions) for m in archive_metas(open_storage(one))]
         assert got == want
-
-
-def copy_share(full: str, dest: str, share: float) -> None:
-    """Copy the first `share` of each partition's chunk files of `full` to `dest` (a source
-    that grows by new chunk files, as an archiving connector writes them)."""
-    import os
-    import shutil
-
-    for root, _, files in os.walk(full):
-        names = sorted(f for f in files if f.endswith(".avro"))
-        rel = os.path.relpath(root, full)
-        for f in names[: round(len(names) * share)]:
-            os.makedirs(os.path.join(dest, rel), exist_ok=True)
-            if not os.path.exists(os.path.join(dest, rel, f)):
-                shutil.copy(os.path.join(root, f), os.path.join(dest, rel, f))
 
 
 def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source, tmp_path, storage_url):

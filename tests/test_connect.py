@@ -17,14 +17,13 @@ import subprocess
 import sys
 
 import pytest
-from test_append import copy_share
 
 from compactor.job import CompactConfig, compact
 from keyfill.cli import main
 from keygroups import compacted
 from keygroups.storage import open_storage
 from tests.connect_client import CONNECT
-from tests.records import canonical_files
+from tests.records import canonical_files, copy_share
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,7 +23,7 @@ from compactor.verify import verify
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import StorageError, open_storage
-from tests.records import below_handoff
+from tests.records import below_handoff, copy_archive, copy_share
 from tests.test_http_faults import proxied
 
 BACKENDS = ["s3", "gcs", "azure"]
@@ -42,20 +42,6 @@ def topic(tmp_path_factory) -> str:
         progress=False,
     )
     return out
-
-
-def upload(topic: str, url: str, share: float = 1.0) -> None:
-    """The first `share` of each partition's chunk files of `topic` into the store at `url`
-    (as an archiving connector adds them); those there already are left as they are."""
-    store = open_storage(url)
-    there = {o.key for o in store.list()}
-    for root, _, files in os.walk(topic):
-        names = sorted(f for f in files if f.endswith(".avro"))
-        for name in names[: round(len(names) * share)]:
-            key = os.path.relpath(os.path.join(root, name), topic).replace(os.sep, "/")
-            if key not in there:
-                with open(os.path.join(root, name), "rb") as f:
-                    store.write(key, f.read())
 
 
 def writes_under(folder: str):
@@ -116,7 +102,7 @@ def test_runs_and_the_audit_through_bursts_and_outages_keep_every_record_once(
     short limits (1 s reads, 2 s deadline), the bursts under the defaults. Every fault is met."""
     url = request.getfixturevalue(f"{backend}_url")
     src, dest = f"{url}/src", f"{url}/c"
-    upload(topic, src, 0.5)
+    copy_share(topic, src, 0.5)
     with proxied(request, monkeypatch, backend) as proxy:
         for step, before in (("compact", []), ("append", [1])):
             cfg = CompactConfig(source=src, dest=dest, append=step == "append", **OPTIONS)
@@ -141,7 +127,7 @@ def test_runs_and_the_audit_through_bursts_and_outages_keep_every_record_once(
             result = compact(cfg)  # the rerun, through bursts
             assert proxy.faults_left == 0 and proxy.failed == refused + 4, step  # each met a request of the run
             assert (result.kind, result.version) == (step, len(before) + 1)
-            upload(topic, src)  # the source grows: the append's new records
+            copy_share(topic, src)  # the source grows: the append's new records
         assert compacted.versions(open_storage(dest)) == [1, 2]
         proxy.fail(503, times=1, match=reads_under("groups"))
         proxy.fail(429, times=1, match=reads_under("src"))
@@ -163,9 +149,7 @@ def test_the_spark_source_reads_through_503s_every_record_once(
     url = request.getfixturevalue("s3_url")
     local = str(tmp_path / "c")
     compact(CompactConfig(source=topic, dest=local, **OPTIONS))
-    remote = open_storage(url)
-    for o in open_storage(local).list():
-        remote.write(o.key, open_storage(local).read(o.key))
+    copy_archive(local, url)
     with (
         proxied(request, monkeypatch, "s3") as proxy,
         spark_environment(spark, {"AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}),
