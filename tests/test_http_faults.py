@@ -270,6 +270,30 @@ def test_an_expired_google_service_account_token_is_refreshed_then_named(
     assert (refused, refreshed) == (3, 2), message
 
 
+def test_a_gcs_read_sends_its_request_alone(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """google-cloud-storage 3.17 GETs a bucket's metadata, from a thread it starts on a
+    client's first call, to label OpenTelemetry spans. keyfill turns that off while the
+    SDK's traces are off: a new client's read starts no thread and sends one request (the
+    thread's 401s once took part in a read's credential refreshes, above)."""
+    url = request.getfixturevalue("gcs_url")
+    open_storage(url).write("obj", b"x" * 10)
+    caller, started = threading.current_thread(), []
+    start = threading.Thread.start
+
+    def recorded(thread: threading.Thread) -> None:
+        if threading.current_thread() is caller:
+            started.append(thread.name)
+        start(thread)
+
+    with proxied(request, monkeypatch, "gcs") as proxy:
+        monkeypatch.delenv("ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES", raising=False)
+        store = open_storage(url)  # the proxy's address is a new client's
+        with monkeypatch.context() as patch:
+            patch.setattr(threading.Thread, "start", recorded)
+            assert store.read("obj") == b"x" * 10
+        assert (started, proxy.forwarded) == ([], 1)
+
+
 class _Tokens(ThreadingHTTPServer):
     fetched = 0
 

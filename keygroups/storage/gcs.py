@@ -22,6 +22,12 @@ from keygroups.storage.clients import LazyClient
 from keygroups.storage.limits import DeadlineExceeded
 
 _NEEDS = "gs:// URLs need google-cloud-storage: pip install 'keyfill[gcs]'"
+_TRACES = "ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES"  # the SDK's switch for its OpenTelemetry spans
+
+
+def _sdk_traces_on() -> bool:
+    """Whether the SDK makes OpenTelemetry spans, read from its variable as it reads it."""
+    return os.environ.get(_TRACES, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 class GcsClient(LazyClient):
@@ -30,7 +36,7 @@ class GcsClient(LazyClient):
     workload identity, Dataproc), project from GOOGLE_CLOUD_PROJECT where one is needed,
     and STORAGE_EMULATOR_HOST for an emulator."""
 
-    ENV_PREFIXES = ("GOOGLE_", "GCLOUD_", "CLOUDSDK_", "STORAGE_EMULATOR_HOST", "GCE_METADATA")
+    ENV_PREFIXES = ("GOOGLE_", "GCLOUD_", "CLOUDSDK_", "STORAGE_EMULATOR_HOST", "GCE_METADATA", _TRACES)
 
     def _make(self) -> Any:
         try:
@@ -44,6 +50,14 @@ class GcsClient(LazyClient):
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_size(), max_retries=0)
         client._http.mount("https://", adapter)
         client._http.mount("http://", adapter)
+        if not _sdk_traces_on():
+            # google-cloud-storage 3.17 starts a thread on a client's first call to a bucket
+            # that GETs the bucket's metadata, only to label OpenTelemetry spans. With traces
+            # off it labels nothing, and it costs a request per process and bucket, asks for
+            # a permission (storage.buckets.get) an object reader may lack, and shares the
+            # client's connections with keyfill's reads: its 401s took part in a read's
+            # credential refreshes. None is how the SDK itself tells the cache is absent.
+            client._bucket_metadata_cache = None
         return client
 
     _options: dict[str, Any] | None = None
