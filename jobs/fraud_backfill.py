@@ -60,7 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-slices-per-trigger", type=int, help="slices per micro-batch (default: by bytes, the source's default)"
     )
-    p.add_argument("--max-bytes-per-trigger", type=int, help="compacted bytes per micro-batch (default: 512 MiB)")
+    p.add_argument(
+        "--max-bytes-per-trigger",
+        metavar="SIZE",
+        help="compacted bytes per micro-batch, as Spark writes sizes: 1g, 512m, 536870912 (default: 512m)",
+    )
     p.add_argument("--top", type=int, default=5, help="busiest windows to print")
     live = p.add_argument_group("going live (needs keyfill[kafka])")
     live.add_argument("--kafka", metavar="SERVERS", help="bootstrap servers: after the archive, read its topic live")

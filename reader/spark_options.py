@@ -94,14 +94,15 @@ class Options:
         if not path:
             raise DataSourceOptionError('the keyfill source needs the archive URL: .load("s3://bucket/compacted")')
 
-        def number(name: str, low: int, high: int, why: str = "") -> int | None:
+        def number(name: str, low: int, high: int, why: str = "", *, size: bool = False) -> int | None:
             raw = opts.get(name.lower())
             if raw is None:
                 return None
             try:
-                value = int(raw)
+                value = byte_size(raw) if size else int(raw)
             except ValueError:
-                raise DataSourceOptionError(f"option {name}={raw!r}: expected a whole number") from None
+                expected = f"a number of bytes like {SIZE_EXAMPLES}" if size else "a whole number"
+                raise DataSourceOptionError(f"option {name}={raw!r}: expected {expected}") from None
             if not low <= value <= high:
                 raise DataSourceOptionError(
                     f"option {name}={raw!r}: must be between {low:,} and {high:,}" + (f" ({why})" if why else "")
@@ -132,7 +133,9 @@ class Options:
                 poll_timeout_ms=number("kafkaConsumer.pollTimeoutMs", 1, MAX_COUNT) or KafkaOptions.poll_timeout_ms,
             )
         given: dict[str, Any] = {  # every whole-number option, within the limits its field declares
-            f.name: number(camel(f.name), *f.metadata["bounds"]) for f in fields(cls) if "bounds" in f.metadata
+            f.name: number(camel(f.name), *f.metadata["bounds"], size="bytes" in f.name.split("_"))
+            for f in fields(cls)
+            if "bounds" in f.metadata
         }
         given["include_headers"] = flag("includeHeaders", False)
         raw = opts.get("maxeventtimepertrigger")
@@ -183,6 +186,24 @@ def _check_paced(given: dict[str, Any]) -> None:
                 f"options maxEventTimePerTrigger and {limit}: set one (a paced micro-batch is one stride of event "
                 f"time in every source; {limit} would cut a stride where the other sources do not)"
             )
+
+
+# Spark's units for a size (spark.executor.memory=4g, Delta's maxBytesPerTrigger=1g): powers
+# of 1024 whether written k or kb; the IEC names too. Written here: the JVM's parser
+# (JavaUtils.byteStringAsBytes) is out of reach of the Python process that plans a query.
+_SIZE_UNITS = {"": 0, "b": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
+_SIZE_UNITS |= {u + "b": bits for u, bits in _SIZE_UNITS.items() if u not in ("", "b")}
+_SIZE_UNITS |= {u[0] + "ib": bits for u, bits in _SIZE_UNITS.items() if len(u) == 2}
+SIZE_EXAMPLES = "536870912, 512m or 1g (Spark's units: k, m, g, t are powers of 1024)"
+
+
+def byte_size(raw: str) -> int:
+    """A number of bytes as Spark writes sizes: 536870912, 512m, 512mb, 512MiB, 1g."""
+    text = raw.strip().lower().replace(" ", "")
+    digits = len(text) - len(text.lstrip("0123456789"))
+    if not digits or text[digits:] not in _SIZE_UNITS:
+        return int(text)  # a sign, or nothing that reads as a size: int() says which (ValueError)
+    return int(text[:digits]) << _SIZE_UNITS[text[digits:]]
 
 
 def _field_of(option: str) -> str:

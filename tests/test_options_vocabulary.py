@@ -89,12 +89,33 @@ def test_every_surface_holds_an_option_to_the_limits_its_field_declares() -> Non
 
 
 @pytest.mark.parametrize(
+    "raw, size",
+    [("536870912", 512 << 20), ("512m", 512 << 20), ("512MB", 512 << 20), ("512 MiB", 512 << 20), ("4g", 4 << 30)]
+    + [("64k", 64 << 10), ("64KiB", 64 << 10), ("1t", 1 << 40), ("7b", 7), ("0", 0)],
+)
+def test_a_byte_option_takes_a_size_as_spark_writes_one(raw: str, size: int) -> None:
+    """Spark's units (spark.executor.memory=4g, Delta's maxBytesPerTrigger=1g) are powers
+    of 1024 whether written k or kb; every option counted in bytes takes them."""
+    checked = 0
+    for name in ("maxBytesPerTrigger", "readAheadBytes", "rangeBytes"):
+        field = "".join("_" + c.lower() if c.isupper() else c for c in name)
+        low, high, _ = next(f for f in dataclasses.fields(Options) if f.name == field).metadata["bounds"]
+        if low <= size <= high:
+            assert getattr(Options.parse({"path": "/a", name: raw}), field) == size, name
+            checked += 1
+    assert checked, f"no byte option takes {size}"
+
+
+@pytest.mark.parametrize(
     "options, named",
     [
         ({"batchRows": "10"}, "batchRows is now batchSize"),
         ({"batchSize": "0"}, "batchSize='0'"),
         ({"rangeBytes": "-1"}, "rangeBytes='-1'"),
-        ({"readAheadBytes": "lots"}, "readAheadBytes='lots': expected a whole number"),
+        ({"readAheadBytes": "lots"}, "readAheadBytes='lots': expected a number of bytes like 536870912, 512m"),
+        ({"maxBytesPerTrigger": "1.5g"}, "maxBytesPerTrigger='1.5g': expected a number of bytes"),
+        ({"maxSlicesPerTrigger": "1k"}, "maxSlicesPerTrigger='1k': expected a whole number"),
+        ({"maxBytesPerTrigger": "-1g"}, "maxBytesPerTrigger='-1g'"),
         ({"startingSlice": "-3"}, "startingSlice='-3'"),
     ],
 )
