@@ -12,6 +12,9 @@ against two references over the same records in the same local[2] session:
 - parquet: the same records as Parquet files (written once by Spark), read by Spark's own file
   source at its defaults (every file in one micro-batch).
 
+and keyfill-schema: keyfill given the three columns the queries use by `.schema(...)`, so
+the other six never reach the JVM (not a default: a query opts in).
+
     python -m bench.bench_spark_source                    # 2M records (generated and compacted once, cached)
     python -m bench.bench_spark_source --records 10000000
     python -m bench.bench_spark_source --quick            # 400K records, one round
@@ -57,6 +60,8 @@ PYTHON_TARGET, PARQUET_TARGET = 0.9, 0.75
 PYTHON_PARTITIONS = 4
 QUERIES = ("source", "windowed")
 DECODING = "python+decode"  # the prebuilt source, decoding keyfill's pieces as it goes
+SCHEMA = "keyfill-schema"  # keyfill given the queries' columns by `.schema()`: the rest never reach the JVM
+QUERY_COLUMNS = "key binary, value binary, timestamp timestamp"  # what both queries use
 
 
 def write_records(url: str, dest: str) -> list[str]:
@@ -106,6 +111,8 @@ def query(spark, source: str, url: str, windowed: bool, extra: dict):
         if source.startswith(DECODING):
             df = df.option("decode", extra["decode"]).option("url", url)
         df = df.option("rows", source.split("-")[-1]).load()
+    elif source == SCHEMA:
+        df = spark.readStream.format("keyfill").schema(QUERY_COLUMNS).load(url)
     else:
         df = spark.readStream.format("keyfill").load(url)
     if windowed:
@@ -223,7 +230,7 @@ def main() -> int:
     repeat = args.repeat or (1 if args.quick else 2)
     queries = [q for q in QUERIES if q in args.queries.split(",")]
     pythons = [f"python-{int(r)}" for r in args.python_rows.split(",")]
-    sources = ["keyfill", *pythons, f"{DECODING}-65536", "parquet"]
+    sources = ["keyfill", SCHEMA, *pythons, f"{DECODING}-65536", "parquet"]
 
     # Workers import the Python source by reference (bench.python_source): they need the
     # checkout (where `python -m bench...` runs) on their path.
@@ -284,18 +291,20 @@ def report(
     decoding = next(s for s in sources if s.startswith(DECODING))
     print(
         f"{'query':<10}{'keyfill':>11}{'python (rows)':>21}{'parquet':>11}{'keyfill/python':>16}"
-        f"{'keyfill/parquet':>17}{'keyfill/(python+decode)':>25}"
+        f"{'keyfill/parquet':>17}{'keyfill/(python+decode)':>25}{'schema/python':>15}{'schema/parquet':>16}"
     )
     for q in queries:
         top = min(pythons, key=lambda s: best[(q, s)].wall)
-        kf, py, pq, dec = (n / best[(q, s)].wall for s in ("keyfill", top, "parquet", decoding))
+        kf, py, pq, dec, sch = (n / best[(q, s)].wall for s in ("keyfill", top, "parquet", decoding, SCHEMA))
         py_mark = " ok" if kf / py >= PYTHON_TARGET else " low"
         pq_mark = "" if q != "windowed" else (" ok" if kf / pq >= PARQUET_TARGET else " low")
         print(
             f"{q:<10}{kf:>11,.0f}{py:>11,.0f} ({top.split('-')[-1]:>7}){pq:>11,.0f}"
             f"{kf / py:>12.2f}x{py_mark:<4}{kf / pq:>12.2f}x{pq_mark:<4}{kf / dec:>20.2f}x"
+            f"{sch / py:>14.2f}x{sch / pq:>15.2f}x"
         )
-    print("rows/s; python+decode: the prebuilt source, each task also decoding its share of keyfill's pieces")
+    print("rows/s; python+decode: the prebuilt source, each task also decoding its share of keyfill's pieces;")
+    print(f"schema: keyfill given the queries' columns ({QUERY_COLUMNS}) by .schema(), not at its defaults")
     print(
         "\nwhere the time went (best run of each): seconds from start() to the first micro-batch and in "
         "micro-batches, micro-batches (with rows/all), CPU us a row"

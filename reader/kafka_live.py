@@ -234,8 +234,9 @@ def read_range(
 def _batch(
     messages: list[Any], topic: str, partition: int, schema: pa.Schema, group_of: GroupOf | None
 ) -> pa.RecordBatch:
-    """Messages as a batch of the source's schema (`reader.spark_rows`): a column at a time
-    (a comprehension per field costs less than appending each record's fields in turn)."""
+    """Messages as a batch of the source's schema (`reader.spark_rows`), or the columns of a
+    query's: a column at a time (a comprehension per field costs less than appending each
+    record's fields in turn)."""
     n = len(messages)
     keys = pa.array([m.key() for m in messages], pa.binary())
     parts = np.full(n, partition, np.int32)
@@ -252,7 +253,7 @@ def _batch(
         "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
         "partition": pa.array(parts),
         "offset": pa.array([m.offset() for m in messages], pa.int64()),
-        "timestamp": pa.array(np.array([t for _, t in stamps], np.int64) * 1000, schema.field("timestamp").type),
+        "timestamp": pa.array(np.array([t for _, t in stamps], np.int64) * 1000, pa.timestamp("us", tz="UTC")),
         "timestampType": pa.array([kinds.get(k, NO_TIMESTAMP_TYPE) for k, _ in stamps], pa.int32()),
         "key_group": groups,
         "slice": pa.nulls(n, pa.int32()),

@@ -167,12 +167,21 @@ class KeyfillDataSource(DataSource):
     session_cores: int | None = None  # set by `register`: Spark's default parallelism
     filter_pushdown: bool = False  # set by `register`: spark.sql.python.filterPushdown.enabled
 
-    def reader(self, schema: StructType) -> DataSourceReader:
+    def reader(self, schema: StructType | None) -> DataSourceReader:
         kind = KeyfillPushdownReader if self.filter_pushdown else KeyfillBatchReader
-        return kind(Options.parse(self.options, session_cores=self.session_cores))
+        return kind(self._options(schema))
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KeyfillStreamReader(Options.parse(self.options, session_cores=self.session_cores))
+    def streamReader(self, schema: StructType | None) -> DataSourceStreamReader:
+        return KeyfillStreamReader(self._options(schema))
+
+    def _options(self, schema: StructType | None) -> Options:
+        """The options, for the query's schema: the source's own, or fewer columns a
+        `.schema(...)` asked for (`reader.spark_rows.projection`); None, from a caller other
+        than Spark: the source's own."""
+        opts = Options.parse(self.options, session_cores=self.session_cores)
+        if schema is None:
+            return opts
+        return opts.with_schema([(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields])
 
 
 class KeyfillBatchReader(DataSourceReader):

@@ -10,8 +10,8 @@ so a Kafka query's option map carries over (docs/kafka-live.md). Names are case-
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from keygroups import compacted
@@ -20,6 +20,7 @@ from keygroups.errors import OptionError
 from reader.errors import DataSourceOptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
 from reader.options import MAX_COUNT, ReplayOptions, bounded, limits_of
+from reader.spark_rows import projection
 
 
 def camel(field: str) -> str:
@@ -76,6 +77,17 @@ class Options:
     # Spark's default parallelism when `reader.spark.register` ran (its cores): what sizes
     # numPartitions when it is not set. None: one input partition per group.
     session_cores: int | None = field(default=None, metadata=NOT_AN_OPTION)
+    # the columns of a schema the query gave (`.schema(...)`, `reader.spark_rows.projection`),
+    # in its order; None: the source's own, all of them
+    columns: tuple[str, ...] | None = field(default=None, metadata=NOT_AN_OPTION)
+
+    def with_schema(self, given: Sequence[tuple[str, str, bool]]) -> Options:
+        """These options for a query's schema: only its columns are built, and `headers` is
+        decoded when the schema has it, whatever includeHeaders says."""
+        columns = projection(given, self.include_headers)
+        if columns is None:
+            return self
+        return replace(self, columns=columns, include_headers="headers" in columns)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, session_cores: int | None = None) -> Options:

@@ -46,7 +46,14 @@ def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | No
             keep = rows.keep(batch)
             batch, slices = batch.filter(keep), slices[keep]
         yield from to_spark_batches(
-            batch, partition.topic, int(step.group[0]), slices, opts.batch_size, opts.include_headers, constants
+            batch,
+            partition.topic,
+            int(step.group[0]),
+            slices,
+            opts.batch_size,
+            opts.include_headers,
+            constants,
+            opts.columns,
         )
 
 
@@ -56,4 +63,4 @@ def read_live(opts: Options, r: KafkaRange) -> Iterator[pa.RecordBatch]:
     if opts.kafka is None:
         raise KeyfillError(f"{opts.path}: no kafka.* options, so no live phase to read")
     group_of = cached_assignment(open_storage(opts.path), r.assignment).group_of
-    return read_range(opts.kafka, r, opts.batch_size, arrow_schema(opts.include_headers), group_of)
+    return read_range(opts.kafka, r, opts.batch_size, arrow_schema(opts.include_headers, opts.columns), group_of)

@@ -6,31 +6,39 @@ written for `format("kafka")` runs unchanged, then keyfill's own two columns.
 `headers` is there only with `includeHeaders=true`, as in the Kafka source: a nested column
 costs every query that carries it, read or not. `timestampType` is 0 (CreateTime) in the
 archive phase (the archive keeps no timestamp type) and what the broker says in the live phase.
+
+A query may give the source a schema of fewer of these columns, in any order (`projection`):
+PySpark tells a Python source no column a query leaves unused, and each one handed over
+costs the JVM per row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 
 import numpy as np
 import pyarrow as pa
+
+from reader.errors import DataSourceOptionError
 
 CREATE_TIME = 0  # Kafka's TimestampType ids, as Spark's Kafka source gives them
 LOG_APPEND_TIME = 1
 NO_TIMESTAMP_TYPE = -1
 HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
 
-_KAFKA_FIELDS = [  # Spark refuses batches whose Arrow types differ (timestamps in microseconds, int32 for int)
+# Spark refuses batches whose Arrow types differ (timestamps in microseconds, int32 for int).
+# The third item is the Spark type as DDL, written as Spark prints it (`DataType.simpleString`).
+_KAFKA_FIELDS = [
     ("key", pa.binary(), "binary"),
     ("value", pa.binary(), "binary"),
     ("topic", pa.string(), "string"),
     ("partition", pa.int32(), "int"),
-    ("offset", pa.int64(), "long"),
+    ("offset", pa.int64(), "bigint"),
     ("timestamp", pa.timestamp("us", tz="UTC"), "timestamp"),
     ("timestampType", pa.int32(), "int"),
 ]
-_HEADERS_FIELD = ("headers", HEADERS, "array<struct<key: string, value: binary>>")
+_HEADERS_FIELD = ("headers", HEADERS, "array<struct<key:string,value:binary>>")
 _OWN_FIELDS = [("key_group", pa.int32(), "int"), ("slice", pa.int32(), "int")]
 
 
@@ -39,9 +47,38 @@ def _fields(include_headers: bool) -> list[tuple[str, pa.DataType, str]]:
 
 
 @cache  # one per setting: every batch handed to Spark is built against it
-def arrow_schema(include_headers: bool = False) -> pa.Schema:
-    """What read() yields, field for field."""
-    return pa.schema([pa.field(name, t) for name, t, _ in _fields(include_headers)])
+def arrow_schema(include_headers: bool = False, columns: tuple[str, ...] | None = None) -> pa.Schema:
+    """What read() yields, field for field: every column, or those of a query's schema."""
+    types = {name: t for name, t, _ in _fields(True)}
+    names = columns or [name for name, _, _ in _fields(include_headers)]
+    return pa.schema([pa.field(name, types[name]) for name in names])
+
+
+def projection(given: Sequence[tuple[str, str, bool]], include_headers: bool) -> tuple[str, ...] | None:
+    """The columns a query's schema asks for: `given` is its (name, Spark type as
+    `simpleString`, nullable) fields. None when they are the source's own (no schema given);
+    a field the source has not, of another type or NOT NULL is refused by name."""
+    ours = {name: ddl for name, _, ddl in _fields(True)}
+    if [(name, ddl) for name, ddl, _ in given] == [(n, d) for n, _, d in _fields(include_headers)]:
+        return None
+    for name, ddl, nullable in given:
+        if name not in ours:
+            like = [n for n in ours if n.lower() == name.lower()]
+            raise DataSourceOptionError(
+                f"schema: the keyfill source has no column {name!r}"
+                + (f" (it has {like[0]!r}: names are as the source spells them)" if like else "")
+                + f"; a schema names some of {', '.join(ours)}, in any order"
+            )
+        if ddl != ours[name]:
+            raise DataSourceOptionError(f"schema: column {name} is {ours[name]} in the keyfill source, not {ddl}")
+        if not nullable:
+            raise DataSourceOptionError(
+                f"schema: column {name} NOT NULL: the keyfill source's columns are nullable, as the Kafka source's are"
+            )
+    names = tuple(name for name, _, _ in given)
+    if len(set(names)) < len(names):
+        raise DataSourceOptionError(f"schema: a column named twice in {', '.join(names)}")
+    return names
 
 
 def schema_ddl(include_headers: bool = False) -> str:
@@ -73,25 +110,26 @@ def to_spark_batches(
     rows: int,
     include_headers: bool = False,
     constants: Constants | None = None,
+    columns: tuple[str, ...] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """An envelope batch of the archive as the source's schema (`s`: the slice of every
     record, or one per record), in batches of at most `rows` records; `constants`: the
-    caller's, kept from batch to batch."""
+    caller's, kept from batch to batch; `columns`: a query's schema's, built alone."""
     n = batch.num_rows
     const = constants or Constants()
-    columns = [
-        batch.column("key"),
-        batch.column("value"),
-        const.column(topic, pa.string(), n),
-        batch.column("partition"),
-        batch.column("offset"),
-        batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
-        const.column(CREATE_TIME, pa.int32(), n),
-    ]
-    if include_headers:
-        columns.append(batch.column("headers").cast(HEADERS))
-    columns.append(const.column(group, pa.int32(), n))
-    columns.append(const.column(s, pa.int32(), n) if np.ndim(s) == 0 else pa.array(np.asarray(s, np.int32)))
-    out = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+    make: dict[str, Callable[[], pa.Array]] = {
+        "key": lambda: batch.column("key"),
+        "value": lambda: batch.column("value"),
+        "topic": lambda: const.column(topic, pa.string(), n),
+        "partition": lambda: batch.column("partition"),
+        "offset": lambda: batch.column("offset"),
+        "timestamp": lambda: batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
+        "timestampType": lambda: const.column(CREATE_TIME, pa.int32(), n),
+        "headers": lambda: batch.column("headers").cast(HEADERS),
+        "key_group": lambda: const.column(group, pa.int32(), n),
+        "slice": lambda: const.column(s, pa.int32(), n) if np.ndim(s) == 0 else pa.array(np.asarray(s, np.int32)),
+    }
+    schema = arrow_schema(include_headers, columns)
+    out = pa.RecordBatch.from_arrays([make[name]() for name in schema.names], schema=schema)
     for start in range(0, n, rows):
         yield out.slice(start, rows)

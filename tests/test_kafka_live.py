@@ -213,6 +213,9 @@ def test_the_live_phase_reads_what_a_plain_consumer_reads(keyfill_kafka, tmp_pat
     assert {(r["topic"], r["timestampType"]) for r in rows} == {(name, CREATE_TIME)}
     plain = [b for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, arrow_schema(False))]
     assert "headers" not in plain[0].schema.names and sum(b.num_rows for b in plain) == 16
+    asked = ("value", "offset", "headers")  # a query's schema: those columns, in its order
+    few = [r for b in read_range(k, KafkaRange(name, 2, 4, 20), 5, arrow_schema(False, asked)) for r in b.to_pylist()]
+    assert few == [{c: r[c] for c in asked} for r in rows]
 
 
 def test_retention_past_the_hand_off_fails_naming_partition_and_offsets():
@@ -263,6 +266,10 @@ def test_a_batch_read_is_the_archive_then_the_topic(keyfill_kafka, tmp_path):
     assert sorted(as_records(rows)) == sorted(topic.records)
     # the Kafka source's topic column: the archive's topic, then the one subscribed to
     assert {(r["slice"] is None, r["topic"]) for r in rows} == {(False, "t"), (True, name)}
+    # a query's schema of two columns: the same rows, archive and topic, only those columns
+    few = KeyfillBatchReader(reader.opts.with_schema([("offset", "bigint", True), ("slice", "int", True)]))
+    got = [r for p in few.partitions() for b in few.read(p) for r in b.to_pylist()]
+    assert sorted(got, key=str) == sorted(({"offset": r["offset"], "slice": r["slice"]} for r in rows), key=str)
 
 
 def test_admission_splits_a_trigger_over_partitions_by_what_each_has_waiting():

@@ -39,7 +39,7 @@ def test_every_replay_flag_is_a_replay_option_with_its_default() -> None:
 
 
 def test_spark_options_are_the_camel_case_of_the_source_fields() -> None:
-    fields = [f.name for f in dataclasses.fields(Options) if f.name not in ("kafka", "session_cores")]
+    fields = [f.name for f in dataclasses.fields(Options) if f.name not in ("kafka", "session_cores", "columns")]
     assert list(OPTION_NAMES) == [camel(f) for f in fields]
     assert camel("max_slices_per_trigger") == "maxSlicesPerTrigger"
     shared = {f for f in fields} & {f.name for f in dataclasses.fields(ReplayOptions)}

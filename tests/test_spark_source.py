@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -190,6 +191,45 @@ def test_windowed_counts_equal_a_batch_computation_over_the_source(spark, archiv
     got = {(int(w.timestamp() * 1000), k): n for (w, k), n in final.items()}
     assert len(got) > 50
     assert got == dict(expected)
+
+
+HEADERS_DDL = "array<struct<key:string,value:binary>>"
+
+
+def test_a_query_schema_of_fewer_columns_reads_them_alone(spark, archive, tmp_path):
+    """`.schema(...)` naming some of the source's columns, in any order: the rows are the
+    source's, only those columns reach Spark, and `headers` is decoded when the schema has
+    it (no includeHeaders); a column the source has not is refused by name."""
+    url, src = archive
+    asked = f"timestamp timestamp, headers {HEADERS_DDL}, offset long, partition int"
+    df = spark.read.format("keyfill").schema(asked).load(url)
+    assert df.columns == ["timestamp", "headers", "offset", "partition"]
+    got = df.toArrow()
+    full = spark.read.format("keyfill").option("includeHeaders", "true").load(url).toArrow()
+    assert sorted(got.to_pylist(), key=str) == sorted(full.select(df.columns).to_pylist(), key=str)
+    assert got.num_rows == src.num_rows
+    few = spark.readStream.format("keyfill").option("maxSlicesPerTrigger", "4").schema("value binary, key binary")
+    batches = run_collecting(few.load(url), str(tmp_path / "ck"))
+    assert len(batches) > 1 and {tuple(b.column_names) for _, b in batches} == {("value", "key")}
+    rows = Counter(r for _, b in batches for r in zip(b.column("key").to_pylist(), b.column("value").to_pylist()))
+    assert rows == Counter(zip(src.column("key").to_pylist(), src.column("value").to_pylist()))
+    with pytest.raises(Exception, match="no column 'Key' \\(it has 'key'"):
+        spark.read.format("keyfill").schema("Key binary").load(url).count()
+
+
+@pytest.mark.parametrize(
+    "given, named",
+    [
+        ([("key", "binary", True), ("colour", "string", True)], "no column 'colour'; a schema names some of key, "),
+        ([("offset", "int", True)], "column offset is bigint in the keyfill source, not int"),
+        ([("headers", "array<string>", True)], f"column headers is {HEADERS_DDL} in the keyfill source"),
+        ([("partition", "int", False)], "column partition NOT NULL"),
+        ([("key", "binary", True), ("key", "binary", True)], "a column named twice in key, key"),
+    ],
+)
+def test_a_query_schema_the_source_cannot_give_is_refused_naming_the_column(given, named):
+    with pytest.raises(reader.spark.DataSourceOptionError, match=re.escape(named)):
+        reader.spark.Options.parse({"path": "x"}).with_schema(given)
 
 
 def test_restart_from_checkpoint_after_k_batches_is_exactly_once(spark, archive, tmp_path):
