@@ -50,7 +50,7 @@ def _fields(include_headers: bool) -> list[tuple[str, pa.DataType, str]]:
 def arrow_schema(include_headers: bool = False, columns: tuple[str, ...] | None = None) -> pa.Schema:
     """What read() yields, field for field: every column, or those of a query's schema."""
     types = {name: t for name, t, _ in _fields(True)}
-    names = columns or [name for name, _, _ in _fields(include_headers)]
+    names = columns if columns is not None else [name for name, _, _ in _fields(include_headers)]
     return pa.schema([pa.field(name, types[name]) for name in names])
 
 
@@ -76,6 +76,8 @@ def projection(given: Sequence[tuple[str, str, bool]], include_headers: bool) ->
                 f"schema: column {name} NOT NULL: the keyfill source's columns are nullable, as the Kafka source's are"
             )
     names = tuple(name for name, _, _ in given)
+    if not names:
+        raise DataSourceOptionError(f"schema: no column; a schema names some of {', '.join(ours)}")
     if len(set(names)) < len(names):
         raise DataSourceOptionError(f"schema: a column named twice in {', '.join(names)}")
     return names

@@ -225,6 +225,7 @@ def test_a_query_schema_of_fewer_columns_reads_them_alone(spark, archive, tmp_pa
         ([("headers", "array<string>", True)], f"column headers is {HEADERS_DDL} in the keyfill source"),
         ([("partition", "int", False)], "column partition NOT NULL"),
         ([("key", "binary", True), ("key", "binary", True)], "a column named twice in key, key"),
+        ([], "schema: no column; a schema names some of key, value, topic"),
     ],
 )
 def test_a_query_schema_the_source_cannot_give_is_refused_naming_the_column(given, named):
