@@ -197,22 +197,38 @@ HEADERS_DDL = "array<struct<key:string,value:binary>>"
 
 
 def test_a_query_schema_of_fewer_columns_reads_them_alone(spark, archive, tmp_path):
+    schema_of_fewer_columns(spark, archive, str(tmp_path))
+
+
+@CONNECT
+def test_a_query_schema_of_fewer_columns_over_spark_connect(connect, archive, tmp_path):
+    connect.run(schema_of_fewer_columns, archive, str(tmp_path))
+
+
+def schema_of_fewer_columns(spark, archive, work: str) -> None:
     """`.schema(...)` naming some of the source's columns, in any order: the rows are the
-    source's, only those columns reach Spark, and `headers` is decoded when the schema has
-    it (no includeHeaders); a column the source has not is refused by name."""
+    source's with those columns alone (Spark refuses a batch of others), and `headers` is
+    decoded when the schema has it (no includeHeaders); a column the source has not is
+    refused by name."""
     url, src = archive
     asked = f"timestamp timestamp, headers {HEADERS_DDL}, offset long, partition int"
     df = spark.read.format("keyfill").schema(asked).load(url)
-    assert df.columns == ["timestamp", "headers", "offset", "partition"]
+    assert df.columns == ["timestamp", "headers", "offset", "partition"], df.columns
     got = df.toArrow()
     full = spark.read.format("keyfill").option("includeHeaders", "true").load(url).toArrow()
-    assert sorted(got.to_pylist(), key=str) == sorted(full.select(df.columns).to_pylist(), key=str)
-    assert got.num_rows == src.num_rows
+    assert sorted(got.to_pylist(), key=str) == sorted(full.select(df.columns).to_pylist(), key=str), "rows"
+    assert got.num_rows == src.num_rows, got.num_rows
     few = spark.readStream.format("keyfill").option("maxSlicesPerTrigger", "4").schema("value binary, key binary")
-    batches = run_collecting(few.load(url), str(tmp_path / "ck"))
-    assert len(batches) > 1 and {tuple(b.column_names) for _, b in batches} == {("value", "key")}
-    rows = Counter(r for _, b in batches for r in zip(b.column("key").to_pylist(), b.column("value").to_pylist()))
-    assert rows == Counter(zip(src.column("key").to_pylist(), src.column("value").to_pylist()))
+    out, ck = f"{work}/out", f"{work}/ck"
+    q = few.load(url).writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
+    q = q.trigger(availableNow=True).start()
+    q.awaitTermination()
+    batches = [p.numInputRows for p in q.recentProgress]  # (over Connect the dict holds None)
+    assert len([n for n in batches if n]) > 1, batches  # the schema holds from batch to batch
+    written = spark.read.parquet(out).toArrow()
+    assert written.column_names == ["value", "key"], written.column_names
+    rows = Counter(zip(written.column("key").to_pylist(), written.column("value").to_pylist()))
+    assert rows == Counter(zip(src.column("key").to_pylist(), src.column("value").to_pylist())), "streamed"
     with pytest.raises(Exception, match="no column 'Key' \\(it has 'key'"):
         spark.read.format("keyfill").schema("Key binary").load(url).count()
 
