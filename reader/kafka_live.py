@@ -23,7 +23,7 @@ from pyspark.sql.datasource import InputPartition
 
 from keygroups.errors import KeyfillError
 from reader.errors import DataLoss, KafkaReadError
-from reader.spark_rows import CREATE_TIME, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE
+from reader.spark_rows import CREATE_TIME, HEADERS, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE, TIMESTAMP, arrow_schema
 
 LOG = logging.getLogger("keyfill.kafka")  # the client's own log lines (a retry each 50 ms when down): not on stderr
 KAFKA_PREFIX = "kafka."  # options passed to the client with this prefix taken off
@@ -111,7 +111,7 @@ def offsets_at_times(
     protocol do not all answer it right (tansu 0.6 answers 0 for every time), and the part read
     is the topic's tail past the archive's hand-off, which is short."""
     found: dict[int, int | None] = {}
-    schema = pa.schema([("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC"))])
+    schema = arrow_schema(False, ("offset", "timestamp"))
     for p, t in sorted(times.items()):
         found[p] = None
         if starts.get(p, 0) >= ends.get(p, 0):
@@ -240,27 +240,29 @@ def _batch(
     n = len(messages)
     keys = pa.array([m.key() for m in messages], pa.binary())
     parts = np.full(n, partition, np.int32)
-    groups = pa.nulls(n, pa.int32())
-    if group_of is not None:
-        found = group_of(keys, parts)
-        groups = pa.array(found, pa.int32(), mask=found < 0)
     stamps = [m.timestamp() for m in messages]
     ck = client_module()
     kinds = {ck.TIMESTAMP_CREATE_TIME: CREATE_TIME, ck.TIMESTAMP_LOG_APPEND_TIME: LOG_APPEND_TIME}
-    columns = {
-        "key": keys,
-        "value": pa.array([m.value() for m in messages], pa.binary()),
-        "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
-        "partition": pa.array(parts),
-        "offset": pa.array([m.offset() for m in messages], pa.int64()),
-        "timestamp": pa.array(np.array([t for _, t in stamps], np.int64) * 1000, pa.timestamp("us", tz="UTC")),
-        "timestampType": pa.array([kinds.get(k, NO_TIMESTAMP_TYPE) for k, _ in stamps], pa.int32()),
+
+    def groups() -> pa.Array:
+        if group_of is None:
+            return pa.nulls(n, pa.int32())
+        found = group_of(keys, parts)
+        return pa.array(found, pa.int32(), mask=found < 0)
+
+    def headers() -> pa.Array:  # no headers: an empty list, as the archive has them
+        return pa.array([[{"key": k, "value": v} for k, v in m.headers() or ()] for m in messages], HEADERS)
+
+    make: dict[str, Callable[[], pa.Array]] = {  # a column is built only when the schema has it
+        "key": lambda: keys,
+        "value": lambda: pa.array([m.value() for m in messages], pa.binary()),
+        "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),
+        "partition": lambda: pa.array(parts),
+        "offset": lambda: pa.array([m.offset() for m in messages], pa.int64()),
+        "timestamp": lambda: pa.array(np.array([t for _, t in stamps], np.int64) * 1000, TIMESTAMP),
+        "timestampType": lambda: pa.array([kinds.get(k, NO_TIMESTAMP_TYPE) for k, _ in stamps], pa.int32()),
+        "headers": headers,
         "key_group": groups,
-        "slice": pa.nulls(n, pa.int32()),
+        "slice": lambda: pa.nulls(n, pa.int32()),
     }
-    if "headers" in schema.names:  # no headers: an empty list, as the archive has them
-        columns["headers"] = pa.array(
-            [[{"key": k, "value": v} for k, v in m.headers() or ()] for m in messages],
-            schema.field("headers").type,
-        )
-    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+    return pa.RecordBatch.from_arrays([make[name]() for name in schema.names], schema=schema)

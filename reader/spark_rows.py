@@ -25,6 +25,7 @@ from reader.errors import DataSourceOptionError
 CREATE_TIME = 0  # Kafka's TimestampType ids, as Spark's Kafka source gives them
 LOG_APPEND_TIME = 1
 NO_TIMESTAMP_TYPE = -1
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # how Spark takes a timestamp column from Arrow
 HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
 
 # Spark refuses batches whose Arrow types differ (timestamps in microseconds, int32 for int).
@@ -35,7 +36,7 @@ _KAFKA_FIELDS = [
     ("topic", pa.string(), "string"),
     ("partition", pa.int32(), "int"),
     ("offset", pa.int64(), "bigint"),
-    ("timestamp", pa.timestamp("us", tz="UTC"), "timestamp"),
+    ("timestamp", TIMESTAMP, "timestamp"),
     ("timestampType", pa.int32(), "int"),
 ]
 _HEADERS_FIELD = ("headers", HEADERS, "array<struct<key:string,value:binary>>")
@@ -125,7 +126,7 @@ def to_spark_batches(
         "topic": lambda: const.column(topic, pa.string(), n),
         "partition": lambda: batch.column("partition"),
         "offset": lambda: batch.column("offset"),
-        "timestamp": lambda: batch.column("timestamp").cast(pa.timestamp("us", tz="UTC")),
+        "timestamp": lambda: batch.column("timestamp").cast(TIMESTAMP),
         "timestampType": lambda: const.column(CREATE_TIME, pa.int32(), n),
         "headers": lambda: batch.column("headers").cast(HEADERS),
         "key_group": lambda: const.column(group, pa.int32(), n),
