@@ -97,11 +97,10 @@ def test_a_byte_option_takes_a_size_as_spark_writes_one(raw: str, size: int) -> 
     """Spark's units (spark.executor.memory=4g, Delta's maxBytesPerTrigger=1g) are powers
     of 1024 whether written k or kb; every option counted in bytes takes them."""
     checked = 0
-    for name in ("maxBytesPerTrigger", "readAheadBytes", "rangeBytes"):
-        field = "".join("_" + c.lower() if c.isupper() else c for c in name)
+    for field in ("max_bytes_per_trigger", "read_ahead_bytes", "range_bytes"):
         low, high, _ = next(f for f in dataclasses.fields(Options) if f.name == field).metadata["bounds"]
         if low <= size <= high:
-            assert getattr(Options.parse({"path": "/a", name: raw}), field) == size, name
+            assert getattr(Options.parse({"path": "/a", camel(field): raw}), field) == size, field
             checked += 1
     assert checked, f"no byte option takes {size}"
 
