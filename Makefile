@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE := example
 
-.PHONY: example test wheel clean
+.PHONY: example test test-spark-versions wheel clean
 
 $(BIN)/keyfill: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ test: $(BIN)/keyfill node_modules/.bin/azurite-blob
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
+# The Spark version matrix: an environment per supported PySpark minor version (3.5 to 4.3) in
+# .venv-spark/, keyfill's wheel installed there without extras, each running tests/spark_versions
+# (the compaction, verify, the source in batch and streaming, the fraud job, Spark Connect), then
+# every version's archive compared; KEYFILL_SPARK_VERSIONS="4.0 4.1" runs some only.
+test-spark-versions:
+	PYTHON=$(PYTHON) tests/spark_versions/run
+
 # A wheel that ships its numba kernels compiled (keygroups/_numba_seed.py): a fresh executor
 # loads them instead of compiling for 7-17 s. Build it with the Python and numba of the cluster.
 wheel: $(BIN)/keyfill
@@ -54,4 +61,4 @@ wheel: $(BIN)/keyfill
 	@ls dist/*.whl
 
 clean:
-	rm -rf $(VENV) $(EXAMPLE) keygroups/_numba_cache build dist node_modules
+	rm -rf $(VENV) .venv-spark $(EXAMPLE) keygroups/_numba_cache build dist node_modules

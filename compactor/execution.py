@@ -227,7 +227,7 @@ class OnSpark:
         return rows.filter(F.col(column).isin([int(v) for v in values])).select(*columns)
 
     def collect(self, name: str, rows: DataFrame) -> pa.Table:
-        return self._action(name, rows.toArrow)
+        return self._action(name, lambda: spark_kind.to_arrow(rows))
 
     def shuffle(
         self,
@@ -242,9 +242,9 @@ class OnSpark:
         frame = rows.repartition(partitions, "slot")
         if sort:
             frame = frame.sortWithinPartitions(*sort)
-        action = frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow
+        mapped = frame.mapInArrow(self._task(task), spark_ddl(schema))
         with nullcontext() if batch_bytes is None else _arrow_batches_of(self.spark, batch_bytes):
-            return self._action(name, action)
+            return self._action(name, lambda: spark_kind.to_arrow(mapped))
 
     def scan(
         self, name: str, rows: DataFrame, key: str, order: Sequence[str], task: Task, schema: pa.Schema
@@ -252,7 +252,8 @@ class OnSpark:
         """The rows hashed by `key` into the session's shuffle partitions
         (`spark.sql.shuffle.partitions`), sorted in each (spilling to disk as Spark sorts)."""
         frame = rows.repartition(key).sortWithinPartitions(key, *order)
-        return self._action(name, frame.mapInArrow(self._task(task), spark_ddl(schema)).toArrow)
+        mapped = frame.mapInArrow(self._task(task), spark_ddl(schema))
+        return self._action(name, lambda: spark_kind.to_arrow(mapped))
 
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """Items and results pickled: they cross as a binary column, a task per item."""
@@ -265,7 +266,7 @@ class OnSpark:
                 yield pa.RecordBatch.from_arrays([b.column(0), pa.array(done, pa.binary())], ["item", "result"])
 
         frame = self.spark.range(0, len(items), 1, len(items)).mapInArrow(self._task(results), _EACH_ROWS)
-        got = self._action(name, frame.toArrow)
+        got = self._action(name, lambda: spark_kind.to_arrow(frame))
         by_item = dict(zip(got.column("item").to_pylist(), got.column("result").to_pylist()))
         return [pickle.loads(by_item[i]) for i in range(len(items))]
 

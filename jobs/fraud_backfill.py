@@ -130,6 +130,7 @@ def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     import reader.spark
     from keygroups import compacted, handoff
     from keygroups.storage import StorageError, open_storage, overlapping
+    from reader import available_now
 
     windows_dir = args.out.rstrip("/") + "/windows"
     checkpoint = args.out.rstrip("/") + "/_checkpoint"
@@ -164,13 +165,12 @@ def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         .option("checkpointLocation", checkpoint)
     )
     if kafka and not args.until_now:
-        query = writer.trigger(processingTime=args.trigger).start()
-        follow_live(query, args.live_seconds)
-    else:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
+        queries = [writer.trigger(processingTime=args.trigger).start()]
+        follow_live(queries[0], args.live_seconds)
+    else:  # runs again from the checkpoint where Spark runs one micro-batch a run (Spark 4.0 and 4.1)
+        queries = available_now.available_now_to_end(spark, writer)
     seconds = time.perf_counter() - started
-    progress = spark_kind.progress(query)
+    progress = available_now.progress(queries)
     rows_in = sum(p["numInputRows"] for p in progress)
     dropped = sum(op.get("numRowsDroppedByWatermark", 0) for p in progress for op in p.get("stateOperators", []))
 

@@ -32,8 +32,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from keygroups import spark_kind
-
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -110,6 +108,7 @@ def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     import reader.spark
     from keyfill.cli.args import time_ms
     from keygroups.storage import StorageError, open_storage, overlapping
+    from reader import available_now
 
     joined_dir = args.out.rstrip("/") + "/joined"
     checkpoint = args.out.rstrip("/") + "/_checkpoint"
@@ -143,17 +142,15 @@ def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
         spark.conf.set(k, v)
     try:
         started = time.perf_counter()
-        query = (
+        writer = (
             joined.writeStream.format("parquet")
             .outputMode("append")
             .option("path", joined_dir)
             .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
         )
-        query.awaitTermination()
+        queries = available_now.available_now_to_end(spark, writer)  # several runs on Spark 4.0 and 4.1
         seconds = time.perf_counter() - started
-        progress = spark_kind.progress(query)
+        progress = available_now.progress(queries)
     finally:
         for k, v in before.items():
             spark.conf.unset(k) if v is None else spark.conf.set(k, v)

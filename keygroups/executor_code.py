@@ -28,7 +28,7 @@ import zipfile
 from typing import Any
 
 from keygroups.errors import ExecutorsNotEquipped
-from keygroups.spark_kind import is_connect
+from keygroups.spark_kind import is_connect, to_arrow
 
 PACKAGES = ("keyfill", "keygroups", "compactor", "reader", "jobs")  # what a task may import of keyfill
 # What keyfill's tasks import from PyPI, by module name (the storage SDKs depend on the URL:
@@ -105,7 +105,7 @@ def look_on_executors(spark: Any) -> dict[str, Any]:
             version = ""
         yield pa.RecordBatch.from_pydict({"missing": [",".join(missing)], "version": [version]})
 
-    row = spark.range(0, 1, 1, 1).mapInArrow(look, "missing string, version string").toArrow().to_pylist()[0]
+    row = to_arrow(spark.range(0, 1, 1, 1).mapInArrow(look, "missing string, version string")).to_pylist()[0]
     return {"missing": [m for m in row["missing"].split(",") if m], "version": row["version"]}
 
 

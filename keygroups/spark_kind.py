@@ -37,6 +37,20 @@ def cores(spark: Any) -> int:
     return _cores[key]
 
 
+def to_arrow(frame: Any) -> Any:
+    """A DataFrame's rows as one Arrow table, on every supported Spark: `toArrow` where the
+    DataFrame has it (Spark 4.0, and every Connect session), else a classic 3.5 DataFrame's
+    `_collect_as_arrow`, which its own `toPandas` uses (3.5 has no public call that returns
+    Arrow), with the schema Spark gives those batches."""
+    to_arrow = getattr(frame, "toArrow", None)
+    if to_arrow is not None:
+        return to_arrow()
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return pa.Table.from_batches(frame._collect_as_arrow(), to_arrow_schema(frame.schema))
+
+
 def master(spark: Any) -> str:
     """Where the session runs, for log lines: its master (a Connect server reports its own)."""
     try:

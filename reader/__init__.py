@@ -11,9 +11,8 @@ On Spark, `reader.spark.register(spark)` adds `format("keyfill")` (batch and str
 see docs/spark-source.md). It is a submodule so that `import reader` never loads pyspark.
 """
 
-from typing import Any
-
 from keygroups._from_zip import files_for
+from keygroups.lazy_names import names_from
 
 __path__ = files_for(__name__, __path__, __file__)  # noqa: F821 - from a zip: the extracted copy (numba caches)
 
@@ -34,13 +33,6 @@ _PUBLIC = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        import importlib
-
-        value = globals()[name] = getattr(importlib.import_module(_PUBLIC[name]), name)  # once
-        return value
-    raise AttributeError(f"module 'reader' has no attribute {name!r}")
-
+__getattr__ = names_from(globals(), _PUBLIC)
 
 __all__ = list(_PUBLIC)

@@ -5,26 +5,11 @@ user meets and stay with the code that raises them."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from keygroups.errors import KeyfillError, OptionError
 
 
 class DataSourceOptionError(OptionError):
     """An option of the keyfill Spark source is missing or malformed; names the option."""
-
-
-OLD_OPTION_ERROR = "SourceOptionError"  # the name before the glossary pass
-
-
-def __getattr__(name: str) -> Any:
-    """The error's earlier name, still importable for a while (with a warning): "source"
-    alone is a source archive in keyfill's words, and this error is the Spark data source's."""
-    if name == OLD_OPTION_ERROR:
-        warnings.warn(f"reader.errors.{name} is now DataSourceOptionError", DeprecationWarning, stacklevel=2)
-        return DataSourceOptionError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ArchiveChanged(KeyfillError, ValueError):
@@ -68,3 +53,8 @@ class RoutingError(KeyfillError, ValueError):
 
 class NotARecordBatch(KeyfillError, TypeError):
     """The Flink key router was handed something other than a pyarrow.RecordBatch."""
+
+
+class DataSourceUnavailable(KeyfillError, RuntimeError):
+    """The session's Spark lacks what the Spark source needs (the Python Data Source API, or
+    filter pushdown): names the Spark and what does work there (`reader.spark_api`)."""

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import InputPartition
 
 from keygroups.errors import KeyfillError
 from reader.errors import DataLoss, KafkaReadError
+from reader.spark_api import InputPartition
 from reader.spark_rows import CREATE_TIME, HEADERS, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE, TIMESTAMP, arrow_schema
 
 LOG = logging.getLogger("keyfill.kafka")  # the client's own log lines (a retry each 50 ms when down): not on stderr

@@ -40,7 +40,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import (
+
+from keygroups import compacted
+from reader.spark_api import (  # stand-ins before Spark 4.1, where nothing is ever pushed
     EqualNullSafe,
     EqualTo,
     Filter,
@@ -52,8 +54,6 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
     Not,
 )
-
-from keygroups import compacted
 
 # the columns whose filters the source applies exactly, and the type their values must have
 EXACT = {"key_group": int, "slice": int, "partition": int, "topic": str}

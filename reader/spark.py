@@ -31,36 +31,39 @@ parses options.
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 from collections.abc import Iterator, MutableMapping
-from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, Filter, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxFiles,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
 
 from keygroups import spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
-from reader.errors import ArchiveChanged, DataSourceOptionError
+from reader import spark_admission, spark_api
+from reader.errors import ArchiveChanged, DataSourceOptionError, DataSourceUnavailable
 from reader.kafka_live import KafkaRange, partition_marks
 from reader.planning_process import keep_pandas_out
 from reader.pushdown import Pushdown, push
+from reader.spark_admission import Admission
+from reader.spark_api import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    Filter,
+    InputPartition,
+    ReadLimit,
+    SupportsTriggerAvailableNow,
+)
 from reader.spark_live import LivePlanner
 from reader.spark_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
 from reader.spark_partitions import NAME, ArchivePlanner, GroupsPartition, Limits
 from reader.spark_rows import schema_ddl
 from reader.strides import Strides
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 __all__ = [  # what a user's code takes from here: the source, its options and its errors
     "DEFAULT_MAX_BYTES_PER_TRIGGER",
@@ -76,16 +79,6 @@ __all__ = [  # what a user's code takes from here: the source, its options and i
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def __getattr__(name: str) -> Any:
-    """The option error's earlier name, which this module exported (with a warning)."""
-    from reader import errors
-
-    if name == errors.OLD_OPTION_ERROR:
-        warnings.warn(f"reader.spark.{name} is now DataSourceOptionError", DeprecationWarning, stacklevel=2)
-        return errors.DataSourceOptionError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     """Make `format("keyfill")` available in this Spark session. The session's default
     parallelism now (its cores) sizes the input partitions when `numPartitions` is not set.
@@ -94,14 +87,33 @@ def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     Opt-in, because PySpark 4.3 keeps a pushdown's read plan on the loaded DataFrame: a
     DataFrame scanned twice with different filters reads the last ones both times
     (docs/spark-source.md, "Filters")."""
+    spark_api.require_data_sources(spark)  # one line on a Spark without Python data sources (open-source 3.5)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if filter_pushdown and not spark_api.FILTER_PUSHDOWN:
+        raise DataSourceUnavailable(
+            f"register(spark, filter_pushdown=True): this PySpark ({_pyspark_version()}) has no filter pushdown for "
+            "Python data sources (Spark 4.1 or later has): leave filter_pushdown out, and filter the DataFrame"
+        )
     if filter_pushdown and not _filter_pushdown(spark):
         raise DataSourceOptionError(
             f"register(spark, filter_pushdown=True) needs spark.conf.set({PUSHDOWN_CONF!r}, 'true') first: "
             "PySpark refuses a Python reader that takes filters while it is false"
         )
+    if not spark_api.ADMISSION_CONTROL:
+        logging.getLogger("keyfill").warning(
+            "PySpark %s runs Trigger.AvailableNow over format('keyfill') as one micro-batch a run (Spark 4.2 runs "
+            "it to the end): reader.available_now.available_now_to_end(spark, writer) runs it again until it has read "
+            "everything (docs/spark-source.md)",
+            _pyspark_version(),
+        )
     ship_to_executors(spark)  # a Connect server may lack keyfill: its workers read the archive
     spark.dataSource.register(_portable(root, spark_kind.cores(spark), filter_pushdown))
+
+
+def _pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 def _filter_pushdown(spark: Any) -> bool:
@@ -247,13 +259,18 @@ class KeyfillPushdownReader(KeyfillBatchReader):
 class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """`spark.readStream.format("keyfill")`: whole slices per micro-batch.
 
-    Admission control: `maxSlicesPerTrigger` becomes Spark's ReadMaxFiles (a slice counts
-    as a file), else `maxOffsetsPerTrigger` ReadMaxRows, else `maxBytesPerTrigger` (by
-    default DEFAULT_MAX_BYTES_PER_TRIGGER) ReadMaxBytes; whatever else is set applies too.
-    A batch always takes at least one slice with records, however large, and empty slices
-    are free (they ride along). Each trigger first moves to the latest version, so a running
-    query picks up appends; Trigger.AvailableNow's target is the last slice of the version
-    that was latest when the query started."""
+    Admission control (Spark 4.2 and later, which hands `latestOffset` a start and a read
+    limit; `reader.spark_admission`): a batch always takes at least one slice with records,
+    however large, and empty slices are free (they ride along). Each trigger first moves to
+    the latest version, so a running query picks up appends; Trigger.AvailableNow's target
+    is the last slice of the version that was latest when the query started.
+
+    Before 4.2 Spark asks `latestOffset()` with no arguments, once a trigger, and the source
+    bounds its batches itself by the same options, from where the query is (`self.at`): the
+    end of the batch Spark planned or replayed last (a restarted query first calls
+    `partitions` with its last logged end), else, in a new query (which asks for the latest
+    offset before the initial one), the initial offset. Trigger.AvailableNow is then one
+    micro-batch a run, which `reader.available_now.available_now_to_end` repeats to the end."""
 
     def __init__(self, opts: Options):
         keep_pandas_out()  # in Spark's planning process only: its start is every query's (reader.planning_process)
@@ -263,6 +280,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = False
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
         self.reached: dict[str, Any] | None = None  # the end of the batch planned last
+        self.at: dict[str, Any] | None = None  # before Spark 4.2: where the query is (the class docstring)
         paced = opts.max_event_time_per_trigger
         self.strides = Strides(paced) if paced else None
 
@@ -281,13 +299,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return first | {"stride": self.strides.of(self.archive.paced_start_ms())}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.strides is not None:
-            return ReadAllAvailable()  # a stride a batch (reader.strides); maxOffsetsPerTrigger caps the live phase
-        if self.opts.max_slices_per_trigger:
-            return ReadMaxFiles(self.opts.max_slices_per_trigger)
-        if self.opts.max_offsets_per_trigger and not self.opts.max_bytes_per_trigger:
-            return ReadMaxRows(self.opts.max_offsets_per_trigger)
-        return ReadMaxBytes(self.opts.max_bytes_per_trigger or DEFAULT_MAX_BYTES_PER_TRIGGER)
+        return spark_admission.default_read_limit(self.opts)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.available_now = True  # the target: the end of the version latest now (and of the topic)
@@ -296,19 +308,26 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             marks = partition_marks(self.opts.kafka, self.archive.topic)
             self.live_target = {p: high for p, (_, high) in marks.items()}
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         """Whole slices while the archive lasts; with kafka.* options, once every slice has
         been read (a trigger later), the topic from the hand-off offsets on. A trigger reads
-        the archive or the topic, never both."""
-        self.reached = self._latest(start, limit)
+        the archive or the topic, never both. Its parameters (which make Spark 4.2 and later
+        pass them, with admission control) are None from an older Spark: the source's own
+        limits from where the query is (the class docstring)."""
+        if start is None or limit is None:
+            start = self.at if self.at is not None else self.initialOffset()
+            self.reached = self._latest(start, spark_admission.own_limits(self.opts))
+        else:
+            self.reached = self._latest(start, spark_admission.of_read_limit(self.opts, limit))
+        self.at = self.reached
         return self.reached
 
-    def _latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def _latest(self, start: dict[str, Any], admit: Admission) -> dict[str, Any]:
         archive = self.archive
         if "kafka" in start:
             archive.position(start)  # the same archive
-            return self._live_latest(start, start, limit)
-        end = self._archive_latest(start, limit)
+            return self.live.latest(start, start, admit.live_rows, self.live_target)
+        end = self._archive_latest(start, admit.archive)
         if not self.live.goes_live() or end["slice"] != archive.position(start):
             return end
         if end["slice"] < archive.manifest.slices:
@@ -316,17 +335,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # the switch: from the hand-off offsets (a partition the topic gained since: from 0, below)
         switch_at = self.live.switch_offsets(archive.manifest.version)
         switch = end | {"kafka": {str(p): o for p, o in switch_at.items()}}
-        return self._live_latest(start, switch, limit)
+        return self.live.latest(start, switch, admit.live_rows, self.live_target)
 
-    def _live_latest(self, start: dict[str, Any], at: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        most = None
-        if isinstance(limit, ReadMaxRows):
-            most = limit.max_rows
-        elif self.strides is not None or not isinstance(limit, ReadAllAvailable):
-            most = self.opts.max_offsets_per_trigger
-        return self.live.latest(start, at, most, self.live_target)
-
-    def _archive_latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def _archive_latest(self, start: dict[str, Any], limits: Limits) -> dict[str, Any]:
         archive = self.archive
         if not self.available_now:
             archive.refresh()
@@ -334,16 +345,6 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = archive.position(start)
         if self.strides is not None:
             return self.strides.latest(archive, start, first, slices)
-        limits = Limits()
-        if not isinstance(limit, ReadAllAvailable):
-            o = self.opts
-            limits = Limits(o.max_slices_per_trigger, o.max_bytes_per_trigger, o.max_offsets_per_trigger)
-        if isinstance(limit, ReadMaxFiles):
-            limits = replace(limits, slices=limit.max_files)
-        elif isinstance(limit, ReadMaxBytes):
-            limits = replace(limits, bytes=limit.max_bytes)
-        elif isinstance(limit, ReadMaxRows):
-            limits = replace(limits, rows=limit.max_rows)
         return archive.offset(archive.admit(first, slices, limits))
 
     def reportLatestOffset(self) -> dict[str, Any]:
@@ -371,6 +372,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest | {"progress": progress}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        self.at = end  # before Spark 4.2, how a restarted query says where it is (the class docstring)
         if "kafka" in end:
             self.archive.position(end)
             return list(self.live.ranges(start, end))

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pyspark.sql.datasource import InputPartition
 
 from keygroups import compacted, handoff
 from keygroups.errors import ObjectNotFound
@@ -22,6 +21,7 @@ from keygroups.storage import Storage, open_storage
 from reader.errors import ArchiveChanged, DataSourceOptionError, VersionGone
 from reader.memory import bounded_read_ahead
 from reader.pushdown import Pushdown
+from reader.spark_api import InputPartition
 from reader.spark_options import PACED_WITHOUT_START, Options
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
 

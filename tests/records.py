@@ -143,11 +143,13 @@ def archive_assignment(store):
     return load_assignment(store, compacted.load_manifest(store).assignment)
 
 
-def canonical_files(url: str) -> dict:
+def canonical_files(url: str, assignment_rows: bool = False) -> dict:
     """An archive's latest version as invariant 6 compares it: the assignment's and every
     segment file's bytes, the index rows and the manifest, with the run ids (random per
     run, in every file name; an appended archive's runs numbered in their order) and what
-    only says when and as which version it was committed taken out."""
+    only says when and as which version it was committed taken out. `assignment_rows`: the
+    assignment's schema and rows instead of its bytes, to compare archives written with
+    different pyarrow releases (a Parquet footer names the one that wrote it)."""
     import io
     import json
 
@@ -168,7 +170,10 @@ def canonical_files(url: str) -> dict:
             key = key.replace(f"-{run}", "" if len(runs) == 1 else f"-run{i}")
         return key
 
-    out = {"assignment": store.read(m.assignment)}
+    out: dict = {"assignment": store.read(m.assignment)}
+    if assignment_rows:
+        table = pq.read_table(io.BytesIO(out["assignment"]))
+        out["assignment"] = [str(table.schema.remove_metadata()), table.to_pylist()]
     for o in store.list():
         if o.key.startswith(compacted.GROUPS + "/"):
             assert any(r in o.key for r in runs), f"{o.key}: a file of a run the manifest does not name"

@@ -65,8 +65,11 @@ SENSES: dict[str, set[str]] = {
         "source_options_from_args",
         # Spark's "data source", said whole: format("keyfill")
         "DataSourceOptionError",
+        "DataSourceUnavailable",
+        "DATA_SOURCES",
         "KeyfillDataSource",
         "data_source_name",
+        "require_data_sources",
     },
     # consecutive pieces of one segment file fetched together
     "span": {

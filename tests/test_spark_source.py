@@ -408,6 +408,48 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
     assert len(seen) == sum(len(m.pieces) for m in metas[start:])
 
 
+@hypothesis_settings(200)
+@given(
+    max_slices=st.none() | st.integers(1, 4),
+    max_bytes=st.none() | st.integers(1, 2_000_000),
+    max_rows=st.none() | st.integers(1, 5_000),
+    start=st.integers(0, 3),
+    restart_after=st.integers(0, 12),
+)
+def test_without_admission_control_the_source_bounds_its_batches_as_spark_would(
+    archive, max_slices, max_bytes, max_rows, start, restart_after
+):
+    """Spark 4.0 and 4.1 call `latestOffset()` with no arguments: before `initialOffset()` in
+    a new query, after `partitions(X, X)` (X: the last logged end) in a restarted one. The
+    source then walks the same batches as Spark 4.2's admission control with its default
+    read limit, whatever the options, and a restart goes on where the checkpoint is."""
+    url, _ = archive
+    opts = {"path": url, "startingSlice": str(start)}
+    for name, value in (("maxSlicesPerTrigger", max_slices), ("maxBytesPerTrigger", max_bytes)):
+        if value is not None:
+            opts[name] = str(value)
+    if max_rows is not None:
+        opts["maxOffsetsPerTrigger"] = str(max_rows)
+    options = reader.spark.Options.parse(opts)
+    admitted = reader.spark.KeyfillStreamReader(options)
+    offset, want = admitted.initialOffset(), []
+    while (end := admitted.latestOffset(offset, admitted.getDefaultReadLimit())) != offset:
+        want.append((offset, end))
+        offset = end
+
+    own = reader.spark.KeyfillStreamReader(options)
+    end, got = own.latestOffset(), []  # a new query: the latest offset first
+    offset = own.initialOffset()
+    while end != offset:
+        own.partitions(offset, end)
+        got.append((offset, end))
+        if len(got) == restart_after:  # a new planning process, told where the query is as Spark tells it
+            own = reader.spark.KeyfillStreamReader(options)
+            assert own.partitions(end, end) == []
+        offset, end = end, own.latestOffset()
+    assert json.loads(json.dumps(got)) == json.loads(json.dumps(want))
+
+
 def test_bundled_partitions_are_balanced_by_bytes(archive):
     url, _ = archive
     rdr = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": url, "numPartitions": "2"}))

@@ -12,38 +12,36 @@ For a Spark query, `check_spark_query` (needs keyfill[spark]). Pytest fixtures
 (`keyfill_spark`, `keyfill_s3`) come with the package's pytest plugin.
 """
 
-from keyfill.synth.topic import LAYOUTS, Record, TopicArchive, write_archive
-from keyfill.testing.differential import (
-    Backfill,
-    CheckResult,
-    DifferentialError,
-    check_job,
-    compact_example,
-    keyfill_replay,
-)
-from keyfill.testing.reference import MAX_WATERMARK, Watermark, late_in_partition, live_order, reference_stream
-from keyfill.testing.spark import SparkCheckResult, check_spark_query
-from keyfill.testing.strategies import BackfillSettings, backfill_settings, topic_archives
+from keygroups.lazy_names import names_from
 
-__all__ = [
-    "LAYOUTS",
-    "MAX_WATERMARK",
-    "Backfill",
-    "BackfillSettings",
-    "CheckResult",
-    "SparkCheckResult",
-    "DifferentialError",
-    "Record",
-    "TopicArchive",
-    "Watermark",
-    "backfill_settings",
-    "check_job",
-    "check_spark_query",
-    "compact_example",
-    "keyfill_replay",
-    "late_in_partition",
-    "live_order",
-    "reference_stream",
-    "topic_archives",
-    "write_archive",
-]
+# Where each public name is defined, imported on first use: pytest loads this package for its
+# plugin (keyfill.testing.pytest_plugin, the `pytest11` entry point) in every test run of an
+# environment keyfill is installed in, where hypothesis, numba, pyiceberg and pyspark may be
+# absent (no [testing] extra) or slow to import.
+_PUBLIC = {
+    "LAYOUTS": "keyfill.synth.topic",
+    "Record": "keyfill.synth.topic",
+    "TopicArchive": "keyfill.synth.topic",
+    "write_archive": "keyfill.synth.topic",
+    "Backfill": "keyfill.testing.differential",
+    "CheckResult": "keyfill.testing.differential",
+    "DifferentialError": "keyfill.testing.differential",
+    "check_job": "keyfill.testing.differential",
+    "compact_example": "keyfill.testing.differential",
+    "keyfill_replay": "keyfill.testing.differential",
+    "MAX_WATERMARK": "keyfill.testing.reference",
+    "Watermark": "keyfill.testing.reference",
+    "late_in_partition": "keyfill.testing.reference",
+    "live_order": "keyfill.testing.reference",
+    "reference_stream": "keyfill.testing.reference",
+    "SparkCheckResult": "keyfill.testing.spark",
+    "check_spark_query": "keyfill.testing.spark",
+    "BackfillSettings": "keyfill.testing.strategies",
+    "backfill_settings": "keyfill.testing.strategies",
+    "topic_archives": "keyfill.testing.strategies",
+}
+
+
+__getattr__ = names_from(globals(), _PUBLIC)
+
+__all__ = sorted(_PUBLIC)

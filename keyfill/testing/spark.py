@@ -181,50 +181,53 @@ class _Collected:
 def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequence[int] = ()) -> _Collected:
     """Run `df` with AvailableNow into a sink keyed by batch id (a replayed batch replaces
     its first writing, as an idempotent sink does), crashing after `stops[i]` micro-batches
-    of run i and resuming from `checkpoint`.
+    of attempt i and resuming from `checkpoint`. Where Spark runs one micro-batch a run
+    (Spark 4.0 and 4.1: `reader.available_now`), an attempt is as many runs as it takes.
 
     The sink keeps each batch's rows in a file of its own beside the checkpoint, and counts
-    the batches a run wrote in files too: a Spark Connect session runs a `foreachBatch`
+    the batches an attempt wrote in files too: a Spark Connect session runs a `foreachBatch`
     function on the server, in a process of its own, where nothing it keeps in memory
     reaches this one (the check then needs a server that shares this machine's files: a
     local one)."""
     from pyspark.errors import StreamingQueryException
 
+    from reader.available_now import ends_in_one_query
+
     folder = checkpoint + "-batches"
     os.makedirs(folder, exist_ok=True)
     dropped = batches = restarts = 0
-    for run, stop in enumerate([*stops, None]):
+    for attempt, stop in enumerate([*stops, None]):
 
         def sink(
-            batch: DataFrame, batch_id: int, stop: int | None = stop, run: int = run, folder: str = folder
+            batch: DataFrame, batch_id: int, stop: int | None = stop, attempt: int = attempt, folder: str = folder
         ) -> None:
             rows = [r.asDict(recursive=True) for r in batch.collect()]
             name = os.path.join(folder, f"{batch_id:010d}.pickle")
             with open(name + ".part", "wb") as f:
                 pickle.dump(rows, f)
             os.replace(name + ".part", name)
-            open(os.path.join(folder, f"run-{run}-{batch_id}"), "w").close()
-            ran = sum(n.startswith(f"run-{run}-") for n in os.listdir(folder))
+            open(os.path.join(folder, f"attempt-{attempt}-{batch_id}"), "w").close()
+            ran = sum(n.startswith(f"attempt-{attempt}-") for n in os.listdir(folder))
             if stop is not None and ran >= stop:
                 raise _Crash(MARKER)
 
-        query = (
-            df.writeStream.outputMode("append")
-            .foreachBatch(sink)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
+        writer = df.writeStream.outputMode("append").foreachBatch(sink).option("checkpointLocation", checkpoint)
         crashed = False
-        try:
-            query.awaitTermination()
-        except StreamingQueryException as e:
-            if MARKER not in str(e):
-                raise
-            crashed = True
-        for p in spark_kind.progress(query):
-            batches += p["numInputRows"] > 0
-            dropped += sum(op.get("numRowsDroppedByWatermark", 0) for op in p.get("stateOperators", []))
+        while True:
+            query = writer.trigger(availableNow=True).start()
+            try:
+                query.awaitTermination()
+            except StreamingQueryException as e:
+                if MARKER not in str(e):
+                    raise
+                crashed = True
+            read = 0
+            for p in spark_kind.progress(query):
+                read += p["numInputRows"]
+                batches += p["numInputRows"] > 0
+                dropped += sum(op.get("numRowsDroppedByWatermark", 0) for op in p.get("stateOperators", []))
+            if crashed or ends_in_one_query(spark) or not read:
+                break
         if not crashed:
             break
         restarts += 1
