@@ -13,6 +13,8 @@ as a cluster library is installed:
   defaults and at a small byte budget (`reader.available_now`: one run on 4.2 and later,
   several before), and the fraud example job drops no record as late; where it has none
   (open-source 3.5), register refuses in one line naming the Spark it needs;
+- filter pushdown from 4.1, refused in one line on 4.0;
+- from the archive into the live topic on a real broker (tansu), in the fraud example job;
 - a Spark Connect session (4.0 and later) compacts the same archive and streams it.
 
 This run's pytest has no hypothesis: keyfill's pytest plugin loads without it (a plain
@@ -25,6 +27,7 @@ import importlib.util
 import json
 import os
 import pickle
+import random
 import subprocess
 import sys
 import time
@@ -164,6 +167,72 @@ else:
         result = fraud_backfill.job(spark, args)
         assert result["dropped_late"] == 0
         assert result["records"] == records_of(spark, compacted) and result["batches"] > 2 and result["windows"] > 0
+
+    def test_filter_pushdown_where_pyspark_has_it(spark, compacted):
+        """From 4.1 a batch read takes the filters Spark pushes (and reads what a read without
+        them filtered by Spark reads); on 4.0 asking for it is refused in one line."""
+        import reader.spark
+        from reader.errors import DataSourceUnavailable
+
+        if not spark_api.FILTER_PUSHDOWN:
+            with pytest.raises(DataSourceUnavailable) as caught:
+                reader.spark.register(spark, filter_pushdown=True)
+            assert "\n" not in str(caught.value) and "filter" in str(caught.value)
+            return
+        spark.conf.set(reader.spark.PUSHDOWN_CONF, "true")
+        try:
+            reader.spark.register(spark, filter_pushdown=True)
+            pushed = spark.read.format("keyfill").load(compacted).where("key_group = 1")
+            got = [r.offset for r in pushed.select("offset").collect()]
+            reader.spark.register(spark)
+            everything = spark.read.format("keyfill").load(compacted)
+            want = [r.offset for r in everything.where("key_group = 1").select("offset").collect()]
+        finally:
+            spark.conf.set(reader.spark.PUSHDOWN_CONF, "false")
+        assert sorted(got) == sorted(want) and want
+
+
+LIVE = spark_api.DATA_SOURCES and importlib.util.find_spec("confluent_kafka") is not None
+
+if LIVE:
+
+    def test_the_fraud_example_goes_on_into_the_live_topic(spark, tmp_path):
+        """The archive of the first part of a topic, then the topic itself on a real broker
+        (tansu), in one query: `jobs/fraud_backfill.py --kafka --until-now`, every record
+        once and none late, across the runs Spark before 4.2 needs."""
+        from compactor.job import CompactConfig, compact
+        from jobs import fraud_backfill
+        from keyfill.synth.topic import Record, TopicArchive, write_archive
+        from keyfill.testing.kafka_broker import start_broker
+
+        rng = random.Random(3)
+        parts = []
+        for p in range(2):
+            clock, records = 1_700_000_000_000, []
+            for o in range(1_500):
+                clock += rng.randrange(0, 80)
+                user = f"u{rng.randrange(30):02d}"
+                value = json.dumps({"user": user, "amount": rng.randrange(100, 9_999) / 100, "merchant": "m1"})
+                records.append(Record(p, o, clock - rng.choice([0, 0, 400]), user.encode(), value.encode()))
+            parts.append(tuple(records))
+        prefix = TopicArchive("payments", tuple(part[: len(part) * 3 // 5] for part in parts), 250)
+        dest = str(tmp_path / "compacted")
+        source = write_archive(prefix, str(tmp_path / "src"))
+        compact(CompactConfig(**source, dest=dest, groups=4, slice_duration="10s"))
+        with start_broker() as broker:
+            name = f"payments-{os.getpid()}"
+            broker.create_topic(name, len(parts))
+            producer = broker.producer()
+            for r in (r for part in parts for r in part):
+                producer.produce(name, key=r.key, value=r.value, partition=r.partition, timestamp=r.timestamp)
+            assert producer.flush(30) == 0
+            args = fraud_backfill.parse_args(
+                [dest, "--out", str(tmp_path / "fraud"), "--kafka", broker.bootstrap, "--topic", name]
+                + ["--until-now", "--max-offsets-per-trigger", "1000", "--max-slices-per-trigger", "4"]
+            )
+            result = fraud_backfill.job(spark, args)
+        assert result["records"] == sum(len(part) for part in parts) and result["dropped_late"] == 0
+        assert result["windows"] > 0
 
 
 if CONNECT:
