@@ -131,14 +131,3 @@ def test_the_replay_runs_two_threads_a_core_between_4_and_32(monkeypatch, cores,
 
     monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     assert options.default_threads() == threads
-
-
-def test_the_option_errors_earlier_name_still_imports_with_a_warning() -> None:
-    import reader.errors
-    import reader.spark
-
-    for module in (reader.errors, reader.spark):
-        with pytest.warns(DeprecationWarning, match="DataSourceOptionError"):
-            assert getattr(module, reader.errors.OLD_OPTION_ERROR) is DataSourceOptionError
-        with pytest.raises(AttributeError):
-            module.NoSuchName  # noqa: B018

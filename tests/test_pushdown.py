@@ -174,7 +174,8 @@ def test_a_filtered_read_is_the_whole_read_filtered_and_the_source_drops_what_it
     # (Spark may infer more pushed filters from a disjunction: then fewer rows still)
     own = table.filter(_all(e for sql, f, e in drawn if f is not None and exact(sql)))
     assert expected.num_rows <= read <= own.num_rows, where
-    if all(f is not None and not sql.startswith("timestamp") for sql, f, _ in drawn):
+    folded = expected.num_rows == read == 0  # a contradiction Spark's optimizer folds: no scan at all
+    if all(f is not None and not sql.startswith("timestamp") for sql, f, _ in drawn) and not folded:
         assert read == own.num_rows, where
 
 

@@ -414,18 +414,26 @@ def test_planning_takes_whole_slices_within_limits_and_reads_every_file_once(arc
     max_bytes=st.none() | st.integers(1, 2_000_000),
     max_rows=st.none() | st.integers(1, 5_000),
     start=st.integers(0, 3),
+    paced=st.none() | st.integers(1, 4),
     restart_after=st.integers(0, 12),
 )
 def test_without_admission_control_the_source_bounds_its_batches_as_spark_would(
-    archive, max_slices, max_bytes, max_rows, start, restart_after
+    archive, max_slices, max_bytes, max_rows, start, paced, restart_after
 ):
     """Spark 4.0 and 4.1 call `latestOffset()` with no arguments: before `initialOffset()` in
     a new query, after `partitions(X, X)` (X: the last logged end) in a restarted one. The
     source then walks the same batches as Spark 4.2's admission control with its default
-    read limit, whatever the options, and a restart goes on where the checkpoint is."""
-    url, _ = archive
+    read limit, whatever the options (paced in event time too), and a restart goes on where
+    the checkpoint is."""
+    url, table = archive
     opts = {"path": url, "startingSlice": str(start)}
-    for name, value in (("maxSlicesPerTrigger", max_slices), ("maxBytesPerTrigger", max_bytes)):
+    limits = (("maxSlicesPerTrigger", max_slices), ("maxBytesPerTrigger", max_bytes))
+    if paced is not None:  # event-time pacing: a stride of `paced` slices a batch, from a time, and no other limit
+        first_ms = pc.min(table.column("timestamp").cast(pa.int64())).as_py()
+        stride_ms = paced * compacted.load_manifest(open_storage(url)).slice_duration_ms
+        opts = {"path": url, "maxEventTimePerTrigger": f"{stride_ms}ms", "startingTimestamp": str(first_ms)}
+        limits = ()
+    for name, value in limits:
         if value is not None:
             opts[name] = str(value)
     if max_rows is not None:

@@ -14,7 +14,10 @@ from keygroups.storage.limits import DeadlineExceeded, StoreLimits
 
 S3Limits = StoreLimits  # the name this had when only S3 was bounded
 
-DEFAULT_MAX_ATTEMPTS = 5
+# Unset AWS_MAX_ATTEMPTS: attempts until the deadline ends the request, as GCS's and Azure's
+# SDKs retry for a time, not a count. A count of 5 ended a throttled read (503 SlowDown) after
+# a few seconds of backoff, with botocore's error instead of the deadline's, whichever came first.
+DEFAULT_MAX_ATTEMPTS = 100
 
 
 def _deadline_hooks(events: Any, limits: StoreLimits) -> None:

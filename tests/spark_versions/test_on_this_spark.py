@@ -6,7 +6,8 @@ as a cluster library is installed:
 - the compaction on Spark writes the in-process compaction's archive, byte for byte (the
   assignment by its rows), and its canonical form goes to $KEYFILL_SPARK_VERSIONS_OUT, where
   the run compares every version's (tests/spark_versions/compare.py);
-- verify, in process and on Spark, passes;
+- `plan` on Spark estimates what it estimates in process; verify, in process and on Spark,
+  passes;
 - `format("keyfill")`, where PySpark has Python data sources (4.0 and later): every record
   once in a batch read, in a processing-time stream of several micro-batches stopped and
   restarted from its checkpoint, and in Trigger.AvailableNow runs to the archive's end at the
@@ -77,6 +78,19 @@ def test_verify_in_process_and_on_spark_pass(spark, source, compacted):
         verify_spark(open_source(source), open_storage(compacted), spark),
     ):
         assert report.ok and report.records > 0, report.to_json()
+
+
+def test_plan_on_spark_is_the_in_process_plan(spark, source, tmp_path):
+    """`keyfill plan`'s estimate, its statistics pass on this Spark and in this process."""
+    from compactor.estimate import estimate
+    from compactor.execution import for_session
+    from compactor.job import CompactConfig, analyse, prepare
+
+    plans = []
+    for session in (None, spark):
+        prepared = prepare(CompactConfig(source=source, dest=str(tmp_path / "planned"), **COMPACT), dry_run=True)
+        plans.append(estimate(prepared, analyse(prepared, for_session(session), {})).to_json())
+    assert plans[0] == plans[1] and plans[0]["records"] > 0
 
 
 def records_of(spark, compacted) -> int:
