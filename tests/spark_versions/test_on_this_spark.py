@@ -16,6 +16,7 @@ as a cluster library is installed:
   (open-source 3.5), register refuses in one line naming the Spark it needs;
 - filter pushdown from 4.1, refused in one line on 4.0;
 - from the archive into the live topic on a real broker (tansu), in the fraud example job;
+  two archives paced in event time and joined (the join example), none late;
 - a Spark Connect session (4.0 and later) compacts the same archive and streams it.
 
 This run's pytest has no hypothesis: keyfill's pytest plugin loads without it (a plain
@@ -181,6 +182,27 @@ else:
         result = fraud_backfill.job(spark, args)
         assert result["dropped_late"] == 0
         assert result["records"] == records_of(spark, compacted) and result["batches"] > 2 and result["windows"] > 0
+
+    def test_the_paced_join_example_drops_no_record_as_late(spark, tmp_path):
+        """`jobs/fraud_join.py`: two archives paced in event time alike (a stride a batch in
+        each, whether Spark admits it or each source bounds its own), joined with no record late."""
+        from compactor.job import CompactConfig, compact
+        from jobs import fraud_join
+        from keyfill.synth.generate import GeneratorConfig, generate
+
+        payments, logins = str(tmp_path / "payments"), str(tmp_path / "logins")
+        topics = dict(records=6_000, keys=100, partitions=2, chunk_records=1_000, rate=50.0)
+        generate(GeneratorConfig(out=payments, logins_out=logins, logins_after_ms=60_000, **topics), progress=False)
+        dests = []
+        for name in (payments, logins):
+            dests.append(name + "-compacted")
+            compact(CompactConfig(source=name, dest=dests[-1], groups=4, slice_duration="10s", seal_all=True))
+        args = fraud_join.parse_args(
+            [*dests, "--out", str(tmp_path / "joined"), "--stride", "1 minute", "--within", "30 seconds"]
+        )
+        result = fraud_join.job(spark, args)
+        assert result["payments"] == records_of(spark, dests[0]) and result["logins"] == records_of(spark, dests[1])
+        assert result["dropped_late"] == 0 and result["joined"] > 0 and result["batches"] > 1  # paced: several strides
 
     def test_filter_pushdown_where_pyspark_has_it(spark, compacted):
         """From 4.1 a batch read takes the filters Spark pushes (and reads what a read without
