@@ -32,13 +32,16 @@ def ends_in_one_query(spark: Any) -> bool:
     return spark_api.ADMISSION_CONTROL and not spark_kind.is_connect(spark)
 
 
-def available_now_to_end(spark: Any, writer: DataStreamWriter) -> list[StreamingQuery]:
+def available_now_to_end(
+    spark: Any, writer: DataStreamWriter, queries: list[StreamingQuery] | None = None
+) -> list[StreamingQuery]:
     """Run `writer` (a query with a checkpoint location) with Trigger.AvailableNow until it
-    has read everything available: one run where Spark does it in one (`ends_in_one_query`), else
-    runs from the checkpoint until one reads no record (the module's docstring). The
-    queries, each ended; a failed run raises as `awaitTermination` does."""
+    has read everything available: one run where Spark does it in one (`ends_in_one_query`),
+    else runs from the checkpoint until one reads no record (the module's docstring). The
+    queries, each ended, appended to `queries` as they start; a failed run raises as
+    `awaitTermination` does, its query the last in `queries`."""
     writer = writer.trigger(availableNow=True)
-    queries = []
+    queries = [] if queries is None else queries
     while True:
         query = writer.start()
         queries.append(query)

@@ -266,8 +266,8 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     is the last slice of the version that was latest when the query started.
 
     Before 4.2 Spark asks `latestOffset()` with no arguments, once a trigger, and the source
-    bounds its batches itself by the same options, from where the query is (`self.at`): the
-    end of the batch Spark planned or replayed last (a restarted query first calls
+    bounds its batches itself with the same default limit, from where the query is (`self.at`):
+    the end of the batch Spark planned or replayed last (a restarted query first calls
     `partitions` with its last logged end), else, in a new query (which asks for the latest
     offset before the initial one), the initial offset. Trigger.AvailableNow is then one
     micro-batch a run, which `reader.available_now.available_now_to_end` repeats to the end."""
@@ -279,8 +279,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.live = LivePlanner(self.archive)
         self.available_now = False
         self.live_target: dict[int, int] | None = None  # Trigger.AvailableNow: the topic's end offsets at the start
-        self.reached: dict[str, Any] | None = None  # the end of the batch planned last
-        self.at: dict[str, Any] | None = None  # before Spark 4.2: where the query is (the class docstring)
+        self.at: dict[str, Any] | None = None  # the end of the batch planned last: where the query is
         paced = opts.max_event_time_per_trigger
         self.strides = Strides(paced) if paced else None
 
@@ -316,11 +315,9 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limits from where the query is (the class docstring)."""
         if start is None or limit is None:
             start = self.at if self.at is not None else self.initialOffset()
-            self.reached = self._latest(start, spark_admission.own_limits(self.opts))
-        else:
-            self.reached = self._latest(start, spark_admission.of_read_limit(self.opts, limit))
-        self.at = self.reached
-        return self.reached
+            limit = self.getDefaultReadLimit()
+        self.at = self._latest(start, spark_admission.of_read_limit(self.opts, limit))
+        return self.at
 
     def _latest(self, start: dict[str, Any], admit: Admission) -> dict[str, Any]:
         archive = self.archive
@@ -353,7 +350,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         slices behind and the event time reached, then in the live phase the Kafka source's
         offsets behind the latest per partition (max, avg, min)."""
         latest = self.archive.offset(self.archive.end_slice())
-        at = self.reached
+        at = self.at
         if at is None:
             return latest
         s = int(at["slice"])

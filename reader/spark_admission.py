@@ -1,7 +1,8 @@
-"""How much a micro-batch of the Spark source may take: from Spark's read limit where Spark
-has admission control (4.2 and later: `latestOffset(start, limit)`, the default limit from
-`default_read_limit`), else from the options alone (`own_limits`, 4.0 and 4.1), the two
-giving the same batches for the default limit (a property test walks both).
+"""How much a micro-batch of the Spark source may take: from Spark's read limit
+(`of_read_limit`), the one Spark hands `latestOffset(start, limit)` where it has admission
+control (4.2 and later: the default limit from `default_read_limit`, or all available), and
+before 4.2, where Spark hands none, the same default limit the source makes itself (with
+`reader.spark_api`'s stand-ins of the limit classes).
 
 `maxSlicesPerTrigger` becomes Spark's ReadMaxFiles (a slice counts as a file), else
 `maxOffsetsPerTrigger` ReadMaxRows, else `maxBytesPerTrigger` (by default
@@ -28,7 +29,8 @@ class Admission:
 
 
 def default_read_limit(o: Options) -> ReadLimit:
-    """The read limit Spark 4.2 and later asks for (`getDefaultReadLimit`)."""
+    """The read limit Spark 4.2 and later asks for (`getDefaultReadLimit`), and the one the
+    source applies itself before 4.2."""
     if o.max_event_time_per_trigger:
         return ReadAllAvailable()
     if o.max_slices_per_trigger:
@@ -36,16 +38,6 @@ def default_read_limit(o: Options) -> ReadLimit:
     if o.max_offsets_per_trigger and not o.max_bytes_per_trigger:
         return ReadMaxRows(o.max_offsets_per_trigger)
     return ReadMaxBytes(o.max_bytes_per_trigger or DEFAULT_MAX_BYTES_PER_TRIGGER)
-
-
-def own_limits(o: Options) -> Admission:
-    """What `of_read_limit` makes of the default read limit, without Spark's limit classes
-    (which Spark before 4.2 lacks)."""
-    if o.max_event_time_per_trigger:
-        return Admission(Limits(), o.max_offsets_per_trigger)
-    by_bytes = not (o.max_slices_per_trigger or o.max_offsets_per_trigger)
-    most = o.max_bytes_per_trigger or (DEFAULT_MAX_BYTES_PER_TRIGGER if by_bytes else None)
-    return Admission(Limits(o.max_slices_per_trigger, most, o.max_offsets_per_trigger), o.max_offsets_per_trigger)
 
 
 def of_read_limit(o: Options, limit: ReadLimit) -> Admission:

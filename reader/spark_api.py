@@ -11,13 +11,16 @@ the Spark source imports its classes from here, so that it imports on every supp
   many micro-batches as the limits make (`SupportsTriggerAvailableNow`). Before it, Spark
   calls `latestOffset()` with no arguments and runs Trigger.AvailableNow as ONE micro-batch.
 
-A class the running PySpark lacks is an inert stand-in of the same name: the source never
-meets an object of it (Spark cannot hand over what it does not have), so its `isinstance`
-tests are false and its subclasses are plain classes. Code that needs the feature asks the
-flag first."""
+A class the running PySpark lacks is an inert stand-in of the same name: Spark cannot hand
+the source an object of it, so its `isinstance` tests are false and its subclasses are plain
+classes. The read limits are the exception: before 4.2 the source makes its own default
+limit (`reader.spark_admission.default_read_limit`) and reads it as 4.2's admission control
+does, so their stand-ins keep the one field each has in PySpark. Code that needs a feature
+asks its flag first."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -57,12 +60,28 @@ def _absent(name: str, module: str) -> type:
     return type(name, (), {"__init__": __init__, "__doc__": f"{module}.{name}, absent from this PySpark"})
 
 
+def _limit(name: str, field: str | None) -> type:
+    """A stand-in for one of PySpark 4.2's read limits: a frozen dataclass of its one field."""
+    fields = [(field, int)] if field else []
+    return dataclasses.make_dataclass(name, fields, frozen=True)
+
+
+# the read limits' fields, as PySpark 4.2 declares them (pyspark/sql/streaming/datasource.py)
+_LIMIT_FIELDS = {
+    "ReadAllAvailable": None,
+    "ReadMaxBytes": "max_bytes",
+    "ReadMaxFiles": "max_files",
+    "ReadMaxRows": "max_rows",
+}
+
+
 def _found(module: str, names: list[str]) -> dict[str, type]:
     try:
         loaded: Any = importlib.import_module(module)
     except ImportError:
         loaded = None
-    return {n: getattr(loaded, n, None) or _absent(n, module) for n in names}
+    absent = {n: _limit(n, _LIMIT_FIELDS[n]) if n in _LIMIT_FIELDS else _absent(n, module) for n in names}
+    return {n: getattr(loaded, n, None) or absent[n] for n in names}
 
 
 def _has(module: str, names: list[str]) -> bool:

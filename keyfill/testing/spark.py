@@ -42,7 +42,6 @@ from keyfill.synth.topic import Record, TopicArchive
 from keyfill.testing.differential import DifferentialError, compact_example, compare_outputs, scratch
 from keyfill.testing.reference import late_in_partition, live_order
 from keyfill.testing.strategies import BackfillSettings
-from keygroups import spark_kind
 from keygroups.durations import parse_duration
 
 if TYPE_CHECKING:
@@ -181,8 +180,8 @@ class _Collected:
 def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequence[int] = ()) -> _Collected:
     """Run `df` with AvailableNow into a sink keyed by batch id (a replayed batch replaces
     its first writing, as an idempotent sink does), crashing after `stops[i]` micro-batches
-    of attempt i and resuming from `checkpoint`. Where Spark runs one micro-batch a run
-    (Spark 4.0 and 4.1: `reader.available_now`), an attempt is as many runs as it takes.
+    of attempt i and resuming from `checkpoint`. An attempt is `available_now_to_end`'s runs:
+    several where Spark runs one micro-batch a run (Spark 4.0 and 4.1).
 
     The sink keeps each batch's rows in a file of its own beside the checkpoint, and counts
     the batches an attempt wrote in files too: a Spark Connect session runs a `foreachBatch`
@@ -191,7 +190,7 @@ def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequenc
     local one)."""
     from pyspark.errors import StreamingQueryException
 
-    from reader.available_now import ends_in_one_query
+    from reader.available_now import available_now_to_end, progress
 
     folder = checkpoint + "-batches"
     os.makedirs(folder, exist_ok=True)
@@ -212,22 +211,17 @@ def _collect(spark: SparkSession, df: DataFrame, checkpoint: str, stops: Sequenc
                 raise _Crash(MARKER)
 
         writer = df.writeStream.outputMode("append").foreachBatch(sink).option("checkpointLocation", checkpoint)
+        queries: list[Any] = []
         crashed = False
-        while True:
-            query = writer.trigger(availableNow=True).start()
-            try:
-                query.awaitTermination()
-            except StreamingQueryException as e:
-                if MARKER not in str(e):
-                    raise
-                crashed = True
-            read = 0
-            for p in spark_kind.progress(query):
-                read += p["numInputRows"]
-                batches += p["numInputRows"] > 0
-                dropped += sum(op.get("numRowsDroppedByWatermark", 0) for op in p.get("stateOperators", []))
-            if crashed or ends_in_one_query(spark) or not read:
-                break
+        try:
+            available_now_to_end(spark, writer, queries)
+        except StreamingQueryException as e:
+            if MARKER not in str(e):
+                raise
+            crashed = True
+        for p in progress(queries):
+            batches += p["numInputRows"] > 0
+            dropped += sum(op.get("numRowsDroppedByWatermark", 0) for op in p.get("stateOperators", []))
         if not crashed:
             break
         restarts += 1

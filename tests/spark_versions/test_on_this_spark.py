@@ -94,7 +94,7 @@ def test_plan_on_spark_is_the_in_process_plan(spark, source, tmp_path):
     assert plans[0] == plans[1] and plans[0]["records"] > 0
 
 
-def records_of(spark, compacted) -> int:
+def records_of(compacted) -> int:
     from keygroups import compacted as archive
     from keygroups.storage import open_storage
 
@@ -123,7 +123,7 @@ else:
         import reader.spark
 
         reader.spark.register(spark)
-        total = records_of(spark, compacted)
+        total = records_of(compacted)
         assert once_each(spark.read.format("keyfill").load(compacted)) == (total, total)
 
     def test_a_processing_time_stream_of_several_batches_restarts_from_its_checkpoint(spark, compacted, tmp_path):
@@ -133,7 +133,7 @@ else:
         import reader.spark
 
         reader.spark.register(spark)
-        total = records_of(spark, compacted)
+        total = records_of(compacted)
         out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
         stream = spark.readStream.format("keyfill").option("maxSlicesPerTrigger", "2").load(compacted)
         writer = stream.writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
@@ -160,7 +160,7 @@ else:
         from reader import available_now
 
         reader.spark.register(spark)
-        total = records_of(spark, compacted)
+        total = records_of(compacted)
         out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
         stream = spark.readStream.format("keyfill")
         if budget:
@@ -181,7 +181,7 @@ else:
         )
         result = fraud_backfill.job(spark, args)
         assert result["dropped_late"] == 0
-        assert result["records"] == records_of(spark, compacted) and result["batches"] > 2 and result["windows"] > 0
+        assert result["records"] == records_of(compacted) and result["batches"] > 2 and result["windows"] > 0
 
     def test_the_paced_join_example_drops_no_record_as_late(spark, tmp_path):
         """`jobs/fraud_join.py`: two archives paced in event time alike (a stride a batch in
@@ -201,7 +201,7 @@ else:
             [*dests, "--out", str(tmp_path / "joined"), "--stride", "1 minute", "--within", "30 seconds"]
         )
         result = fraud_join.job(spark, args)
-        assert result["payments"] == records_of(spark, dests[0]) and result["logins"] == records_of(spark, dests[1])
+        assert result["payments"] == records_of(dests[0]) and result["logins"] == records_of(dests[1])
         assert result["dropped_late"] == 0 and result["joined"] > 0 and result["batches"] > 1  # paced: several strides
 
     def test_filter_pushdown_where_pyspark_has_it(spark, compacted):
