@@ -48,3 +48,9 @@ class RunInProgress(KeyfillError, RuntimeError):
 class ConnectRequestTooLarge(KeyfillError, RuntimeError):
     """A Spark task's function larger than a Spark Connect request carries, with no run's
     store to hand it through (`compactor.execution.OnSpark`)."""
+
+
+class TaskCodeMismatch(KeyfillError, RuntimeError):
+    """A task function read back from the run's store whose SHA-256 is not the one the
+    driver wrote (`compactor.execution.load_task`): replaced or damaged there, and never
+    loaded."""

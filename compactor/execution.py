@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from compactor.errors import ConnectRequestTooLarge
+from compactor.errors import ConnectRequestTooLarge, TaskCodeMismatch
 from compactor.group_partitioning import group_slots
 from compactor.lease import best_effort
 from compactor.shuffle_codec import CODEC
@@ -313,10 +313,11 @@ class OnSpark:
                 f"a Spark Connect request carries here ({CARRIED_BYTES >> 20} MiB): run this on a classic session "
                 "(spark-submit, or --master), or without --spark"
             )
-        key = compacted.run_task_key(self.errors.run_id, hashlib.sha256(body).hexdigest()[:16])
+        digest = hashlib.sha256(body).hexdigest()
+        key = compacted.run_task_key(self.errors.run_id, digest[:16])
         self.errors.dest.write(key, body)
         self.stored.append(key)
-        return _stored(self.errors.dest, key)
+        return self.errors.guard(_stored(self.errors.dest, key, digest))
 
     def _action(self, name: str, action: Callable[[], T]) -> T:
         return action() if self.errors is None else self.errors.watched(self.spark, name, action)
@@ -327,22 +328,32 @@ SCAN_BATCH_ROWS = 1 << 16  # rows an in-process scan hands its task at once
 # A task's pickled function past this size travels through the run's store on Spark Connect
 # (`OnSpark._carried`): a plan holds several, and a gRPC message is 128 MiB at most.
 CARRIED_BYTES = 8 << 20
-_loaded: dict[str, Task] = {}  # in a worker: the functions it read
+_loaded: dict[tuple[str, str], Task] = {}  # in a worker: the functions it read
 
 
-def load_task(store: Storage, key: str) -> Task:
-    """The task function at `key`, read once per Python worker (a reused worker keeps it)."""
-    if key not in _loaded:
+def load_task(store: Storage, key: str, sha256: str) -> Task:
+    """The task function at `key`, read once per Python worker (a reused worker keeps it),
+    loaded only when its bytes are those the driver wrote: unpickling runs code, and who
+    may write to an archive's bucket is often a wider group than who may run code on the
+    cluster. The digest travels in the task's closure, inside Spark's own plan."""
+    if (key, sha256) not in _loaded:
         from pyspark import cloudpickle
 
+        body = store.read(key)
+        found = hashlib.sha256(body).hexdigest()
+        if found != sha256:
+            raise TaskCodeMismatch(
+                f"{store.url_for(key)}: this run's task code was replaced or damaged in the store "
+                f"(SHA-256 {found[:16]}…, written as {sha256[:16]}…); it was not loaded"
+            )
         _loaded.clear()  # one run's functions at a time: a worker may serve many runs
-        _loaded[key] = cloudpickle.loads(store.read(key))
-    return _loaded[key]
+        _loaded[key, sha256] = cloudpickle.loads(body)
+    return _loaded[key, sha256]
 
 
-def _stored(store: Storage, key: str) -> Task:
+def _stored(store: Storage, key: str, sha256: str) -> Task:
     def task(items: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return load_task(store, key)(items)
+        return load_task(store, key, sha256)(items)
 
     return task
 

@@ -235,3 +235,73 @@ def verify_with_nothing_carried(spark, src: str, dest: str) -> str:
     finally:
         execution.CARRIED_BYTES = before
     raise AssertionError("verify_spark ran")
+
+
+class _Planted:
+    """A pickle that runs code when loaded: it creates the file it names."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (open, (self.marker, "w"))
+
+
+def test_a_stored_task_is_loaded_only_as_the_driver_wrote_it(tmp_path):
+    """The check itself, in this process: the bytes the driver wrote load; a pickle put in
+    their place is refused in one line naming the object, and none of its code runs."""
+    import hashlib
+
+    from pyspark import cloudpickle
+
+    from compactor import execution
+    from compactor.errors import TaskCodeMismatch
+
+    store, marker = open_storage(str(tmp_path / "dest")), str(tmp_path / "ran")
+    body = cloudpickle.dumps(lambda batches: (b for b in batches))
+    store.write("_runs/r.task-1.pickle", body)
+    assert list(execution.load_task(store, "_runs/r.task-1.pickle", hashlib.sha256(body).hexdigest())([1, 2])) == [1, 2]
+    store.write("_runs/r.task-2.pickle", __import__("pickle").dumps(_Planted(marker)))
+    with pytest.raises(TaskCodeMismatch, match=r"r\.task-2\.pickle: this run's task code was replaced"):
+        execution.load_task(store, "_runs/r.task-2.pickle", hashlib.sha256(body).hexdigest())
+    assert not os.path.exists(marker)
+
+
+@CONNECT
+def test_a_task_file_replaced_in_the_store_stops_the_compaction_in_one_line(connect, full_source, tmp_path):
+    """Whoever may write to the destination's bucket may not run code on the executors: a
+    task function handed through the run's store and replaced there by a pickle that runs
+    code is refused by every worker, the compaction stops with one line naming the file,
+    nothing of the planted pickle runs, and no version is visible."""
+    src, dest, marker = str(tmp_path / "src"), str(tmp_path / "c"), str(tmp_path / "ran")
+    copy_share(full_source, src, 0.25)
+    kind, message = connect.run(compact_with_a_planted_task, src, dest, marker)
+    assert kind == "TaskCodeMismatch" and "\n" not in message, (kind, message)
+    assert ".task-" in message and message.startswith(dest), message
+    assert not os.path.exists(marker)
+    assert compacted.versions(open_storage(dest)) == []
+
+
+def compact_with_a_planted_task(spark, src: str, dest: str, marker: str) -> tuple[str, str]:
+    """A compaction whose every task function goes through the store, the first one written
+    there replaced by a pickle that creates `marker` when loaded: the error it stops with."""
+    import pickle
+
+    from compactor import execution
+    from keygroups.errors import KeyfillError
+
+    before, carried = execution.CARRIED_BYTES, execution.OnSpark._carried
+
+    def planted(self, task):
+        out = carried(self, task)
+        self.errors.dest.write(self.stored[0], pickle.dumps(_Planted(marker)))
+        return out
+
+    execution.CARRIED_BYTES, execution.OnSpark._carried = 0, planted
+    try:
+        compact(CompactConfig(source=src, dest=dest, groups=2, slice_duration="10s"), spark=spark)
+    except KeyfillError as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        execution.CARRIED_BYTES, execution.OnSpark._carried = before, carried
+    raise AssertionError("the compaction committed")
