@@ -32,7 +32,7 @@ from keygroups.storage import (
 )
 from keygroups.storage import local as storage_mod
 from keygroups.storage.azure_client import credential_origin
-from keygroups.storage.limits import DeadlineExceeded
+from keygroups.storage.limits import DeadlineExceeded, StoreLimits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -818,6 +818,77 @@ def test_a_store_that_stops_answering_gives_up_at_its_deadline_with_one_error_cl
     assert isinstance(err.value, DeadlineExceeded), type(err.value)  # the store's own, naming the object
     message = str(err.value)
     assert f"{url}/obj" in message and "gave up after" in message and "\n" not in message, message
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    read=st.floats(0.1, 30),
+    extra=st.floats(0.01, 120),
+    elapsed=st.floats(0, 200),
+    backoff=st.floats(0, 60),
+    sent=st.integers(0, 1 << 30),
+)
+def test_a_retry_waits_no_longer_than_leaves_it_time_to_finish(read, extra, elapsed, backoff, sent) -> None:
+    """The rule every store's retry loop asks before it sleeps: a wait of at most the SDK's
+    backoff after which an attempt still ends by the deadline (one more second per MiB sent),
+    and no wait at all, but the request's end, when no attempt begun now could."""
+    limits = StoreLimits(read_s=read, deadline_s=read + extra)
+    wait = limits.retry_wait(0.0, elapsed, backoff, sent)
+    assert (wait is None) == (not limits.allows_retry(0.0, elapsed, sent))
+    if wait is not None:
+        assert 0 <= wait <= backoff
+        assert elapsed + wait + read <= limits.deadline_s + sent / (1 << 20) + 1e-9
+        assert wait == backoff or elapsed + wait + read == pytest.approx(limits.deadline_s + sent / (1 << 20))
+
+
+def test_s3_and_azure_retry_loops_end_at_the_deadline_not_a_backoff_past_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both SDKs' own retry handlers, as keyfill configures them, asked what to do after a
+    failed attempt of a request that started long enough ago: with no time left for another
+    attempt, the request ends there with DeadlineExceeded (botocore and azure-storage-blob
+    would sleep their backoff first, and only then find the deadline passed); with a little
+    left, the wait is cut to it (botocore's ninth backoff is up to 12.8 s, Azure's 20 s)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from keygroups.storage.azure_client import _retry_policy
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("KEYFILL_STORAGE_READ_TIMEOUT", "1")
+    monkeypatch.setenv("KEYFILL_STORAGE_DEADLINE", "3")
+    client = open_storage("s3://bucket/p").client  # type: ignore[attr-defined]
+    operation = client.meta.service_model.operation_model("GetObject")
+
+    def s3_wait(started: float, attempts: int) -> float:
+        _, wait = client.meta.events.emit_until_response(
+            "needs-retry.s3.GetObject",
+            response=None,
+            endpoint=None,
+            operation=operation,
+            attempts=attempts,
+            caught_exception=EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+            request_dict={"context": {"keyfill_started": started}, "url": "http://127.0.0.1:9/bucket/p/k"},
+        )
+        return wait
+
+    class Clock:
+        waited: list[float] = []
+
+        def sleep(self, seconds: float) -> None:
+            self.waited.append(seconds)
+
+    azure = _retry_policy(StoreLimits(read_s=1, deadline_s=3))
+
+    def azure_wait(started: float, count: int) -> float:
+        context = {"keyfill_started": started, "keyfill_url": "http://127.0.0.1:9/account/c/k"}
+        Clock.waited.clear()
+        azure.sleep({"count": count, "keyfill_context": context}, Clock())
+        return sum(Clock.waited)
+
+    for wait in (s3_wait, azure_wait):
+        with pytest.raises(DeadlineExceeded, match=r"gave up after [23] s and 8 attempt\(s\) on .*127\.0\.0\.1:9"):
+            wait(time.monotonic() - 2.5, 8)  # 0.5 s left: less than a 1 s read
+        for attempts in range(6, 12):
+            assert 0 <= wait(time.monotonic() - 1.9, attempts) <= 0.1
 
 
 def test_missing_cloud_credentials_are_named_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The azure-storage-blob client an Azure store builds in the process that uses it: the
 account's credentials, a connection pool sized for the threads, and every wait bounded
-(connect and read timeouts, five attempts, a deadline across them: `StoreLimits`)."""
+(connect and read timeouts, and a deadline across the attempts: `StoreLimits`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from keygroups.storage.limits import DeadlineExceeded, StoreLimits
 # Uploads above this go up as staged blocks of this size, committed at once (the SDK's
 # default single PUT reaches 64 MiB, a long wait with nothing to retry but all of it).
 UPLOAD_PART_BYTES = 16 << 20
-RETRY_TOTAL = 4  # five attempts, as on S3 (the SDK's default is ten)
+# Attempts until the deadline ends the request (`StoreLimits.retry_wait` cuts the last wait),
+# as on every store: a count ended a throttled read with the SDK's error instead.
+RETRY_TOTAL = 100
+MAX_BACKOFF_S = 20.0  # botocore's cap on one wait
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 _NEEDS = "Azure URLs need azure-storage-blob: pip install 'keyfill[azure]'"
 
@@ -34,16 +37,22 @@ def _deadline_hook(limits: StoreLimits) -> Any:
         started = ctx.setdefault("keyfill_started", now)
         attempt = ctx.get("keyfill_attempt", 0) + 1
         ctx["keyfill_attempt"] = attempt
-        sent = int(request.http_request.headers.get("Content-Length") or 0)
+        sent = ctx["keyfill_sent"] = int(request.http_request.headers.get("Content-Length") or 0)
+        # the object's URL for a refusal's message; a SAS's signature stays out
+        ctx["keyfill_url"] = urlsplit(request.http_request.url)._replace(query="").geturl()
         if attempt > 1 and not limits.allows_retry(started, now, sent):
-            last = "each failed or went unanswered"  # the SDK's hook sees requests, not their outcomes
-            where = urlsplit(request.http_request.url)._replace(query="").geturl()  # a SAS's signature stays out
-            raise DeadlineExceeded(DeadlineExceeded.message(now - started, attempt - 1, where, last))
+            raise _refusal(ctx, now, attempt - 1)
 
     return hook
 
 
-def _retry_policy() -> Any:
+def _refusal(ctx: Any, now: float, attempts: int) -> DeadlineExceeded:
+    last = "each failed or went unanswered"  # the SDK's hooks see requests, not their outcomes
+    where = ctx.get("keyfill_url", "Azure")
+    return DeadlineExceeded(DeadlineExceeded.message(now - ctx["keyfill_started"], attempts, where, last))
+
+
+def _retry_policy(limits: StoreLimits) -> Any:
     """azure-storage-blob's exponential retry that retries 429 Too Many Requests too: the SDK's
     own policy retries 408 and 5xx (Azure Storage throttles with 503 ServerBusy) and hands a
     429 back at once, as a front end or proxy before the account sends it. A 429 is retried
@@ -57,13 +66,29 @@ def _retry_policy() -> Any:
             settings: dict[str, Any] | None = request.context.get("keyfill_retries")
             if settings is None:
                 settings = request.context["keyfill_retries"] = super().configure_retries(request)
+                settings["keyfill_context"] = request.context
             return settings
+
+        def sleep(self, settings: dict[str, Any], transport: Any) -> None:
+            # the backoff cut to what leaves the next attempt time to finish by the deadline
+            # (`StoreLimits.retry_wait`), or the request's end when none could
+            ctx = settings.get("keyfill_context") or {}
+            if "keyfill_started" not in ctx:
+                super().sleep(settings, transport)  # type: ignore[no-untyped-call]
+                return
+            now = time.monotonic()
+            backoff = self.get_backoff_time(settings)
+            wait = limits.retry_wait(ctx["keyfill_started"], now, backoff, ctx.get("keyfill_sent", 0))
+            if wait is None:
+                raise _refusal(ctx, now, settings["count"])
+            if wait > 0:
+                transport.sleep(wait)
 
         def get_backoff_time(self, settings: dict[str, Any]) -> float:
             # The SDK counts the retry about to start from 1 (increment() runs before the
             # wait), so its first wait was initial_backoff + increment_base (2.5 s here), its
             # last 16.5 s: counted from 0, the waits are the ones below.
-            return float(super().get_backoff_time({**settings, "count": settings["count"] - 1}))
+            return min(MAX_BACKOFF_S, float(super().get_backoff_time({**settings, "count": settings["count"] - 1})))
 
         def send(self, request: Any) -> Any:
             while True:
@@ -73,15 +98,18 @@ def _retry_policy() -> Any:
                 settings = self.configure_retries(request)
                 if not self.increment(settings, request=request.http_request, response=response.http_response):
                     return response
-                self.sleep(settings, request.context.transport)  # type: ignore[no-untyped-call]
+                self.sleep(settings, request.context.transport)
 
     # The SDK's default waits 15 s before its first retry, longer than a whole request may
-    # take here; this waits about 0.5, 2.5, 4.5 and 8.5 s (with jitter), as botocore's
-    # standard mode does. The SDK annotates these two as int; it computes with floats.
+    # take here; this waits about 0.5, 2.5, 4.5, 8.5 and 16.5 s (with jitter), then 20 s, as
+    # botocore's standard mode does. The SDK annotates these two as int; it computes with floats.
     return ThrottledRetry(
         initial_backoff=0.5,  # type: ignore[arg-type]
         increment_base=2,
         retry_total=RETRY_TOTAL,
+        retry_connect=RETRY_TOTAL,  # each kind of failure is counted apart too, three by default
+        retry_read=RETRY_TOTAL,
+        retry_status=RETRY_TOTAL,
         random_jitter_range=0.5,  # type: ignore[arg-type]
     )
 
@@ -140,7 +168,7 @@ class AzureClient(LazyClient):
                 connection_timeout=self.limits.connect_s,
                 read_timeout=self.limits.read_s,
             ),
-            "retry_policy": _retry_policy(),
+            "retry_policy": _retry_policy(self.limits),
             "raw_request_hook": _deadline_hook(self.limits),
             "max_single_put_size": UPLOAD_PART_BYTES,
             "max_block_size": UPLOAD_PART_BYTES,

@@ -71,7 +71,19 @@ class StoreLimits:
     def allows_retry(self, started_s: float, now_s: float, sent_bytes: int = 0) -> bool:
         """Whether another attempt begun now could still finish before the deadline: a
         request with a body may spend its time sending, so it gets one more second per MiB."""
-        return now_s - started_s + self.read_s <= self.deadline_s + sent_bytes / (1 << 20)
+        return self._room(started_s, now_s, sent_bytes) >= 0
+
+    def retry_wait(self, started_s: float, now_s: float, backoff_s: float, sent_bytes: int = 0) -> float | None:
+        """The wait before the next attempt: the SDK's backoff, cut short so that attempt
+        can still finish before the deadline; None when no attempt begun now could. Every
+        store's retry loop asks this before it sleeps, so a request ends at its deadline,
+        not a backoff past it (botocore's last backoff reached 4 s over a 2 s deadline)."""
+        room = self._room(started_s, now_s, sent_bytes)
+        return None if room < 0 else min(max(backoff_s, 0.0), room)
+
+    def _room(self, started_s: float, now_s: float, sent_bytes: int) -> float:
+        """How long an attempt may wait before it starts and still finish by the deadline."""
+        return self.deadline_s + sent_bytes / (1 << 20) - self.read_s - (now_s - started_s)
 
 
 # Each store's client is rebuilt in every process that unpickles a store (a Spark worker):

@@ -20,14 +20,20 @@ S3Limits = StoreLimits  # the name this had when only S3 was bounded
 DEFAULT_MAX_ATTEMPTS = 100
 
 
-def _deadline_hooks(events: Any, limits: StoreLimits) -> None:
+def _deadline_hooks(client: Any, limits: StoreLimits, max_attempts: int) -> None:
     """Give every S3 request a total deadline across botocore's retries.
 
-    botocore bounds each attempt (timeouts) and the number of attempts, but not their sum;
-    a hook before each send refuses a retry that could not finish in time, naming the last
-    error, and the request fails with that instead of waiting out every attempt.
+    botocore bounds each attempt (timeouts) and the number of attempts, but not their sum.
+    Its retry handler's backoff is cut to what leaves the next attempt time to finish
+    (`StoreLimits.retry_wait`), and when none could, the request fails at once with
+    DeadlineExceeded naming the last error; a hook before each send refuses a retry the
+    clock has overtaken all the same. botocore takes no backoff bound in its Config, and
+    its handler's delay is the only way to one, so this module registers botocore's own
+    standard handler again (`botocore.retries.standard.register_retry_handler`, the call
+    botocore makes) and wraps what it returns.
     """
     from botocore.exceptions import BotoCoreError
+    from botocore.retries import standard
 
     # keyfill's one DeadlineExceeded, and a BotoCoreError too, as botocore expects of what its
     # hooks raise (its transfers and the store's error mapping handle only its own errors)
@@ -37,29 +43,50 @@ def _deadline_hooks(events: Any, limits: StoreLimits) -> None:
         def __init__(self, text: str) -> None:
             BotoCoreError.__init__(self, text=text)
 
+    def refusal(ctx: dict[str, Any], url: str, now: float, attempts: int) -> BotocoreDeadline:
+        endpoint = urlparse(url)
+        where = f"endpoint {endpoint.scheme}://{endpoint.netloc}"
+        last = ctx.get("keyfill_last_error", "no answer")
+        return BotocoreDeadline(DeadlineExceeded.message(now - ctx["keyfill_started"], attempts, where, last))
+
     def before_send(request: Any, **_: Any) -> None:
         ctx = request.context
         now = time.monotonic()
         started = ctx.setdefault("keyfill_started", now)
         attempt = ctx.get("retries", {}).get("attempt", 1)
-        sent = int(request.headers.get("Content-Length") or 0)
+        sent = ctx["keyfill_sent"] = int(request.headers.get("Content-Length") or 0)
         if attempt > 1 and not limits.allows_retry(started, now, sent):
-            endpoint = urlparse(request.url)
-            last = ctx.get("keyfill_last_error", "no answer")
-            where = f"endpoint {endpoint.scheme}://{endpoint.netloc}"
-            raise BotocoreDeadline(DeadlineExceeded.message(now - started, attempt - 1, where, last))
+            raise refusal(ctx, request.url, now, attempt - 1)
 
-    def needs_retry(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
+    def last_error(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
         if caught_exception is not None:
             request_dict["context"]["keyfill_last_error"] = str(caught_exception)
         elif response is not None:
             err = response[1].get("Error", {}) if isinstance(response[1], dict) else {}
             if err:
                 request_dict["context"]["keyfill_last_error"] = f"{err.get('Code')} {err.get('Message', '')}".strip()
-        return None  # the decision stays botocore's
+        return None  # the decision is the handler's below
 
+    events = client.meta.events
+    event, unique = "needs-retry.s3", "retry-config-s3"  # botocore's names for its S3 retry handler
+    events.unregister(event, unique_id=unique)
+    handler = standard.register_retry_handler(client, max_attempts=max_attempts)
+    events.unregister(event, unique_id=unique)
+
+    def needs_retry(attempts: int, request_dict: Any, **kwargs: Any) -> Any:
+        delay = handler.needs_retry(attempts=attempts, request_dict=request_dict, **kwargs)
+        ctx = request_dict["context"]
+        if type(delay) not in (int, float) or "keyfill_started" not in ctx:
+            return delay  # None: no retry; False: botocore's "stop, and no other handler"
+        now = time.monotonic()
+        wait = limits.retry_wait(ctx["keyfill_started"], now, delay, ctx.get("keyfill_sent", 0))
+        if wait is None:
+            raise refusal(ctx, request_dict["url"], now, attempts)
+        return wait
+
+    events.register_first(event, last_error)
+    events.register(event, needs_retry, unique_id=unique)
     events.register_first("before-send.s3", before_send)
-    events.register_first("needs-retry.s3", needs_retry)
 
 
 class S3Client(LazyClient):
@@ -77,19 +104,20 @@ class S3Client(LazyClient):
         # usual chain; we only fill in what it would otherwise get wrong for us.
         core = botocore.session.get_session()
         mode = core.get_config_variable("retry_mode")
+        attempts = int(core.get_config_variable("max_attempts") or DEFAULT_MAX_ATTEMPTS)
         config = Config(
             region_name=core.get_config_variable("region") or "us-east-1",
             retries={
                 # 'legacy' (botocore's default) gives up after 4 attempts on throttling.
                 "mode": mode if mode in ("standard", "adaptive") else "standard",
-                "total_max_attempts": core.get_config_variable("max_attempts") or DEFAULT_MAX_ATTEMPTS,
+                "total_max_attempts": attempts,
             },
             connect_timeout=self.limits.connect_s,
             read_timeout=self.limits.read_s,
             max_pool_connections=self.pool_size(),
         )
         client = boto3.session.Session(botocore_session=core).client("s3", config=config)
-        _deadline_hooks(client.meta.events, self.limits)
+        _deadline_hooks(client, self.limits, attempts)
         return client
 
 
