@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
+from keygroups.connect_watch import EndpointLost, awaited, created, watching
 from keygroups.errors import KeyfillError
 from keygroups.spark_kind import master, set_log_level
 
@@ -75,8 +76,11 @@ def connect_session(builder: SparkSession.Builder, remote: str, app: str, *, pro
         ) from None
     if remote.startswith("sc://"):
         _answers(remote)
+        awaited(remote)
     try:
-        spark = builder.remote(remote).appName(app).getOrCreate()
+        spark = created(builder.remote(remote).appName(app).getOrCreate, remote)
+    except EndpointLost:
+        raise
     except Exception as exc:  # pyspark's errors carry the gRPC status in many lines
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KeyfillError(f"--remote {remote}: no Spark Connect session: {first}") from exc
@@ -145,7 +149,16 @@ def embedded_spark(
         set_log_level(spark, log_level)
         return spark
 
-    return running_or_started(start, app)
+    return running_or_started(start, app, remote)
+
+
+def from_builder(builder: SparkSession.Builder) -> SparkSession:
+    """`builder.getOrCreate()` for a job script: under SPARK_REMOTE a Connect session,
+    whose creation is bounded as `--remote`'s is (`keygroups.connect_watch.created`)."""
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote and remote.startswith("sc://"):
+        awaited(remote, "SPARK_REMOTE=")
+    return created(builder.getOrCreate, remote)
 
 
 def session_arguments(master: str | None, remote: str | None) -> tuple[str | None, str | None]:
@@ -163,10 +176,14 @@ def session_arguments(master: str | None, remote: str | None) -> tuple[str | Non
 
 
 @contextmanager
-def running_or_started(start: Callable[[], SparkSession], app: str) -> Iterator[SparkSession]:
+def running_or_started(
+    start: Callable[[], SparkSession], app: str, remote: str | None = None
+) -> Iterator[SparkSession]:
     """The Spark session this process already runs (a notebook, a pyspark shell, a driver
     program calling `keyfill.cli.main` or a job's `main()`), left running as it was:
-    stopping it would end the caller's work. Else the one `start()` makes, stopped after."""
+    stopping it would end the caller's work. Else the one `start()` makes, stopped after,
+    and watched while it runs when it is a Spark Connect one (`remote`, else SPARK_REMOTE:
+    `keygroups.connect_watch`)."""
     active = _active_session()
     if active is not None:
         log = logging.getLogger("keyfill")
@@ -175,7 +192,8 @@ def running_or_started(start: Callable[[], SparkSession], app: str) -> Iterator[
         return
     spark = start()
     try:
-        yield spark
+        with watching(spark, remote or os.environ.get("SPARK_REMOTE")):
+            yield spark
     finally:
         spark.stop()
 

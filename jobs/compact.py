@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
+from functools import partial
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from compactor.job import compact, prepare
-    from compactor.spark_session import running_or_started
+    from compactor.spark_session import from_builder, running_or_started
 
     with ExitStack() as session:
         try:
             cfg = compact_config(args)
             prepared = prepare(cfg)  # every check that needs no Spark, before its start-up
             with prepared.abandoned_on_error():
-                start = SparkSession.builder.appName("keyfill compact").getOrCreate
+                start = partial(from_builder, SparkSession.builder.appName("keyfill compact"))
                 spark = session.enter_context(running_or_started(start, "jobs/compact.py"))
         except BaseException:
             spark_log.release(held)

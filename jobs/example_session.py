@@ -28,12 +28,16 @@ def example(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from compactor.spark_session import from_builder
+    from keygroups.connect_watch import watching
     from keygroups.spark_kind import set_log_level
 
-    spark = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    spark = from_builder(SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC"))
     set_log_level(spark, "ERROR")
     try:
-        report(job(spark, args), args)
+        with watching(spark, os.environ.get("SPARK_REMOTE")):
+            result = job(spark, args)
+        report(result, args)
     finally:
         spark.stop()
     return 0

@@ -7,11 +7,16 @@ from collections.abc import Callable
 
 
 def one_line_errors(main: Callable[[], int], prog: str) -> int:
-    """main(), with a KeyfillError as one line on stderr and exit status 2 (as `keyfill`)."""
+    """main(), with a KeyfillError as one line on stderr and exit status 2 (as `keyfill`),
+    and so too whatever a Spark Connect session stopped for want of an answer raised."""
+    from keygroups import connect_watch
     from keygroups.errors import KeyfillError
 
     try:
         return main()
-    except KeyfillError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        found = connect_watch.lost() or (exc if isinstance(exc, KeyfillError) else None)
+        if found is None:
+            raise
+        print(f"{prog}: error: {found}", file=sys.stderr)
         return 2

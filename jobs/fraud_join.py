@@ -193,4 +193,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from jobs.exit import one_line_errors
+
+    sys.exit(one_line_errors(main, "jobs/fraud_join.py"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from compactor.spark_session import running_or_started
+    from compactor.spark_session import from_builder, running_or_started
     from compactor.verify_spark import verify_spark
     from keygroups.storage import open_storage
 
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         spark_log.release(held)
         raise
-    with running_or_started(SparkSession.builder.appName("keyfill verify").getOrCreate, "jobs/verify.py") as spark:
+    start = partial(from_builder, SparkSession.builder.appName("keyfill verify"))
+    with running_or_started(start, "jobs/verify.py") as spark:
         spark_log.to_spark(spark, held)
         report = verify_spark(source, open_storage(args.dest), spark)
     print_verify_report(report, args.json)

@@ -100,14 +100,16 @@ def main(argv: list[str] | None = None) -> int:
 
     log_to_terminal(args.verbosity)
 
+    from keygroups import connect_watch
+
     handle: Callable[[argparse.Namespace], int] = args.handle  # the subcommand's, set by its `add`
     try:
         return handle(args)
     except KeyfillError as exc:
-        print(f"keyfill {args.command}: error: {exc}", file=sys.stderr)
+        print(f"keyfill {args.command}: error: {connect_watch.lost() or exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        cause = _spark_task_error(exc)
+        cause = connect_watch.lost() or _spark_task_error(exc)
         if cause is None:
             raise  # a bug: the traceback is what a report needs
         print(f"keyfill {args.command}: error: {cause}", file=sys.stderr)
