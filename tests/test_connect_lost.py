@@ -4,7 +4,8 @@ OOM), before the session is made and between two Spark jobs of a compaction. The
 ends with one line naming the endpoint within the bound (KEYFILL_CONNECT_TIMEOUT, short
 here, plus a probe's deadline: `keygroups.connect_watch`), the destination shows no version
 and the run's lease is failed, and the same command run again once the server is back
-commits. The server is one of this module's own, since the tests stop it."""
+commits; a streaming query's job run again goes on from its checkpoint exactly once. The
+server is one of this module's own, since the tests stop it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -170,3 +172,62 @@ def test_a_job_script_under_spark_remote_ends_in_one_line_when_its_server_is_fro
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 2 and last.startswith("jobs/compact.py: error: SPARK_REMOTE=sc://"), out.stderr
     assert "did not answer for" in last and "Traceback" not in out.stderr, out.stderr
+
+
+def stream_to_parquet(archive: str, out: str) -> None:
+    """The client of the streaming test: a job as a user runs it under SPARK_REMOTE, one
+    slice a micro-batch to Parquet with a checkpoint (`python -c`, in a process of its own)."""
+    from functools import partial
+
+    from pyspark.sql import SparkSession
+
+    import reader.spark
+    from compactor.spark_session import from_builder, running_or_started
+    from jobs.exit import one_line_errors
+
+    def job() -> int:
+        with running_or_started(partial(from_builder, SparkSession.builder), "test stream") as spark:
+            reader.spark.register(spark)
+            events = spark.readStream.format("keyfill").option("maxSlicesPerTrigger", 1).load(archive)
+            writer = events.select("partition", "offset").writeStream.format("parquet")
+            query = writer.option("path", f"{out}/rows").option("checkpointLocation", f"{out}/checkpoint")
+            query.trigger(availableNow=True).start().awaitTermination()
+        return 0
+
+    sys.exit(one_line_errors(job, "stream"))
+
+
+def test_a_stream_whose_server_is_killed_goes_on_from_its_checkpoint_exactly_once(victim, topic, tmp_path, spark):
+    """Killed once a micro-batch is committed: the query's client ends in one line, and
+    the job run again on the server started again goes on from the checkpoint; the sink
+    holds every record of the archive once."""
+    from compactor.job import CompactConfig, compact
+
+    archive, out = str(tmp_path / "archive"), str(tmp_path / "out")
+    compact(CompactConfig(source=topic, dest=archive, groups=4, slice_duration="5s", seal_all=True))
+    env = {**os.environ, "KEYFILL_CONNECT_TIMEOUT": TIMEOUT_S, "SPARK_REMOTE": victim.server.url}
+    slices = compacted.load_manifest(open_storage(archive)).totals["slices"]
+    call = f"from tests.test_connect_lost import stream_to_parquet as s; s({archive!r}, {out!r})"
+    client = [sys.executable, "-c", call]
+    proc = subprocess.Popen(client, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    committed = os.path.join(out, "checkpoint", "commits", "0")
+    deadline = time.monotonic() + 600  # a bound on a hang, not a verdict on speed
+    while not os.path.exists(committed) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(committed) and proc.poll() is None  # one batch in, more to come
+    victim.signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("stream: error: the Spark Connect server at"), err
+    assert len(os.listdir(os.path.join(out, "checkpoint", "commits"))) < slices  # killed before the last batch
+    victim.restart()
+    env["SPARK_REMOTE"] = victim.server.url
+    again = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    import reader.spark
+
+    reader.spark.register(spark)
+    got = spark.read.parquet(f"{out}/rows")  # through the sink's log: committed files only
+    expected = spark.read.format("keyfill").load(archive).select("partition", "offset")
+    assert got.count() == got.distinct().count() == expected.count()
+    assert got.exceptAll(expected).count() == 0
