@@ -586,6 +586,56 @@ def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connec
     assert sorted(as_records(rows), key=lambda r: (r.partition, r.offset)) == [r for p in parts for r in p]
 
 
+def test_the_live_phase_reads_each_record_once_across_broker_restarts(s3_server, tmp_path):
+    """A broker that keeps its log (tansu on the S3 server) killed and started again: at the
+    switch (the archive read, its live batches not yet planned) and in the middle of a live
+    batch's read (back a second later, within kafkaConsumer.pollTimeoutMs). The reader goes on with
+    no restart of its own: the archive and then the topic, each record exactly once and each
+    key in offset order."""
+    import threading
+
+    from keyfill.testing.kafka_broker import start_broker
+
+    parts = tuple(
+        tuple(Record(p, i, 1_000 * i + p, b"k%d" % (i % 4), b"v%d-%d" % (p, i)) for i in range(n))
+        for p, n in enumerate([60, 40])
+    )
+    topic = TopicArchive("t", parts, 10)
+    with start_broker(on_s3=s3_server) as broker:
+        name = produce(broker, topic)
+        broker.fence(name, len(parts))  # ListOffsets exact on this engine (keyfill.testing.kafka_broker)
+        dest = archived(topic, [0.3, 0.3], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+        opts = {"path": dest, "kafka.bootstrap.servers": broker.bootstrap, "subscribe": name}
+        opts |= {"batchSize": "4", "maxOffsetsPerTrigger": "30", "kafkaConsumer.pollTimeoutMs": "30000"}
+        rdr = KeyfillStreamReader(Options.parse(opts))
+        start, rows, read, restarts, live = rdr.initialOffset(), [], 0, 0, False
+        for _ in range(100):
+            if rows and not live:  # the archive is read (one batch at the defaults): the switch is next
+                assert "kafka" not in json.dumps(start)
+                broker.restart()
+                restarts, live = restarts + 1, True
+            end = json.loads(json.dumps(rdr.latestOffset(start, rdr.getDefaultReadLimit())))
+            if end == start:
+                break
+            for part in rdr.partitions(start, end):
+                for batch in rdr.read(part):
+                    rows += batch.to_pylist()
+                    read += 1
+                    if live and restarts == 1 and read % 2 == 0:  # mid-read: back a second later
+                        broker.process.kill()
+                        threading.Timer(1.0, broker.restart).start()
+                        restarts += 1
+            start = end
+    assert restarts == 2 and live
+    fences = [(p, len(part)) for p, part in enumerate(parts)]
+    got = Counter((r["partition"], r["offset"]) for r in rows)
+    assert got == Counter([(r.partition, r.offset) for p in parts for r in p] + fences)
+    by_key: dict[tuple, list[int]] = {}
+    for r in rows:
+        by_key.setdefault((r["key"], r["partition"]), []).append(r["offset"])
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())  # each key in its offset order
+
+
 def test_progress_says_how_far_behind_the_latest_the_query_is(keyfill_kafka, tmp_path):
     parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(50)),)
     topic = TopicArchive("t", parts, 10)
