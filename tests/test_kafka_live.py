@@ -537,6 +537,30 @@ def test_a_broker_gone_fails_the_switch_and_a_live_read_in_bounded_time_naming_i
     assert f"{name}[0] offsets 15 to 29" in message
 
 
+def keyed_partitions(sizes: list[int]) -> tuple[tuple[Record, ...], ...]:
+    """Partitions of these sizes, four keys each, a record a second."""
+    return tuple(
+        tuple(Record(p, i, 1_000 * i + p, b"k%d" % (i % 4), b"v%d-%d" % (p, i)) for i in range(n))
+        for p, n in enumerate(sizes)
+    )
+
+
+def live_reader(broker, name: str, topic: TopicArchive, root, **options: str) -> KeyfillStreamReader:
+    """A stream reader over an archive of 30% of each partition, then `name` on `broker`, in
+    live batches of at most 30 records read 4 at a time, polls waiting up to 30 s."""
+    dest = archived(topic, [0.3] * len(topic.partitions), root, groups=2, slice_duration="5s", seal_all=True)
+    opts = {"path": dest, "kafka.bootstrap.servers": broker.bootstrap, "subscribe": name}
+    opts |= {"batchSize": "4", "maxOffsetsPerTrigger": "30", "kafkaConsumer.pollTimeoutMs": "30000", **options}
+    return KeyfillStreamReader(Options.parse(opts))
+
+
+def each_key_in_offset_order(rows: list[dict]) -> bool:
+    by_key: dict[tuple, list[int]] = {}
+    for r in rows:
+        by_key.setdefault((r["key"], r["partition"]), []).append(r["offset"])
+    return all(offsets == sorted(offsets) for offsets in by_key.values())
+
+
 def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connections(tmp_path):
     """The broker keeps its data while the network between it and keyfill breaks: every
     connection reset between planning and reading, every third batch read, and once all
@@ -546,18 +570,11 @@ def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connec
 
     from keyfill.testing.kafka_broker import start_broker
 
-    parts = tuple(
-        tuple(Record(p, i, 1_000 * i + p, b"k%d" % (i % 4), b"v%d-%d" % (p, i)) for i in range(n))
-        for p, n in enumerate([70, 45])
-    )
+    parts = keyed_partitions([70, 45])
     topic = TopicArchive("t", parts, 10)
     with start_broker(proxied=True) as broker:
         name = produce(broker, topic)
-        dest = archived(topic, [0.3, 0.3], tmp_path, groups=2, slice_duration="5s", seal_all=True)
-        opts = {"path": dest, "kafka.bootstrap.servers": broker.bootstrap, "subscribe": name}
-        opts |= {"includeHeaders": "true", "batchSize": "4", "maxOffsetsPerTrigger": "30"}
-        opts["kafkaConsumer.pollTimeoutMs"] = "30000"
-        rdr = KeyfillStreamReader(Options.parse(opts))
+        rdr = live_reader(broker, name, topic, tmp_path, includeHeaders="true")
         start, rows, read, reset = rdr.initialOffset(), [], 0, 0
         for _ in range(100):
             end = json.loads(json.dumps(rdr.latestOffset(start, rdr.getDefaultReadLimit())))
@@ -579,10 +596,7 @@ def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connec
     assert Counter((r["partition"], r["offset"]) for r in rows) == Counter(
         (r.partition, r.offset) for p in parts for r in p
     )
-    by_key: dict[tuple, list[int]] = {}
-    for r in rows:
-        by_key.setdefault((r["key"], r["partition"]), []).append(r["offset"])
-    assert all(offsets == sorted(offsets) for offsets in by_key.values())  # each key in its offset order
+    assert each_key_in_offset_order(rows)
     assert sorted(as_records(rows), key=lambda r: (r.partition, r.offset)) == [r for p in parts for r in p]
 
 
@@ -596,18 +610,12 @@ def test_the_live_phase_reads_each_record_once_across_broker_restarts(s3_server,
 
     from keyfill.testing.kafka_broker import start_broker
 
-    parts = tuple(
-        tuple(Record(p, i, 1_000 * i + p, b"k%d" % (i % 4), b"v%d-%d" % (p, i)) for i in range(n))
-        for p, n in enumerate([60, 40])
-    )
+    parts = keyed_partitions([60, 40])
     topic = TopicArchive("t", parts, 10)
     with start_broker(on_s3=s3_server) as broker:
         name = produce(broker, topic)
         broker.fence(name, len(parts))  # ListOffsets exact on this engine (keyfill.testing.kafka_broker)
-        dest = archived(topic, [0.3, 0.3], tmp_path, groups=2, slice_duration="5s", seal_all=True)
-        opts = {"path": dest, "kafka.bootstrap.servers": broker.bootstrap, "subscribe": name}
-        opts |= {"batchSize": "4", "maxOffsetsPerTrigger": "30", "kafkaConsumer.pollTimeoutMs": "30000"}
-        rdr = KeyfillStreamReader(Options.parse(opts))
+        rdr = live_reader(broker, name, topic, tmp_path)
         start, rows, read, restarts, live = rdr.initialOffset(), [], 0, 0, False
         for _ in range(100):
             if rows and not live:  # the archive is read (one batch at the defaults): the switch is next
@@ -630,10 +638,7 @@ def test_the_live_phase_reads_each_record_once_across_broker_restarts(s3_server,
     fences = [(p, len(part)) for p, part in enumerate(parts)]
     got = Counter((r["partition"], r["offset"]) for r in rows)
     assert got == Counter([(r.partition, r.offset) for p in parts for r in p] + fences)
-    by_key: dict[tuple, list[int]] = {}
-    for r in rows:
-        by_key.setdefault((r["key"], r["partition"]), []).append(r["offset"])
-    assert all(offsets == sorted(offsets) for offsets in by_key.values())  # each key in its offset order
+    assert each_key_in_offset_order(rows)
 
 
 def test_progress_says_how_far_behind_the_latest_the_query_is(keyfill_kafka, tmp_path):
