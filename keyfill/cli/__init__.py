@@ -23,6 +23,7 @@ from keyfill.cli import (
     verify,
     versions,
     warm,
+    worker_python,
 )
 from keyfill.cli.compact import (
     add_compact_arguments,
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         vacuum,
         jobs,
         warm,
+        worker_python,
     ):
         command.add(sub)
     return parser
