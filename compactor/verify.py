@@ -31,6 +31,7 @@ checked here; a damaged archive gets the same report from either.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,9 @@ from keygroups.storage import Storage
 
 CHECKS = ("manifest", "checksums", "exactly_once", "key_order", "slice_bounds", "handoff")
 __all__ = ["CHECKS", "MAX_REPORTED", "VerifyReport", "audit", "plan_audit", "verify"]
+
+
+log = logging.getLogger("keyfill.verify")
 
 
 @dataclass
@@ -130,6 +134,12 @@ def audit(source: SourceArchive, dest: Storage, execution: Execution[Rows]) -> V
         problems = execution.where(rows, "kind", [Read.PROBLEM], ["input", "check", "message"])
         for r in execution.collect("file checks", problems).sort_by("input").to_pylist():
             report.fail(r["check"], r["message"])
+        log.info(
+            "%d source chunks read and %d archive files checked (%d problems): comparing their records",
+            len(plan.chunks),
+            len(plan.files),
+            sum(report.counts.values()),
+        )
         compared = execution.scan(
             "records",
             execution.where(rows, "kind", [Read.SOURCE, Read.ARCHIVED], RECORD_COLUMNS),

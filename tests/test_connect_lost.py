@@ -1,6 +1,6 @@
 """A Spark Connect server that goes away while keyfill runs on it: frozen (SIGSTOP: a driver
 stalled, a network that drops packets) or killed (SIGKILL: a cluster restart, a driver's
-OOM), before the session is made and between two Spark jobs of a compaction. The command
+OOM), before the session is made and between two Spark jobs of a compaction or a verify. The command
 ends with one line naming the endpoint within the bound (KEYFILL_CONNECT_TIMEOUT, short
 here, plus a probe's deadline: `keygroups.connect_watch`), the destination shows no version
 and the run's lease is failed, and the same command run again once the server is back
@@ -25,6 +25,7 @@ from keygroups.storage import open_storage
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = "4"  # KEYFILL_CONNECT_TIMEOUT for these commands
 BETWEEN_JOBS = "distinct keys"  # logged (-v) after the statistics pass, before the rewrite's jobs
+VERIFY_BETWEEN_JOBS = "comparing their records"  # logged (-v) after the file checks, before the comparison
 pytestmark = pytest.mark.xdist_group("connect-lost")  # one worker: the server is the module's
 
 
@@ -131,7 +132,7 @@ def test_a_frozen_server_ends_a_compaction_in_one_line_and_a_rerun_commits(victi
 
 def test_a_killed_server_ends_a_compaction_and_a_verify_in_one_line(victim, topic, tmp_path):
     """Killed between the compaction's jobs; then, the server started again, the rerun
-    commits; and a verify --spark whose server freezes before its session ends in one line
+    commits; and a verify --spark whose server freezes between its jobs ends in one line
     too (the server thawed, it verifies the archive)."""
     dest = str(tmp_path / "c")
     env = {**os.environ, "KEYFILL_CONNECT_TIMEOUT": TIMEOUT_S}
@@ -146,7 +147,7 @@ def test_a_killed_server_ends_a_compaction_and_a_verify_in_one_line(victim, topi
 
     verify = ["verify", topic, dest, "--spark", "--remote", victim.server.url]
     try:
-        code, lines = stopped_at("", signal.SIGSTOP, victim, verify, env)
+        code, lines = stopped_at(VERIFY_BETWEEN_JOBS, signal.SIGSTOP, victim, ["-v", *verify], env)
     finally:
         victim.signal(signal.SIGCONT)
     ended_in_one_line(code, lines, "verify", victim.server.url)
@@ -154,8 +155,9 @@ def test_a_killed_server_ends_a_compaction_and_a_verify_in_one_line(victim, topi
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_a_job_script_under_spark_remote_ends_in_one_line_when_its_server_is_frozen(victim, topic, tmp_path):
-    """spark-submit's entry points make their session from SPARK_REMOTE: bounded alike."""
+def test_a_job_script_and_plan_end_in_one_line_when_their_server_is_frozen(victim, topic, tmp_path):
+    """spark-submit's entry points make their session from SPARK_REMOTE, and `plan --remote`
+    its own: bounded alike."""
     env = {**os.environ, "KEYFILL_CONNECT_TIMEOUT": TIMEOUT_S, "SPARK_REMOTE": victim.server.url}
     victim.signal(signal.SIGSTOP)
     try:
@@ -167,8 +169,10 @@ def test_a_job_script_under_spark_remote_ends_in_one_line_when_its_server_is_fro
             env=env,
             timeout=600,
         )
+        planned = keyfill("plan", topic, str(tmp_path / "p"), "--groups", "4", "--remote", victim.server.url, env=env)
     finally:
         victim.signal(signal.SIGCONT)
+    ended_in_one_line(planned.returncode, planned.stderr.strip().splitlines(), "plan", victim.server.url)
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 2 and last.startswith("jobs/compact.py: error: SPARK_REMOTE=sc://"), out.stderr
     assert "did not answer for" in last and "Traceback" not in out.stderr, out.stderr
