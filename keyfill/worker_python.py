@@ -9,11 +9,12 @@ changes it), and on a busy executor the compile alone passed it: "Python worker 
 connect back". The launcher this module writes is an executable to give Spark as its Python
 (`PYSPARK_PYTHON`, `spark.pyspark.python`): it puts in each zip's place an extracted,
 byte-compiled copy of it, kept in a cache keyed by the zip's contents (its CRC and size: YARN
-copies the zips into every container, so their paths differ) and the interpreter, then
-execs the interpreter. A zip with no copy yet is used as it is for that start while a copy
-is built beside it; a cache that cannot be written leaves the zips as Spark gave them. So it
-is never slower than Spark's own start, and from the second start on it is as fast as a
-pip-installed pyspark.
+copies the zips into every container, so their paths differ) and the interpreter's bytecode
+tag, then execs the interpreter. A zip with no copy yet is used as it is for that start
+while one builder (a lock folder keeps it to one; at low priority) makes the copy; a cache
+that cannot be written leaves the zips as Spark gave them. From the second start on it is as
+fast as a pip-installed pyspark. The cache's default is resolved when the launcher runs, in
+the home of the user Spark's workers run as.
 
 Written by hand: neither Spark nor Python has a setting that caches bytecode for modules
 imported from a zip.
@@ -26,8 +27,9 @@ import os
 import re
 import shlex
 import shutil
-import stat
+import subprocess
 import sys
+import tempfile
 import zipfile
 
 # pyspark's own tests: two thirds of the zip's files, never imported by a worker
@@ -41,7 +43,7 @@ def build(zip_path: str, target: str) -> None:
     if os.path.isdir(target):
         return
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    scratch = f"{target}.part-{os.getpid()}"
+    scratch = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=os.path.basename(target) + ".part-")
     try:
         with zipfile.ZipFile(zip_path) as z:
             z.extractall(scratch, [n for n in z.namelist() if not _TESTS.search("/" + n)])
@@ -54,20 +56,20 @@ def build(zip_path: str, target: str) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def default_cache() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME") or "/tmp", ".cache")
-    return os.path.join(base, "keyfill", "pyspark")
+# the cache when none is given, as the launcher's shell resolves it where it runs
+DEFAULT_CACHE = "${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/keyfill/pyspark"
 
 
-def launcher(python: str, cache: str) -> str:
+def launcher(python: str, cache: str | None, tag: str) -> str:
     """The launcher's text: a POSIX shell script (Spark execs it as it would a Python)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `keyfill` imports from
     builder = f"import sys; sys.path.insert(0, {here!r}); from keyfill.worker_python import build; build(*sys.argv[1:])"
+    where = shlex.quote(cache) if cache else f'"{DEFAULT_CACHE}"'
     return f"""#!/bin/sh
 # Written by `keyfill worker-python`: Spark's Python, with pyspark and py4j imported from an
 # extracted, byte-compiled copy of Spark's zips (keyfill/worker_python.py says why).
 real={shlex.quote(python)}
-cache=${{KEYFILL_PYSPARK_CACHE:-{shlex.quote(cache)}}}
+cache=${{KEYFILL_PYSPARK_CACHE:-{where}}}
 set -f
 kept=
 IFS=:
@@ -76,11 +78,12 @@ for entry in $PYTHONPATH; do
         */pyspark.zip | */py4j-*-src.zip)
             if [ -f "$entry" ] && sum=$(cksum <"$entry" 2>/dev/null); then
                 name=${{entry##*/}}
-                copy=$cache/${{name%.zip}}-${{sum%% *}}-${{sum#* }}
+                copy=$cache/${{name%.zip}}-${{sum%% *}}-${{sum#* }}-{tag}
                 if [ ! -d "$copy" ] && [ "${{KEYFILL_PYSPARK_BUILD:-}}" = now ]; then
                     "$real" -I -c {shlex.quote(builder)} "$entry" "$copy" </dev/null >/dev/null 2>&1
-                elif [ ! -d "$copy" ]; then
-                    ( "$real" -I -c {shlex.quote(builder)} "$entry" "$copy" </dev/null >/dev/null 2>&1 & )
+                elif [ ! -d "$copy" ] && mkdir -p "$cache" 2>/dev/null && mkdir "$copy.lock" 2>/dev/null; then
+                    ( nice "$real" -I -c {shlex.quote(builder)} "$entry" "$copy" </dev/null >/dev/null 2>&1
+                      rmdir "$copy.lock" 2>/dev/null ) &
                 fi
                 [ -d "$copy" ] && entry=$copy
             fi
@@ -96,21 +99,41 @@ exec "$real" "$@"
 
 
 def write(path: str, python: str = sys.executable, cache: str | None = None) -> str:
-    """Write the launcher at `path`, executable; the cache it uses."""
-    cache = cache or default_cache()
-    with open(path, "w") as f:
-        f.write(launcher(python, cache))
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return cache
+    """Write the launcher at `path` (in place at once: executors may be running the one it
+    replaces), readable and executable by all; the cache it names."""
+    if os.sep in python:
+        python = os.path.abspath(python)
+    cache = os.path.abspath(cache) if cache else None
+    tag = subprocess.run(
+        [python, "-I", "-c", "import sys; print(sys.implementation.cache_tag)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, scratch = tempfile.mkstemp(dir=folder, prefix=".keyfill-python-")
+    with os.fdopen(fd, "w") as f:
+        f.write(launcher(python, cache, tag))
+    os.chmod(scratch, 0o755)
+    os.replace(scratch, path)
+    return cache or DEFAULT_CACHE
 
 
 def prime(path: str, zips: list[str]) -> None:
     """Build the copies of `zips` now, through the launcher at `path` (its cache key is the
     shell's `cksum`, so the launcher itself names them)."""
-    import subprocess
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(zips), "KEYFILL_PYSPARK_BUILD": "now"}
     subprocess.run([path, "-c", "pass"], env=env, check=True, timeout=600)
+
+
+def imports_from(path: str, zips: list[str]) -> str:
+    """Where the launcher at `path` imports pyspark from, given Spark's `zips`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(zips)}
+    found = subprocess.run(
+        [path, "-c", "import pyspark; print(pyspark.__file__)"], env=env, capture_output=True, text=True, timeout=600
+    )
+    return found.stdout.strip()
 
 
 def spark_zips() -> list[str]:

@@ -15,10 +15,11 @@ naming the endpoint. Any answer counts, an error status too: only silence is a l
 
 The session's retries are kept (a server that restarts in a few seconds is retried), with
 waits of at most `PROBE_S`, so a retry in progress notices the closed channel soon after.
-From the server's death to the error: the timeout, a probe, and one wait, under 60 s at the
-defaults. Before a session is made the server is asked the same question (`awaited`), and
-the session's creation is bounded alike (`created`). A session the user made (a notebook's)
-is theirs, and is never watched.
+From the server's death to the error: the timeout, a probe, one wait, and the client's close
+(which waits up to 10 s for calls it was releasing): about a minute at the defaults. Before
+a session is made the server is asked the same question (`awaited`), and the session's
+creation is bounded alike (`created`). A session the user made (a notebook's) is theirs,
+and is never watched.
 """
 
 from __future__ import annotations
@@ -75,15 +76,18 @@ class EndpointWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(PROBE_S * 2)
-        if self.lost is not None:
-            _fired.append(self.lost)
 
     def _watch(self) -> None:
         answered = time.monotonic()
         last = "no answer"
         while not self._stop.wait(PROBE_S):
-            found = probe(self.url)
+            try:
+                found = probe(self.url)
+            except Exception as exc:  # noqa: BLE001 - a probe that fails says nothing answered
+                found = f"{type(exc).__name__}: {exc}"
             now = time.monotonic()
+            if self._stop.is_set():
+                return  # the work ended while the probe waited: nothing to stop
             if found is None:
                 answered = now
             else:
@@ -138,7 +142,7 @@ _fired: list[EndpointLost] = []  # watches of this process that found their endp
 def lost() -> EndpointLost | None:
     """Why a keyfill command's session was stopped, if its watch stopped it: the one line a
     caller prints instead of the error the closed channel raised."""
-    return _fired[-1] if _fired else None
+    return _fired.pop() if _fired else None
 
 
 def _watched(url: str | None) -> bool:
@@ -169,7 +173,12 @@ def created(make: Callable[[], T], url: str | None) -> T:
     if failure:
         raise failure[0]
     if result:
-        return result[0]
+        session = result[0]
+        # made in another thread: make it this thread's active session too, as getOrCreate would
+        settle = getattr(type(session), "_set_default_and_active_session", None)
+        if callable(settle):
+            settle(session)
+        return session
     _close_clients_of(url)
     assert watch.lost is not None
     raise watch.lost
@@ -223,5 +232,9 @@ def watching(spark: Any, url: str | None) -> Iterator[EndpointWatch | None]:
     watch = EndpointWatch(url, timeout_s(), spark.client.close).start()
     try:
         yield watch
-    finally:
+    except BaseException:
         watch.stop()
+        if watch.lost is not None:
+            _fired.append(watch.lost)  # the error the closed channel raised: `lost()` tells why
+        raise
+    watch.stop()

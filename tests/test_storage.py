@@ -890,6 +890,28 @@ def test_s3_and_azure_retry_loops_end_at_the_deadline_not_a_backoff_past_it(monk
         for attempts in range(6, 12):
             assert 0 <= wait(time.monotonic() - 1.9, attempts) <= 0.1
 
+    # the attempt a wait was cut for is sent, though the clock has passed where a new one may start
+    class Sent:
+        def __init__(self, context: dict) -> None:
+            self.context, self.headers, self.url = context, {}, "http://127.0.0.1:9/bucket/p/k"
+
+    context = {"keyfill_started": time.monotonic() - 1.95}
+    _, waited = client.meta.events.emit_until_response(
+        "needs-retry.s3.GetObject",
+        response=None,
+        endpoint=None,
+        operation=operation,
+        attempts=9,
+        caught_exception=EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+        request_dict={"context": context, "url": "http://127.0.0.1:9/bucket/p/k"},
+    )
+    context["retries"] = {"attempt": 10}
+    time.sleep(waited + 0.1)
+    client.meta.events.emit("before-send.s3.GetObject", request=Sent(context))  # not refused
+    context["retries"] = {"attempt": 11}
+    with pytest.raises(DeadlineExceeded):  # one past it is
+        client.meta.events.emit("before-send.s3.GetObject", request=Sent(context))
+
 
 def test_missing_cloud_credentials_are_named_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in (

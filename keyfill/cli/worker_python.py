@@ -26,13 +26,19 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from keyfill.worker_python import prime, spark_zips, write
+    from keyfill.worker_python import imports_from, prime, spark_zips, write
 
     path = os.path.abspath(args.path)
     cache = write(path, args.python, args.cache)
     zips = spark_zips()
     if zips:
         prime(path, zips)  # this installation's pyspark: built now, not by the first worker
-    print(f"wrote {path} (compiled copies in {cache}); give it to Spark as its Python:")
+        found = imports_from(path, zips)
+        if ".zip" in found:
+            print(
+                f"keyfill worker-python: warning: no compiled copy could be made in {cache}: {found}", file=sys.stderr
+            )
+    where = "~/.cache/keyfill/pyspark of the user Spark's workers run as" if "$" in cache else cache
+    print(f"wrote {path} (compiled copies in {where}); give it to Spark as its Python:")
     print(f"  PYSPARK_PYTHON={path}   or   --conf spark.pyspark.python={path}")
     return 0

@@ -75,7 +75,8 @@ class KafkaBroker(ScratchServer):
         producer = self.producer()
         for p in range(partitions):
             producer.produce(topic, key=b"fence", value=b"fence", partition=p)
-        assert producer.flush(30) == 0
+        if producer.flush(30):
+            raise RuntimeError(f"{topic}: the fence records were not acknowledged within 30 s")
 
     def stop(self) -> None:
         if self.proxy is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -40,7 +41,8 @@ def _deadline_hook(limits: StoreLimits) -> Any:
         sent = ctx["keyfill_sent"] = int(request.http_request.headers.get("Content-Length") or 0)
         # the object's URL for a refusal's message; a SAS's signature stays out
         ctx["keyfill_url"] = urlsplit(request.http_request.url)._replace(query="").geturl()
-        if attempt > 1 and not limits.allows_retry(started, now, sent):
+        admitted = ctx.pop("keyfill_admitted", None) == attempt  # its wait was cut to fit: let it go
+        if attempt > 1 and not admitted and not limits.allows_retry(started, now, sent):
             raise _refusal(ctx, now, attempt - 1)
 
     return hook
@@ -81,6 +83,7 @@ def _retry_policy(limits: StoreLimits) -> Any:
             wait = limits.retry_wait(ctx["keyfill_started"], now, backoff, ctx.get("keyfill_sent", 0))
             if wait is None:
                 raise _refusal(ctx, now, settings["count"])
+            ctx["keyfill_admitted"] = ctx.get("keyfill_attempt", 0) + 1
             if wait > 0:
                 transport.sleep(wait)
 
@@ -88,7 +91,9 @@ def _retry_policy(limits: StoreLimits) -> Any:
             # The SDK counts the retry about to start from 1 (increment() runs before the
             # wait), so its first wait was initial_backoff + increment_base (2.5 s here), its
             # last 16.5 s: counted from 0, the waits are the ones below.
-            return min(MAX_BACKOFF_S, float(super().get_backoff_time({**settings, "count": settings["count"] - 1})))
+            wait = float(super().get_backoff_time({**settings, "count": settings["count"] - 1}))
+            # capped as botocore caps it, keeping a spread so that throttled clients do not retry in step
+            return wait if wait < MAX_BACKOFF_S else MAX_BACKOFF_S * random.uniform(0.75, 1.0)
 
         def send(self, request: Any) -> Any:
             while True:

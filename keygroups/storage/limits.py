@@ -75,9 +75,11 @@ class StoreLimits:
 
     def retry_wait(self, started_s: float, now_s: float, backoff_s: float, sent_bytes: int = 0) -> float | None:
         """The wait before the next attempt: the SDK's backoff, cut short so that attempt
-        can still finish before the deadline; None when no attempt begun now could. Every
-        store's retry loop asks this before it sleeps, so a request ends at its deadline,
-        not a backoff past it (botocore's last backoff reached 4 s over a 2 s deadline)."""
+        can still finish before the deadline; None when no attempt begun now could. S3's
+        and Azure's retry loops ask this before they sleep (and let the attempt a cut wait
+        was for go), so a request ends at its deadline, not a backoff past it (botocore's
+        last backoff reached 4 s over a 2 s deadline); GCS's client bounds its own retries
+        by the deadline."""
         room = self._room(started_s, now_s, sent_bytes)
         return None if room < 0 else min(max(backoff_s, 0.0), room)
 

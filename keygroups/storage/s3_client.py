@@ -55,7 +55,8 @@ def _deadline_hooks(client: Any, limits: StoreLimits, max_attempts: int) -> None
         started = ctx.setdefault("keyfill_started", now)
         attempt = ctx.get("retries", {}).get("attempt", 1)
         sent = ctx["keyfill_sent"] = int(request.headers.get("Content-Length") or 0)
-        if attempt > 1 and not limits.allows_retry(started, now, sent):
+        admitted = ctx.pop("keyfill_admitted", None) == attempt  # its wait was cut to fit: let it go
+        if attempt > 1 and not admitted and not limits.allows_retry(started, now, sent):
             raise refusal(ctx, request.url, now, attempt - 1)
 
     def last_error(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
@@ -82,6 +83,7 @@ def _deadline_hooks(client: Any, limits: StoreLimits, max_attempts: int) -> None
         wait = limits.retry_wait(ctx["keyfill_started"], now, delay, ctx.get("keyfill_sent", 0))
         if wait is None:
             raise refusal(ctx, request_dict["url"], now, attempts)
+        ctx["keyfill_admitted"] = attempts + 1
         return wait
 
     events.register_first(event, last_error)
