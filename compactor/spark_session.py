@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
-from keygroups.connect_watch import EndpointLost, awaited, created, watching
+from keygroups.connect_watch import EndpointLost, created, watching
 from keygroups.errors import KeyfillError
 from keygroups.spark_kind import master, set_log_level
 
@@ -76,7 +76,6 @@ def connect_session(builder: SparkSession.Builder, remote: str, app: str, *, pro
         ) from None
     if remote.startswith("sc://"):
         _answers(remote)
-        awaited(remote)
     try:
         spark = created(builder.remote(remote).appName(app).getOrCreate, remote)
     except EndpointLost:
@@ -155,10 +154,7 @@ def embedded_spark(
 def from_builder(builder: SparkSession.Builder) -> SparkSession:
     """`builder.getOrCreate()` for a job script: under SPARK_REMOTE a Connect session,
     whose creation is bounded as `--remote`'s is (`keygroups.connect_watch.created`)."""
-    remote = os.environ.get("SPARK_REMOTE")
-    if remote and remote.startswith("sc://"):
-        awaited(remote, "SPARK_REMOTE=")
-    return created(builder.getOrCreate, remote)
+    return created(builder.getOrCreate, os.environ.get("SPARK_REMOTE"), "SPARK_REMOTE=")
 
 
 def session_arguments(master: str | None, remote: str | None) -> tuple[str | None, str | None]:

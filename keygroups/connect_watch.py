@@ -149,11 +149,13 @@ def _watched(url: str | None) -> bool:
     return url is not None and url.startswith("sc://")  # `local[...]`: a server in this process dies with it
 
 
-def created(make: Callable[[], T], url: str | None) -> T:
+def created(make: Callable[[], T], url: str | None, given: str = "--remote ") -> T:
     """`make()` (a Connect session's creation, whose first calls the client retries for ten
-    minutes), or EndpointLost once the server at `url` has not answered for the timeout."""
+    minutes), once the server at `url` answers (`awaited`; `given`: how the URL was given,
+    for its error), or EndpointLost once it has not answered for the timeout."""
     if url is None or not _watched(url):
         return make()
+    awaited(url, given)
     done = threading.Event()
     watch = EndpointWatch(url, timeout_s(), done.set).start()
     result: list[T] = []

@@ -35,14 +35,10 @@ def _deadline_hook(limits: StoreLimits) -> Any:
     def hook(request: Any) -> None:
         ctx = request.context
         now = time.monotonic()
-        started = ctx.setdefault("keyfill_started", now)
-        attempt = ctx.get("keyfill_attempt", 0) + 1
-        ctx["keyfill_attempt"] = attempt
-        sent = ctx["keyfill_sent"] = int(request.http_request.headers.get("Content-Length") or 0)
+        attempt = ctx["keyfill_attempt"] = ctx.get("keyfill_attempt", 0) + 1
         # the object's URL for a refusal's message; a SAS's signature stays out
         ctx["keyfill_url"] = urlsplit(request.http_request.url)._replace(query="").geturl()
-        admitted = ctx.pop("keyfill_admitted", None) == attempt  # its wait was cut to fit: let it go
-        if attempt > 1 and not admitted and not limits.allows_retry(started, now, sent):
+        if not limits.may_send(ctx, attempt, now, int(request.http_request.headers.get("Content-Length") or 0)):
             raise _refusal(ctx, now, attempt - 1)
 
     return hook
@@ -79,11 +75,9 @@ def _retry_policy(limits: StoreLimits) -> Any:
                 super().sleep(settings, transport)  # type: ignore[no-untyped-call]
                 return
             now = time.monotonic()
-            backoff = self.get_backoff_time(settings)
-            wait = limits.retry_wait(ctx["keyfill_started"], now, backoff, ctx.get("keyfill_sent", 0))
+            wait = limits.wait_before(ctx, ctx.get("keyfill_attempt", 0) + 1, now, self.get_backoff_time(settings))
             if wait is None:
                 raise _refusal(ctx, now, settings["count"])
-            ctx["keyfill_admitted"] = ctx.get("keyfill_attempt", 0) + 1
             if wait > 0:
                 transport.sleep(wait)
 

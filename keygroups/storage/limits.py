@@ -8,7 +8,9 @@ retries; google-cloud-storage: 120 s of retries after 60 s reads) add up to many
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from keygroups.errors import StorageError
 
@@ -82,6 +84,26 @@ class StoreLimits:
         by the deadline."""
         room = self._room(started_s, now_s, sent_bytes)
         return None if room < 0 else min(max(backoff_s, 0.0), room)
+
+    # One request's attempts as S3's and Azure's retry loops see them, kept in the SDK's own
+    # per-request context (a dict): when it started, the body it sends, and the attempt a cut
+    # wait was for.
+    def may_send(self, ctx: MutableMapping[str, Any], attempt: int, now_s: float, sent_bytes: int) -> bool:
+        """Whether attempt `attempt` (from 1) may start now: the first, the one a cut wait
+        was for (`wait_before`; the clock has passed where a new one may start, by design),
+        or any other that could still finish by the deadline."""
+        started = ctx.setdefault("keyfill_started", now_s)
+        ctx["keyfill_sent"] = sent_bytes
+        admitted = ctx.pop("keyfill_admitted", None) == attempt
+        return attempt == 1 or admitted or self.allows_retry(started, now_s, sent_bytes)
+
+    def wait_before(self, ctx: MutableMapping[str, Any], attempt: int, now_s: float, backoff_s: float) -> float | None:
+        """`retry_wait` for attempt `attempt` of the request `ctx` tracks, which `may_send`
+        then lets through; None: the request ends now."""
+        wait = self.retry_wait(ctx["keyfill_started"], now_s, backoff_s, ctx.get("keyfill_sent", 0))
+        if wait is not None:
+            ctx["keyfill_admitted"] = attempt
+        return wait
 
     def _room(self, started_s: float, now_s: float, sent_bytes: int) -> float:
         """How long an attempt may wait before it starts and still finish by the deadline."""

@@ -52,11 +52,8 @@ def _deadline_hooks(client: Any, limits: StoreLimits, max_attempts: int) -> None
     def before_send(request: Any, **_: Any) -> None:
         ctx = request.context
         now = time.monotonic()
-        started = ctx.setdefault("keyfill_started", now)
         attempt = ctx.get("retries", {}).get("attempt", 1)
-        sent = ctx["keyfill_sent"] = int(request.headers.get("Content-Length") or 0)
-        admitted = ctx.pop("keyfill_admitted", None) == attempt  # its wait was cut to fit: let it go
-        if attempt > 1 and not admitted and not limits.allows_retry(started, now, sent):
+        if not limits.may_send(ctx, attempt, now, int(request.headers.get("Content-Length") or 0)):
             raise refusal(ctx, request.url, now, attempt - 1)
 
     def last_error(request_dict: Any, response: Any = None, caught_exception: Any = None, **_: Any) -> None:
@@ -80,10 +77,9 @@ def _deadline_hooks(client: Any, limits: StoreLimits, max_attempts: int) -> None
         if type(delay) not in (int, float) or "keyfill_started" not in ctx:
             return delay  # None: no retry; False: botocore's "stop, and no other handler"
         now = time.monotonic()
-        wait = limits.retry_wait(ctx["keyfill_started"], now, delay, ctx.get("keyfill_sent", 0))
+        wait = limits.wait_before(ctx, attempts + 1, now, delay)
         if wait is None:
             raise refusal(ctx, request_dict["url"], now, attempts)
-        ctx["keyfill_admitted"] = attempts + 1
         return wait
 
     events.register_first(event, last_error)
