@@ -32,17 +32,21 @@ def cached_compacted(
     keys: int = 100_000,
     partitions: int = 4,
     rate: float = 2_000.0,
+    hot_key_share: float | None = None,
 ) -> str:
     """A compacted payments archive of `records` records under `root` (reused when it is
     complete); `spark_factory()` is called only when it must be compacted. `seal_all`: every
     slice published (with slices longer than the archive's span, none would be otherwise).
-    `slice_duration` None: the compactor derives it, as `keyfill compact` does by default."""
+    `slice_duration` None: the compactor derives it, as `keyfill compact` does by default.
+    `hot_key_share`: one key carries that share of the records."""
     from compactor.job import CompactConfig, compact
     from keyfill.synth.generate import GeneratorConfig, generate
 
     tag = f"{records}-{groups}-{slice_duration or 'derived'}" + ("-sealed" if seal_all else "")
     if (keys, partitions, rate) != (100_000, 4, 2_000.0):
         tag += f"-{keys}k-{partitions}p-{rate:g}r"
+    if hot_key_share is not None:
+        tag += f"-hot{hot_key_share:g}"
     src, dest = os.path.join(root, f"source-{tag}"), os.path.join(root, f"compacted-{tag}")
     if not os.path.exists(os.path.join(dest, "_done")):
         shutil.rmtree(root, ignore_errors=True)
@@ -55,6 +59,7 @@ def cached_compacted(
             chunk_records=chunk_records,
             headers=True,
             rate=rate,
+            hot_key_share=hot_key_share,
         )
         generate(config, progress=False)
         print("compacting ...", flush=True)

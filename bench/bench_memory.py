@@ -5,6 +5,8 @@ either; what the bound costs a fast consumer; and what mapping large buffers
 
     python -m bench.bench_memory            # 6M records, 64 groups, 1 h slices (~340 MB; made once, cached)
     python -m bench.bench_memory --quick    # 600K records, 10 min slices
+    python -m bench.bench_memory --huge     # 18M records, one key 60% of them: a piece of ~550 MB
+    python -m bench.bench_memory --against REV   # also the fast consumer of git revision REV, alternating
 
 Rows, each in a child process of its own; its peak RSS is the kernel's high-water mark of
 that process (VmHWM, read from /proc while it runs: `ru_maxrss` of a child counts its
@@ -23,7 +25,13 @@ parent's RSS at the fork):
 
 Each row at readAheadBytes 64 MiB and 2 GiB. The fast-consumer ratios are what the bound
 costs a consumer that keeps up (64 MiB / 2 GiB), and what mapping large buffers costs it
-(mapped / left alone).
+(mapped / left alone). `--against REV`: the CLI of revision REV (a git worktree of this
+checkout, on this Python) replays beside this tree's, alternating, and the ratio is printed.
+
+`--huge`: the shape where a piece is far larger than the read-ahead (one key with 60% of the
+records, all in one 1 h slice): at 64 MiB, a replay with a slow and with a fast consumer
+(the same child, no sleep), their peak RSS over the warmed-up RSS against the goal, and the
+Spark row.
 """
 
 from __future__ import annotations
@@ -56,8 +64,8 @@ def rss_mb(pid: str | int = "self") -> float:
     return status_mb("VmRSS", pid)
 
 
-def child_replay(url: str, read_ahead: int, records: int, batch: int) -> None:
-    """In the child: a replay with a slow consumer; prints its figures as JSON."""
+def child_replay(url: str, read_ahead: int, records: int, batch: int, pause: float = 0.002) -> None:
+    """In the child: a replay with a consumer that sleeps `pause` s per batch; prints its figures as JSON."""
     import reader
 
     n, t0, warm = 0, time.perf_counter(), 0.0
@@ -66,7 +74,8 @@ def child_replay(url: str, read_ahead: int, records: int, batch: int) -> None:
             if isinstance(ev, reader.Records):
                 warm = warm or rss_mb()
                 n += ev.batch.num_rows
-                time.sleep(0.002)
+                if pause:
+                    time.sleep(pause)
                 if n >= records:
                     break
         held = events.budget.peak
@@ -163,6 +172,87 @@ def spark_row(spark, url: str, read_ahead: int, batch: int, ck: str) -> tuple[in
     return rows, peak[0]
 
 
+def worktree(rev: str) -> str:
+    """A git worktree of revision `rev` of this checkout (made once, reused)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sha = subprocess.check_output(["git", "-C", here, "rev-parse", "--short", rev], text=True).strip()
+    path = f"/tmp/keyfill-bench-at-{sha}"
+    if not os.path.exists(path):
+        subprocess.check_call(["git", "-C", here, "worktree", "add", "--detach", path, sha], stdout=subprocess.DEVNULL)
+    return path
+
+
+def fast_replay(url: str, read_ahead: int, tree: str | None = None) -> tuple[float, float]:
+    """`keyfill replay` over the whole archive into a null sink (this tree's, or the worktree
+    `tree`'s): records/s by its own summary, and peak RSS in MB."""
+    cli = [sys.executable, "-m", "keyfill", "replay", url, "--read-ahead-bytes", str(read_ahead), "--json"]
+    if tree:  # its own modules first: from its folder, on its path
+        cli = ["env", "-C", tree, *cli]
+    out, peak, _ = run_child(cli, {"PYTHONPATH": tree} if tree else None)
+    summary = json.loads(out)
+    return summary["records"] / summary["seconds"], peak
+
+
+def compare_fast(url: str, budgets: list[int], rev: str) -> None:
+    """The fast consumer of this tree against revision `rev`'s, alternating, best of 3 each."""
+    tree = worktree(rev)
+    fast_replay(url, budgets[0], tree)  # its first run compiles the worktree's kernels
+    for ra in budgets:
+        best = {"this tree": 0.0, rev: 0.0}
+        for _ in range(3):
+            for name in best:
+                rate, _ = fast_replay(url, ra, None if name == "this tree" else tree)
+                best[name] = max(best[name], rate)
+        print(
+            f"fast consumer at {ra // MiB} MiB, this tree / {rev}: {best['this tree']:,.0f} / {best[rev]:,.0f} "
+            f"records/s = {best['this tree'] / best[rev]:.3f}x"
+        )
+
+
+def huge(args: argparse.Namespace) -> None:
+    """The huge-piece shape: one key carries 60% of 18M records, all in one 1 h slice."""
+    from bench.archives import cached_compacted
+    from compactor.spark_session import local_spark
+    from keygroups.storage import open_storage
+    from tests.records import archive_metas
+
+    spark = None
+
+    def session():
+        nonlocal spark
+        if spark is None:
+            spark = local_spark("local[2]", app="keyfill bench memory", progress=False, driver_memory="4g")
+            spark.sparkContext.setLogLevel("ERROR")
+        return spark
+
+    root = args.dir + "-huge"
+    records = 18_000_000
+    url = cached_compacted(root, records, 64, "1h", session, seal_all=True, rate=10_000.0, hot_key_share=0.6)
+    largest = max((p for m in archive_metas(open_storage(url)) for p in m.pieces), key=lambda p: p.length)
+    ra = 64 * MiB
+    print(f"\n{records:,} records, 64 groups, 1h slices, one key 60%: largest piece {largest.length / 1e6:,.0f} MB")
+    head = f"{'row':<34} {'read-ahead':>10} {'records/s':>10} {'warm MB':>8} {'peak MB':>8} {'over warm':>10}"
+    print(f"{head} {'goal':>6}")
+    for label, pause in (("replay, slow consumer", 0.002), ("replay, fast consumer", 0.0)):
+        child = [sys.executable, "-m", "bench.bench_memory", "--child", url, str(ra), str(records)]
+        out, _, _ = run_child([*child, str(args.batch_size), str(pause)])
+        r = json.loads(out.strip().splitlines()[-1])
+        over = r["peak_mb"] - r["warm_mb"]
+        print(
+            f"{label:<34} {ra // MiB:>7} MiB {r['records'] / r['seconds']:>10,.0f} {r['warm_mb']:>8.0f} "
+            f"{r['peak_mb']:>8.0f} {over:>10.0f} {ra // MiB + 192:>6}"
+        )
+    if not args.no_spark:
+        import reader.spark as rs
+
+        s = session()
+        rs.register(s)
+        t0 = time.perf_counter()
+        rows, peak = spark_row(s, url, ra, args.batch_size, os.path.join(root, f"ck-{time.time_ns()}"))
+        label = f"Spark, slow sink ({rows:,} rows)"
+        print(f"{label:<34} {ra // MiB:>7} MiB {rows / (time.perf_counter() - t0):>10,.0f} {'':>8} {peak:>8.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -170,11 +260,17 @@ def main() -> None:
     ap.add_argument("--records-slow", type=int, default=None, help="records the slow replay consumer takes")
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--no-spark", action="store_true")
-    ap.add_argument("--child", nargs=4, metavar=("URL", "READ_AHEAD", "RECORDS", "BATCH"), help=argparse.SUPPRESS)
+    ap.add_argument("--huge", action="store_true", help="a piece far larger than the read-ahead")
+    ap.add_argument("--against", metavar="REV", help="also replay with git revision REV's CLI, alternating")
+    child = ("URL", "READ_AHEAD", "RECORDS", "BATCH", "PAUSE")
+    ap.add_argument("--child", nargs=5, metavar=child, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        url, ra, n, b = args.child
-        child_replay(url, int(ra), int(n), int(b))
+        url, ra, n, b, pause = args.child
+        child_replay(url, int(ra), int(n), int(b), float(pause))
+        return
+    if args.huge:
+        huge(args)
         return
     from bench.archives import cached_compacted
     from compactor.spark_session import local_spark
@@ -201,7 +297,7 @@ def main() -> None:
     for ra in budgets:
         for name, env in allocators.items():
             child = [sys.executable, "-m", "bench.bench_memory", "--child", url, str(ra), str(slow_n)]
-            out, _, _ = run_child([*child, str(args.batch_size)], env)
+            out, _, _ = run_child([*child, str(args.batch_size), "0.002"], env)
             r = json.loads(out.strip().splitlines()[-1])
             label = f"replay, slow consumer, buffers {name}"
             over = r["peak_mb"] - r["warm_mb"]
@@ -228,6 +324,8 @@ def main() -> None:
                 f"{label:<46} {ra // MiB:>7} MiB {fast[ra, name]:>10,.0f} {'':>8} {peaks[ra, name]:>8.0f}"
                 f"   CPU {cpu[ra, name]:.2f} s"
             )
+    if args.against:
+        compare_fast(url, budgets, args.against)
     if not args.no_spark:
         s = session()
         import reader.spark as rs

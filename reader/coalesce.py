@@ -29,15 +29,20 @@ def span(pieces: Sequence[Piece]) -> tuple[int, int]:
 
 def checked(data: bytes, start: int, pieces: Sequence[Piece], url: str) -> bytes:
     """The bytes got for `span(pieces)` (from `start`), once their length proves the object
-    is as long as the index says: no shorter (naming the first piece cut short), no longer
-    (naming the last piece)."""
+    is as long as the index says."""
+    check_length(len(data), start, pieces, url)
+    return data
+
+
+def check_length(got: int, start: int, pieces: Sequence[Piece], url: str) -> None:
+    """`got` bytes came back for `span(pieces)` (from `start`): no fewer than the index says
+    (naming the first piece cut short), no more (naming the last piece)."""
     want = pieces[-1].end - start
-    if len(data) < want:
-        p = next(q for q in pieces if q.end - start > len(data))
+    if got < want:
+        p = next(q for q in pieces if q.end - start > got)
         raise IntegrityError(
-            f"{p.where(url)}: the object ends at byte {start + len(data)}; the index says it has {p.file_bytes} bytes"
+            f"{p.where(url)}: the object ends at byte {start + got}; the index says it has {p.file_bytes} bytes"
         )
-    if len(data) > want:
+    if got > want:
         p = pieces[-1]
         raise IntegrityError(f"{p.where(url)}: the object is longer than the {p.file_bytes} bytes the index says")
-    return data

@@ -22,7 +22,7 @@ from keygroups.storage import Storage
 from reader.coalesce import parts, span
 from reader.errors import VersionGone
 from reader.fetch_pool import GET_THREADS, FetchPool
-from reader.fetched_span import FetchedSpan
+from reader.fetched_span import DECODE_BYTES, STEPPED_BYTES, Decoded, FetchedSpan, StreamedPiece
 from reader.read_budget import ReadBudget
 
 LOOKAHEAD_SLICES = 256  # how far a span may reach past the slice being read
@@ -63,6 +63,10 @@ class PieceFetcher:
         self.store, self.pool, self.group_pieces, self.slices = store, pool, group_pieces, slices
         self.span_bytes, self.range_bytes, self.ahead = span_bytes, range_bytes or (1 << 62), ahead
         self.budget = budget
+        # a piece larger than a quarter of the budget is not held whole: it is read twice, a
+        # GET of `stream_part` bytes at a time (`reader.fetched_span.StreamedPiece`)
+        self.stream_bytes = max(STEPPED_BYTES, budget.limit // 4)
+        self.stream_part = max(DECODE_BYTES, min(self.range_bytes, budget.limit // 8))
         self.finish = finish  # applied to a span's records once, e.g. to tag them with their group
         self.caller_consumes = caller_consumes
         self.headers = headers  # False: records are decoded without their `headers` column
@@ -109,9 +113,10 @@ class PieceFetcher:
         pieces, frontier = self._next_span(g, limit)
         if pieces is not None:
             start, end = span(pieces)
-            if not self.budget.try_take(end - start):
+            charge = self._holding(pieces, start, end)
+            if not self.budget.try_take(charge):
                 return False
-            self._start(g, pieces, start, end)
+            self._start(g, pieces, start, end, charge)
         self._frontier[g] = frontier
         return True
 
@@ -127,23 +132,36 @@ class PieceFetcher:
             return None
         start, end = span(pieces)
         first = int(pieces.slice[0])
-        if first > s and not self.caller_consumes and not self.budget.try_take(end - start):
+        charge = self._holding(pieces, start, end)
+        if first > s and not self.caller_consumes and not self.budget.try_take(charge):
             return first
         if first == s or self.caller_consumes:
             one = pieces.rows(0, 1)
             a, z = span(one)
-            taken = self.budget.take(end - start, z - a, self._consumer_slice(first), self._waiting(s))
-            if taken != end - start:
-                pieces, frontier, start, end = one, first + 1, a, z
+            least = self._holding(one, a, z)
+            taken = self.budget.take(charge, least, self._consumer_slice(first), self._waiting(s))
+            if taken != charge:
+                pieces, frontier, start, end, charge = one, first + 1, a, z, least
         self._frontier[g] = frontier
-        self._start(g, pieces, start, end)
+        self._start(g, pieces, start, end, charge)
         return None
 
-    def _start(self, g: int, pieces: PieceColumns, start: int, end: int) -> None:
+    def _streamed(self, pieces: PieceColumns) -> bool:
+        """A span of one piece too large to hold (a larger piece is always a span of its own)."""
+        return len(pieces) == 1 and int(pieces.length[0]) > self.stream_bytes
+
+    def _holding(self, pieces: PieceColumns, start: int, end: int) -> int:
+        """What the span of `pieces` (bytes [start, end)) holds of compressed bytes at most."""
+        return min(end - start, 2 * self.stream_part) if self._streamed(pieces) else end - start
+
+    def _start(self, g: int, pieces: PieceColumns, start: int, end: int, charge: int) -> None:
         """The GETs of a span whose bytes the budget has given."""
+        if self._streamed(pieces):
+            self._spans[g].append(StreamedPiece(pieces, self._submit, self.stream_part, self.budget, charge))
+            return
         file = pieces.file_of(0)
         futures = [self._submit(file, a, n) for a, n in parts(start, end, self.range_bytes)]
-        self._spans[g].append(FetchedSpan(start, pieces, futures, self.budget, end - start))
+        self._spans[g].append(FetchedSpan(start, pieces, futures, self.budget, charge))
 
     def _consumer_slice(self, s: int) -> int | None:
         """The slice work on s is for, as the budget weighs it (None: the caller consumes it)."""
@@ -213,14 +231,15 @@ class PieceFetcher:
         """Group g's next piece, once `next_slice` said there is one: what an error names."""
         return self._spans[g][0].next_piece
 
-    def step(self, g: int) -> tuple[PieceColumns, pa.RecordBatch, int]:
+    def step(self, g: int) -> Decoded:
         """Group g's next pieces (once `next_slice` said there is one), decoded together:
         their records back to back, and the bytes charged to the budget for them (the
-        consumer gives them back). The next span is put in flight when this one ends."""
+        consumer gives them back); or the next step of a large piece. The next span is put
+        in flight when this one ends."""
         spans = self._spans[g]
         fetched = spans[0]
         at = fetched.next_slice
-        step, batch, held = fetched.step(
+        decoded = fetched.step(
             self.store.url_for,
             self._header,
             self.finish,
@@ -232,7 +251,7 @@ class PieceFetcher:
             spans.popleft()
             if self.ahead:
                 self._fill(g, fetched.last_slice + 1)
-        return step, batch, held
+        return decoded
 
     def _header(self, p: Piece, url: str) -> bytes:
         head = self._headers.get(p.file)
@@ -261,15 +280,21 @@ class PieceFetcher:
         if fetched.next_piece != p:
             url = self.store.url_for(p.file)
             raise FormatError(f"{p.where(url)}: not where the index put it when the span was planned")
-        _, batch, held = fetched.step(
-            self.store.url_for,
-            self._header,
-            self.finish,
-            self._consumer_slice(p.slice),
-            self._waiting(p.slice),
-            most=1,
-            headers=self.headers,
-        )
+        batches, held, partial = [], 0, True
+        while partial:  # a large piece is decoded in steps: the caller holds them all (the drift bound's exception)
+            _, batch, charged, partial = fetched.step(
+                self.store.url_for,
+                self._header,
+                self.finish,
+                self._consumer_slice(p.slice),
+                self._waiting(p.slice),
+                most=1,
+                headers=self.headers,
+            )
+            batches.append(batch)
+            held += charged
+        if len(batches) > 1:
+            batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
         if fetched.done:
             spans.popleft()
             if self.ahead:
@@ -358,14 +383,14 @@ def read_groups(
                     continue
                 at = fetcher.next_piece(g)
                 try:
-                    step, batch, held = fetcher.step(g)
+                    step, batch, held, partial = fetcher.step(g)
                 except FormatError:
                     raise
                 except KeyfillError as exc:  # a missing object, a failed GET: name the piece too
                     raise read_failed(store, at, exc) from None
                 yield step, batch
                 budget.give(held)  # the consumer has it now
-                s = int(step.slice[-1]) + 1
+                s = int(step.slice[-1]) + (not partial)  # a large piece's next step is of the same slice
     finally:
         fetcher.close()
         pool.shutdown()

@@ -221,24 +221,24 @@ class Replay:
             if nxt > s:
                 heapq.heapreplace(heap, (nxt, g))
                 continue
-            step, batch, counts, held = self._step(fetcher, g)
+            step, batch, counts, held, partial = self._step(fetcher, g)
             numbers = step.slice.tolist()
-            heapq.heapreplace(heap, (numbers[-1] + 1, g))
+            heapq.heapreplace(heap, (numbers[-1] + (not partial), g))  # a large piece goes on in its slice
             if not merge.put(t, [Bundle(batch, g, numbers, counts, held)], heap[0][0] if heap else slices):
                 return
         merge.put(t, [], slices)  # says this thread is past every slice
 
-    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int], int]:
-        """Group g's next decoded step, its pieces' record counts and the bytes it holds; in
-        the slice this replay resumed in, without the records emitted before its checkpoint."""
+    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int], int, bool]:
+        """Group g's next decoded step (`Decoded`, with its pieces' record counts); in the slice
+        this replay resumed in, without the records emitted before its checkpoint."""
         p = fetcher.next_piece(g)  # what an error names
-        step, batch, held = self._named(p, fetcher.step, g)
+        step, batch, held, partial = self._named(p, fetcher.step, g)
         counts = step.records.tolist()
         if p.slice == self._skip_slice:  # only a step's first piece can be: steps start at `first`
-            skip = self._skipped(p, counts[0])
-            if skip:
-                batch, counts[0] = batch.slice(skip), counts[0] - skip
-        return step, batch, counts, held
+            skip = self._skipped(p, p.records)  # of a large piece, what its first steps leave to skip
+            cut = min(skip, counts[0])
+            batch, counts[0], self._skip[g] = batch.slice(cut), counts[0] - cut, skip - cut
+        return step, batch, counts, held, partial
 
     def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its

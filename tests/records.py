@@ -456,3 +456,28 @@ def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringTyp
     if value:
         top.append(NestedField(11, "value", BinaryType(), required=False))
     return Schema(*top)
+
+
+def spark_task_read(url: str, read_ahead: int, monkeypatch):
+    """The Spark source's task read of one input partition holding every group of the
+    archive (`reader.spark_read.read_archive`, as a task runs it, with `read_ahead` as given):
+    its batches, and the list the task's read budget is put in when the read starts."""
+    import reader.fetch
+    import reader.spark
+    import reader.spark_partitions
+    import reader.spark_read
+    from reader.read_budget import ReadBudget
+
+    budgets: list[ReadBudget] = []
+
+    class Counted(ReadBudget):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            budgets.append(self)
+
+    monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
+    monkeypatch.setattr(reader.spark_read, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
+    opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(read_ahead), "numPartitions": "1"})
+    planner = reader.spark_partitions.ArchivePlanner(opts)
+    (partition,) = planner.plan(0, planner.manifest.slices)
+    return reader.spark_read.read_archive(opts, partition), budgets

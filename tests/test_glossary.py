@@ -97,6 +97,7 @@ SENSES: dict[str, set[str]] = {
         "_scan_blocks",
         "block",
         "block_bytes",
+        "block_end",
         "blocks",
         "blocks_of",
         "decompress_blocks",

@@ -19,8 +19,8 @@ import reader.spark_read
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups.storage import open_storage
-from reader.read_budget import FIRST_RATIO, ReadBudget
-from tests.records import archive_metas, copy_archive
+from reader.read_budget import FIRST_RATIO
+from tests.records import archive_metas, copy_archive, spark_task_read
 
 BUDGET = 256 << 10
 
@@ -102,20 +102,9 @@ def test_a_slow_consumer_holds_a_spark_task_read_within_its_budget(wide, storage
     url = storage_url
     copy_archive(src, url)
     bound, _ = _bound(url, decoded)
-    budgets: list[ReadBudget] = []
-
-    class Counted(ReadBudget):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            budgets.append(self)
-
-    monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
-    monkeypatch.setattr(reader.spark_read, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
-    opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(BUDGET), "numPartitions": "1"})
-    planner = reader.spark_partitions.ArchivePlanner(opts)
-    (partition,) = planner.plan(0, planner.manifest.slices)
+    batches, budgets = spark_task_read(url, BUDGET, monkeypatch)
     got = []
-    for batch in reader.spark_read.read_archive(opts, partition):
+    for batch in batches:
         got.extend(_ids(batch))
         time.sleep(0.002)
     assert sorted(got) == expected
