@@ -641,6 +641,66 @@ def test_the_live_phase_reads_each_record_once_across_broker_restarts(s3_server,
     assert each_key_in_offset_order(rows)
 
 
+def test_a_query_goes_on_across_broker_restarts(spark, s3_server, tmp_path):
+    """The same broker restarts under a Spark query (availableNow, foreachBatch): after the
+    archive's batch (the switch planned next, against the restarted broker) and after the
+    first live batch, killed and back a second later, so the next batch is planned while it
+    is away. The query goes on with no restart of its own: each record once, each key in
+    offset order, and its checkpoint says archive first, then live batches."""
+    import threading
+
+    import reader.spark
+    from keyfill.testing.kafka_broker import start_broker
+
+    reader.spark.register(spark)
+    parts = keyed_partitions([60, 40])
+    topic = TopicArchive("t", parts, 10)
+    rows: list[dict] = []
+    restarts = []
+
+    with start_broker(on_s3=s3_server) as broker:
+        name = produce(broker, topic)
+        broker.fence(name, len(parts))  # ListOffsets exact on this engine (keyfill.testing.kafka_broker)
+        dest = archived(topic, [0.3, 0.3], tmp_path, groups=2, slice_duration="5s", seal_all=True)
+
+        def keep(batch, batch_id):
+            rows.extend(r.asDict() for r in batch.collect())
+            if batch_id == 0:
+                broker.restart()
+                restarts.append(batch_id)
+            elif batch_id == 1:
+                broker.process.kill()
+                threading.Timer(1.0, broker.restart).start()
+                restarts.append(batch_id)
+
+        ck = str(tmp_path / "ck")
+        query = (
+            spark.readStream.format("keyfill")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", name)
+            .option("maxOffsetsPerTrigger", "30")
+            .option("kafkaConsumer.pollTimeoutMs", "30000")
+            .load(dest)
+            .select("partition", "offset", "key")
+            .writeStream.foreachBatch(keep)
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        assert not query.isActive and query.exception() is None
+    assert restarts == [0, 1]
+    phases = []
+    for n in sorted(int(f) for f in os.listdir(os.path.join(ck, "offsets")) if f.isdigit()):
+        with open(os.path.join(ck, "offsets", str(n))) as f:
+            phases.append("live" if "kafka" in f.read().splitlines()[-1] else "archive")
+    assert phases[0] == "archive" and phases[1:] == ["live"] * (len(phases) - 1) and len(phases) >= 3
+    fences = [(p, len(part)) for p, part in enumerate(parts)]
+    got = Counter((r["partition"], r["offset"]) for r in rows)
+    assert got == Counter([(r.partition, r.offset) for p in parts for r in p] + fences)
+    assert each_key_in_offset_order(rows)
+
+
 def test_progress_says_how_far_behind_the_latest_the_query_is(keyfill_kafka, tmp_path):
     parts = (tuple(Record(0, i, 1_000 * i, b"k", b"v") for i in range(50)),)
     topic = TopicArchive("t", parts, 10)
