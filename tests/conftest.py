@@ -46,6 +46,60 @@ os.environ["SPARK_AUTH_SOCKET_TIMEOUT"] = "120"  # spark-defaults.conf's socket 
 os.environ["KEYFILL_TESTS_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["PYSPARK_PYTHON"] = str(SPARK_CONF / "worker-python")
 
+# Tiers (CONTRIBUTING.md): each test is marked with what it needs, from the fixtures it asks for
+# (below) or by hand where it starts the thing itself (`pytest.mark.spark`, ...); `make
+# test-fast` deselects them all and starts neither a JVM nor a server.
+NEEDS = {
+    "spark": {"spark", "keyfill_spark"},
+    "connect": {"connect", "connect_server", "keyfill_connect"},
+    "stores": {
+        "s3_server", "s3_url", "keyfill_s3", "keyfill_s3_url",
+        "gcs_server", "gcs_url", "keyfill_gcs", "keyfill_gcs_url",
+        "azure_server", "azure_url", "keyfill_azure", "keyfill_azure_url",
+    },
+    "kafka": {"keyfill_kafka"},
+    "slow": {"seeded_packages"},  # builds the numba seed in a subprocess: 20-25 s
+}  # fmt: skip
+PARAMETRIZED_STORES = ("storage_url", "any_store_url", "backend")  # their params other than "local" start a server
+# `make test-fast`: a test that starts a server it is not marked for fails, naming the mark it lacks
+# (a JVM cannot start there at all: JAVA_HOME points nowhere).
+FAST = os.environ.get("KEYFILL_TESTS_FAST") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for mark, fixtures in NEEDS.items():
+            if names & fixtures:
+                item.add_marker(mark)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(params.get(name, "local") != "local" for name in PARAMETRIZED_STORES):
+            item.add_marker("stores")
+        for mark, fixtures in NEEDS.items():  # a fixture named by a parameter (request.getfixturevalue)
+            if any(isinstance(v, str) and v in fixtures for v in params.values()):
+                item.add_marker(mark)
+        if item.get_closest_marker("connect"):
+            item.add_marker("spark")
+
+
+def _no_server(what: str, mark: str):  # type: ignore[no-untyped-def]
+    def refuse() -> str:
+        raise RuntimeError(f"make test-fast starts no {what}: mark the test `pytest.mark.{mark}` (CONTRIBUTING.md)")
+
+    return refuse
+
+
+if FAST:
+    import keyfill.testing.azurite
+    import keyfill.testing.gcsserver
+    import keyfill.testing.kafka_broker
+    import keyfill.testing.s3server
+
+    keyfill.testing.s3server.weed_binary = _no_server("S3 server", "stores")
+    keyfill.testing.gcsserver.fake_gcs_binary = _no_server("GCS server", "stores")
+    keyfill.testing.azurite.azurite_binary = _no_server("Azure server", "stores")
+    keyfill.testing.kafka_broker.tansu_binary = _no_server("Kafka broker", "kafka")
+
 
 @pytest.fixture(scope="session")
 def s3_server(keyfill_s3: S3Server) -> S3Server:

@@ -264,6 +264,7 @@ def test_appends_continue_each_groups_small_last_file(spark, tmp_path):
         assert sum(e.batch.num_rows for e in ev if isinstance(e, reader.Records)) == m.totals["records"]
 
 
+@pytest.mark.spark  # the CLI compacts on Spark
 def test_an_append_refuses_a_tail_that_is_not_what_the_index_says(full_source, tmp_path):
     """The write task that meets the cut tail stops the run at once: one line naming the file,
     exit 2, no executor traceback on the terminal, and no attempt retried (local[2,4] tries a

@@ -29,6 +29,8 @@ from keygroups.storage import open_storage
 from tests.records import canonical_files
 from tests.test_reader import source_table
 
+pytestmark = pytest.mark.spark  # spark-submit on a local-cluster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -26,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = "4"  # KEYFILL_CONNECT_TIMEOUT for these commands
 BETWEEN_JOBS = "distinct keys"  # logged (-v) after the statistics pass, before the rewrite's jobs
 VERIFY_BETWEEN_JOBS = "comparing their records"  # logged (-v) after the file checks, before the comparison
-pytestmark = pytest.mark.xdist_group("connect-lost")  # one worker: the server is the module's
+# one worker: the server is the module's
+pytestmark = [pytest.mark.xdist_group("connect-lost"), pytest.mark.connect, pytest.mark.spark, pytest.mark.faults]
 
 
 class Victim:

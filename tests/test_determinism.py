@@ -181,6 +181,7 @@ def compact_in_this_process(spec: dict) -> dict:
     return facts
 
 
+@pytest.mark.spark  # local[1] in a subprocess
 def test_local1_under_another_hash_seed_writes_the_in_process_bytes(inputs, tmp_path):
     """In a process under another PYTHONHASHSEED than this one's: the in-process compactor,
     then `local[1]` with one shuffle partition."""

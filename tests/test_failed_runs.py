@@ -13,6 +13,7 @@ the version object."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_append import grow, growing_source
@@ -24,6 +25,8 @@ from keygroups import compacted
 from keygroups.storage import open_storage
 from tests.fault_injection import DiesAfterSegmentFiles, InjectedFailure
 from tests.records import canonical_version, replayed, sealed_slices, source_positions
+
+pytestmark = pytest.mark.faults
 
 
 class DiesAtWrite(DiesAfterSegmentFiles):

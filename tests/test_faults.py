@@ -47,6 +47,8 @@ from keygroups.storage import StorageError, open_storage
 from tests.records import archive_metas, below_handoff, envelope_records, rewrite_index
 from tests.waits import connected_to, wait_until
 
+pytestmark = pytest.mark.faults
+
 # Short limits for the frozen-endpoint cases, so each takes seconds; the defaults (5 s
 # connect, 20 s read, 60 s deadline) are measured in the closing note instead.
 SHORT_LIMITS = {"KEYFILL_S3_CONNECT_TIMEOUT": "1", "KEYFILL_S3_READ_TIMEOUT": "2", "KEYFILL_S3_DEADLINE": "5"}

@@ -26,6 +26,8 @@ from keygroups.storage import StorageError, open_storage
 from tests.records import below_handoff, copy_archive, copy_share
 from tests.test_http_faults import proxied
 
+pytestmark = [pytest.mark.stores, pytest.mark.faults]  # each store behind a fault proxy
+
 BACKENDS = ["s3", "gcs", "azure"]
 # a run's options: tiny and quick (3,000 records, 3 groups, slices of 5 s)
 OPTIONS = {"groups": 3, "slice_duration": "5s"}

@@ -31,6 +31,8 @@ from keygroups.storage import StorageError, open_storage
 from keygroups.storage.limits import DeadlineExceeded
 from tests.test_faults import source, source_records
 
+pytestmark = [pytest.mark.stores, pytest.mark.faults]  # each store behind a fault proxy
+
 __all__ = ["source"]  # test_faults' module fixture, the generated topic: a fixture of this module too
 
 BACKENDS = ["s3", "gcs", "azure"]

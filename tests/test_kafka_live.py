@@ -502,6 +502,7 @@ def test_an_ending_time_past_the_hand_off_stops_each_partition_in_the_topic(keyf
     assert got == sorted(r for r in topic.records if r.offset < (31 if r.partition == 0 else 30))
 
 
+@pytest.mark.kafka  # a broker of its own
 def test_a_broker_gone_fails_the_switch_and_a_live_read_in_bounded_time_naming_it(tmp_path):
     """The broker stops after the archive has been planned: the switch's planning, and a live
     read planned before, each fail within kafkaConsumer.pollTimeoutMs (2 s here; the bound
@@ -561,6 +562,7 @@ def each_key_in_offset_order(rows: list[dict]) -> bool:
     return all(offsets == sorted(offsets) for offsets in by_key.values())
 
 
+@pytest.mark.kafka  # a broker of its own
 def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connections(tmp_path):
     """The broker keeps its data while the network between it and keyfill breaks: every
     connection reset between planning and reading, every third batch read, and once all
@@ -600,6 +602,7 @@ def test_the_live_phase_reads_each_record_once_across_dropped_and_stalled_connec
     assert sorted(as_records(rows), key=lambda r: (r.partition, r.offset)) == [r for p in parts for r in p]
 
 
+@pytest.mark.kafka  # a broker of its own
 def test_the_live_phase_reads_each_record_once_across_broker_restarts(s3_server, tmp_path):
     """A broker that keeps its log (tansu on the S3 server) killed and started again: at the
     switch (the archive read, its live batches not yet planned) and in the middle of a live
@@ -641,6 +644,7 @@ def test_the_live_phase_reads_each_record_once_across_broker_restarts(s3_server,
     assert each_key_in_offset_order(rows)
 
 
+@pytest.mark.kafka  # a broker of its own
 def test_a_query_goes_on_across_broker_restarts(spark, s3_server, tmp_path):
     """The same broker restarts under a Spark query (availableNow, foreachBatch): after the
     archive's batch (the switch planned next, against the restarted broker) and after the

@@ -419,6 +419,7 @@ def test_options_out_of_range_and_a_missing_bucket_are_refused_before_spark_star
     assert not os.path.exists(tmp_path / "c")
 
 
+@pytest.mark.spark  # the CLI compacts on Spark
 def test_a_corrupt_chunk_ends_the_cli_with_one_line_naming_it(full_source, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(full_source, bad)

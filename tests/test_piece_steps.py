@@ -159,7 +159,7 @@ def _compressed(budget: int, piece) -> int:
     return 2 * max(DECODE_BYTES, budget // 8) if piece.length > budget // 4 else piece.length
 
 
-@pytest.mark.parametrize("budget", [STREAMED, HELD], ids=["streamed", "held"])
+@pytest.mark.parametrize("budget", [pytest.param(STREAMED, marks=pytest.mark.stores), HELD], ids=["streamed", "held"])
 def test_a_slow_consumer_of_a_hot_piece_holds_the_budget_and_a_step(hot, budget, request):
     """Four threads, a consumer that sleeps on every batch: every group's records once and in
     order, no step larger than a step, the most held within the budget and one piece past it

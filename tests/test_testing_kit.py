@@ -144,6 +144,7 @@ def minimal_failure(check, examples: int = 200):
     raise AssertionError("the shrunk example no longer fails")
 
 
+@pytest.mark.slow  # 14 s: the kit searches for the failing example
 def test_a_job_that_depends_on_the_order_across_keys_is_flagged_naming_the_key():
     (archive, _), message = minimal_failure(lambda a, s: check_job(global_sequence, a, s))
     assert message.startswith("key ") and "outputs differ" in message

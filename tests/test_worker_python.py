@@ -11,6 +11,8 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from keyfill.cli import main
 from keyfill.worker_python import build, spark_zips
 
@@ -86,6 +88,7 @@ def record_where_pyspark_is(out: str) -> None:
     spark.stop()
 
 
+@pytest.mark.spark  # a streaming query in a subprocess
 def test_a_streaming_query_beside_two_cpu_burners_imports_the_compiled_pyspark(tmp_path):
     """The documented setting, PYSPARK_PYTHON=<launcher>, on two busy cores: the streaming
     source's planning process and the read task's worker both import the cache's pyspark."""
