@@ -81,7 +81,7 @@ def extend_assignment(
 ) -> tuple[pa.Table, int]:
     """The assignment with the append's keys: existing keys keep their group, new ones are
     placed onto the appended part's loads. Per-key records and bytes add up what the
-    statistics passes counted (packing weights: a withheld tail is counted by the
+    statistics passes counted (packing weights: withheld records are counted by the
     compaction that left it and again by the one that publishes it). A bucketed archive's
     keys without an entry stay in their bucket's group, new keys included: only new null-key
     pseudo-keys are placed (`buckets`: the append's bucket sums, in the archive's bucket

@@ -1,4 +1,4 @@
-"""CRC-32C of consecutive byte ranges from their own CRC-32Cs, so a run of pieces is checked
+"""CRC-32C of consecutive byte ranges from their own CRC-32Cs, so a span of pieces is checked
 with one pass over its bytes instead of one call per piece.
 
 A reader checks every piece against its index CRC before it emits anything. With 10 s slices

@@ -39,8 +39,8 @@ KAFKA_OPTION_NAMES = (
 NOT_AN_OPTION = {"option": False}  # a field of Options that no option sets
 RENAMED = {"batchrows": "batchSize"}  # old name -> the name it has now: an error says so
 DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
-# A task's read-ahead: its groups' runs in flight. Several tasks share an executor's memory,
-# so far below the replay's budget; each group still gets two runs of up to GET_BYTES while
+# A task's read-ahead: its groups' spans in flight. Several tasks share an executor's memory,
+# so far below the replay's budget; each group still gets two spans of up to GET_BYTES while
 # the task has at most 4 groups.
 TASK_READ_AHEAD_BYTES = 8 * compacted.GET_BYTES
 
