@@ -9,6 +9,7 @@ so a Kafka query's option map carries over (docs/kafka-live.md). Names are case-
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -37,7 +38,6 @@ KAFKA_OPTION_NAMES = (
     "kafkaConsumer.pollTimeoutMs",
 )
 NOT_AN_OPTION = {"option": False}  # a field of Options that no option sets
-RENAMED = {"batchrows": "batchSize"}  # old name -> the name it has now: an error says so
 DEFAULT_MAX_BYTES_PER_TRIGGER = compacted.TRIGGER_BYTES  # when neither limit is set
 # A task's read-ahead: its groups' spans in flight. Several tasks share an executor's memory,
 # so far below the replay's budget; each group still gets two spans of up to GET_BYTES while
@@ -95,10 +95,12 @@ class Options:
         known = {name.lower() for name in OPTION_NAMES + KAFKA_OPTION_NAMES}
         unknown = sorted(k for k in options if k.lower() not in known and not k.lower().startswith(KAFKA_PREFIX))
         if unknown:  # a misspelt limit would otherwise be ignored without a word
-            renamed = [f"{k} is now {RENAMED[k.lower()]}" for k in unknown if k.lower() in RENAMED]
+            names = {n.lower(): n for n in OPTION_NAMES + KAFKA_OPTION_NAMES}
+            near = [(k, difflib.get_close_matches(k.lower(), list(names), n=1, cutoff=0.75)) for k in unknown]
+            meant = [f"{k}: did you mean {names[m[0]]}?" for k, m in near if m]
             raise DataSourceOptionError(
                 f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
-                + (f" ({'; '.join(renamed)})" if renamed else "")
+                + (f" ({'; '.join(meant)})" if meant else "")
                 + f"; the keyfill source knows {', '.join(sorted(OPTION_NAMES + KAFKA_OPTION_NAMES))} and kafka.* "
                 "(names are case-insensitive)"
             )

@@ -233,3 +233,14 @@ def test_inspect_describes_a_compacted_archive(spark, tmp_path, capsys):
     assert (s["slices"], s["files"], s["pieces"]) == (result["slices"], result["files"], result["pieces"])
     assert main(["inspect", dest]) == 0
     assert "segment files" in capsys.readouterr().out
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    import keyfill
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"keyfill {version('keyfill')}" == f"keyfill {keyfill.__version__}"

@@ -108,7 +108,7 @@ def test_a_byte_option_takes_a_size_as_spark_writes_one(raw: str, size: int) -> 
 @pytest.mark.parametrize(
     "options, named",
     [
-        ({"batchRows": "10"}, "batchRows is now batchSize"),
+        ({"batchSzie": "10"}, "unknown option batchSzie (batchSzie: did you mean batchSize?)"),
         ({"batchSize": "0"}, "batchSize='0'"),
         ({"rangeBytes": "-1"}, "rangeBytes='-1'"),
         ({"readAheadBytes": "lots"}, "readAheadBytes='lots': expected a number of bytes like 536870912, 512m"),

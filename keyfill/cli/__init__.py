@@ -87,12 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from keyfill import __version__
 
-    try:
-        return version("keyfill")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
