@@ -33,19 +33,15 @@ def check_destination(source: SourceArchive, dest: Storage, overwrite: bool, app
     if not existing:
         return None
     committed = compacted.version_numbers(o.key for o in existing)
-    legacy = any(o.key == compacted.LEGACY_MANIFEST for o in existing)
-    if committed or legacy:
+    if any(o.key == compacted.LEGACY_MANIFEST for o in existing):  # nothing builds on it, nor replaces it
+        raise StorageError(compacted.legacy_refusal(dest))
+    if committed:
         if not (overwrite or append):
             raise StorageError(
                 f"{dest.url}: a compacted archive exists here; pass --append to grow it with the source's new records, "
                 "or --overwrite to replace it with a new version"
             )
-        if append and not committed:
-            raise StorageError(
-                f"{dest.url}: holds an archive of an older format, which cannot be appended to; compact the source "
-                "again with --overwrite"
-            )
-        return committed[-1] if committed else None
+        return committed[-1]
     # Only a run's files (named by a run id) may be here: any other name is not ours to build on.
     foreign = [o.key for o in existing if not compacted.is_archive_key(o.key)]
     if foreign:
@@ -54,15 +50,3 @@ def check_destination(source: SourceArchive, dest: Storage, overwrite: bool, app
             f"(e.g. {dest.url_for(foreign[0])}); choose an empty location"
         )
     return None  # files of runs that never committed: invisible, left for vacuum
-
-
-def remove_legacy(dest: Storage) -> None:
-    """After a commit, remove what an unversioned archive (format 1 or 2) left here: its
-    manifest first, then its other objects. Files keyfill did not write stay, and so does
-    anything named like a legacy file when there is no legacy manifest (it is not ours)."""
-    if not dest.exists(compacted.LEGACY_MANIFEST):
-        return
-    owned = [o.key for o in dest.list() if compacted.is_legacy_key(o.key)]
-    log.info("removing %d files of the unversioned archive replaced at %s", len(owned), dest.url)
-    dest.delete(compacted.LEGACY_MANIFEST)
-    dest.delete_many([k for k in owned if k != compacted.LEGACY_MANIFEST])

@@ -30,7 +30,7 @@ from compactor.append import carried, continuation, continuing, extend_assignmen
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
 from compactor.config import Analysis, CompactConfig, CompactResult, Prepared
-from compactor.destination import check_destination, remove_legacy
+from compactor.destination import check_destination
 from compactor.errors import CompactionError, HeldBack
 from compactor.execution import Execution, Rows, for_session
 from compactor.executor_access import check_executors_reach
@@ -281,7 +281,6 @@ def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> Co
     pieces = rewrite_groups(prepared, found, carry, execution)
     clock.done("rewrite")
     manifest = write_manifest(prepared, found, carry, pieces)
-    remove_legacy(prepared.dest)
     clock.done("commit")
 
     plan = found.plan

@@ -48,7 +48,6 @@ from keygroups.layout import (
     assignment_key,
     index_key,
     is_archive_key,
-    is_legacy_key,
     lease_key,
     new_run,
     replay_gets,
@@ -60,7 +59,17 @@ from keygroups.layout import (
     segment_key,
     version_key,
 )
-from keygroups.manifest import Manifest, commit, content_id, dumps, index_run, load_manifest, version_numbers, versions
+from keygroups.manifest import (
+    Manifest,
+    commit,
+    content_id,
+    dumps,
+    index_run,
+    legacy_refusal,
+    load_manifest,
+    version_numbers,
+    versions,
+)
 from keygroups.pieces import PartitionRange, Piece, SliceMeta, crc32c, crc32c_value
 
 if TYPE_CHECKING:
@@ -110,8 +119,8 @@ __all__ = [
     "index_key",
     "index_run",
     "is_archive_key",
-    "is_legacy_key",
     "lease_key",
+    "legacy_refusal",
     "load_manifest",
     "new_run",
     "read_piece",

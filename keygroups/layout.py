@@ -49,21 +49,11 @@ _RUN_OF_KEY = re.compile(
     rf"(?:{ASSIGNMENTS}/|{RUNS}/|{INDEX}/[0-9]{{10}}-|{GROUPS}/(?P<group>[0-9]{{5,}})/[0-9]{{10}}-)"
     rf"(?P<run>{_RUN})\.(?:parquet|json|error\.json|task-[0-9a-f]{{16}}\.pickle|{_INDEX_KIND}\.parquet|avro)"
 )
-# What archives of format versions 1 and 2 (unversioned) left: replaced by --overwrite.
-_LEGACY_KEY = re.compile(
-    rf"{re.escape(LEGACY_MANIFEST)}|assignment\.parquet|{INDEX}/[0-9]{{10}}\.{_INDEX_KIND}\.parquet"
-    rf"|{GROUPS}/[0-9]{{5,}}/[0-9]{{10}}\.avro|slices/[0-9]{{6,}}/(?:_slice\.json|group-[0-9]{{5,}}\.avro)"
-)
 
 
 def is_archive_key(key: str) -> bool:
     """Whether `key` (relative to the archive root) is one of the archive's own objects."""
     return _ARCHIVE_KEY.fullmatch(key) is not None
-
-
-def is_legacy_key(key: str) -> bool:
-    """Whether `key` is an object of an unversioned archive (format versions 1 and 2)."""
-    return _LEGACY_KEY.fullmatch(key) is not None
 
 
 def run_of(key: str) -> tuple[str, int | None] | None:

@@ -180,15 +180,19 @@ def load_manifest(store: Storage, version: int | None = None) -> Manifest:
 
 
 def _legacy(store: Storage) -> Manifest:
-    """An unversioned archive: refused, naming its format version."""
-    url = store.url_for(LEGACY_MANIFEST)
+    """An unversioned archive (formats 1 and 2, never released): refused."""
+    raise FormatError(legacy_refusal(store))
+
+
+def legacy_refusal(store: Storage) -> str:
+    """What refuses an unversioned archive, naming its manifest and format version."""
     try:
         found = json.loads(store.read(LEGACY_MANIFEST)).get("format_version")
     except (ValueError, AttributeError):
         found = "unknown"
-    raise FormatError(
-        f"{url}: format version {found}; this keyfill reads version {FORMAT_VERSION} "
-        "(compact the source again, with --overwrite)"
+    return (
+        f"{store.url_for(LEGACY_MANIFEST)}: compacted with an older keyfill (format version {found}; this one "
+        f"reads version {FORMAT_VERSION}): compact the source again into an empty location"
     )
 
 
