@@ -20,7 +20,7 @@ from hypothesis import settings
 
 from keyfill.testing.s3server import S3Server
 
-# No verdict may depend on the machine's speed (README.md, "Tests"): hypothesis' default deadline
+# No verdict may depend on the machine's speed (CONTRIBUTING.md, "The suite"): hypothesis' default deadline
 # (200 ms an example) fails a test on a busy machine as DeadlineExceeded or "Unreliable test
 # timings". Every property test here sets deadline=None; this profile covers one that forgets.
 settings.register_profile("keyfill-tests", deadline=None)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +249,36 @@ def test_version_is_the_installed_distributions(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"keyfill {version('keyfill')}" == f"keyfill {keyfill.__version__}"
+
+
+def _cli_sections() -> dict[str, str]:
+    """docs/cli.md's text under each `## \\`keyfill NAME\\`` heading, by NAME (its ### parts included)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    found = {}
+    for part in re.split(r"^## ", doc, flags=re.M)[1:]:
+        head, _, body = part.partition("\n")
+        m = re.fullmatch(r"`keyfill ([a-z-]+)`", head.strip())
+        if m:
+            found[m.group(1)] = body
+    return found
+
+
+def test_the_cli_page_is_the_parsers_options_for_every_subcommand():
+    """docs/cli.md is the CLI reference: a section per subcommand `keyfill --help` lists, each
+    with its options table as `keyfill.cli.reference` writes it from the parser (run `python
+    -m keyfill.cli.reference docs/cli.md` after changing an option); every --flag the page
+    names is an option of some subcommand."""
+    from keyfill.cli import reference
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    assert reference.rewrite(page) == page, (
+        "docs/cli.md's option tables are stale: python -m keyfill.cli.reference docs/cli.md"
+    )
+    sections = _cli_sections()
+    commands = reference.subcommands()
+    lacking = [name for name in commands if f"<!-- options: {name} -->" not in sections.get(name, "")]
+    assert not lacking, f"docs/cli.md has no section with an options table for: {lacking}"
+    every = {s for a in build_parser()._actions for s in a.option_strings}
+    every |= {s for c in commands.values() for a in c._actions for s in a.option_strings}
+    cited = set(re.findall(r"`(--[a-z][a-z0-9-]*)", page)) - {"--py-files"}  # spark-submit's, beside keyfill's
+    assert cited <= every, f"docs/cli.md names options no subcommand has: {sorted(cited - every)}"

@@ -1,7 +1,7 @@
 """Waiting in tests without assuming the machine's speed: a test that needs something to have
 happened (a thread blocked, a renewal written, threads gone) waits until it has, within a
 bound many times what it takes on an idle machine, instead of sleeping a guessed time and
-checking once (README.md, "Tests")."""
+checking once (CONTRIBUTING.md, "The suite")."""
 
 from __future__ import annotations
 
