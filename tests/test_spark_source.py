@@ -330,9 +330,8 @@ def test_option_errors_name_the_option(spark, tmp_path):
         reader.spark.Options.parse({"path": "x", "numPartitions": "0"})
     with pytest.raises(reader.spark.DataSourceOptionError, match="archive URL"):
         reader.spark.Options.parse({})
-    with pytest.raises(
-        reader.spark.DataSourceOptionError, match="unknown option maxSlicesPerTriger; .*, maxSlicesPerTrigger"
-    ):
+    misspelt = r"unknown option maxSlicesPerTriger \(maxSlicesPerTriger: did you mean maxSlicesPerTrigger\?\); .*, max"
+    with pytest.raises(reader.spark.DataSourceOptionError, match=misspelt):
         reader.spark.Options.parse({"path": "x", "maxSlicesPerTriger": "4"})  # misspelt: not silently ignored
     # without a limit, micro-batches are sized by bytes, as Spark's Kafka source sizes them by offsets
     default = reader.spark.KeyfillStreamReader(reader.spark.Options.parse({"path": "x"})).getDefaultReadLimit()
