@@ -228,8 +228,10 @@ class StreamedPiece(FetchedSpan):
             self._queued += length
 
     def _next_part(self) -> tuple[int, bytes]:
+        """The next GET's bytes, with one more asked for: what is held is the part in use and
+        the one in flight, the two GETs the piece is charged for."""
         at, future = self._queue.popleft()
-        self._ask(2)
+        self._ask(1)
         return at, future.result()
 
     def scan(self, p: Piece, url: str) -> PieceSteps:
