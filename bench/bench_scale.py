@@ -36,8 +36,6 @@ import time
 
 from bench.archives import cached_source
 
-AVRO = "org.apache.spark.sql.avro.AvroFileFormat"  # Spark's Avro source by class name (no spark-avro alias here)
-
 
 def _proc_peaks(stop: threading.Event, peaks: dict[str, int]) -> None:
     """Peak resident set (VmHWM, kB) of the JVM and of the largest Python worker, sampled:
@@ -152,24 +150,6 @@ def _compact(spark, src: str, dest: str, groups: int, duration: str, exact_keys:
     return result, time.perf_counter() - t
 
 
-def _peer(spark, src: str, out: str, groups: int, duration_ms: int) -> float:
-    from pyspark.sql import functions as F
-
-    shutil.rmtree(out, ignore_errors=True)
-    t = time.perf_counter()
-    df = spark.read.format(AVRO).load(src)
-    (
-        df.withColumn("grp", F.pmod(F.xxhash64("key"), F.lit(groups)))
-        .withColumn("slice", F.floor(F.col("timestamp").cast("long") / duration_ms))
-        .repartition(groups, "grp")
-        .sortWithinPartitions("slice", "partition", "offset")
-        .write.format(AVRO)
-        .partitionBy("grp")
-        .save(out)
-    )
-    return time.perf_counter() - t
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -259,15 +239,13 @@ def main() -> None:
 
     if "peer" not in skip:
         print(f"\n3. against a hand-written Spark SQL compaction ({args.peer_records:,} records, snappy, 64 groups)")
-        from keygroups.durations import parse_duration
+        from bench.peer_job import peer as run_peer
 
         peer_src = _source(args.dir, args.peer_records, key_counts[0], 1.1, codec="snappy")
-
-        ms = parse_duration(args.slice_duration)
-        _peer(spark, peer_src, work + "-peer", 64, ms)  # warm the Avro reader's classes
+        run_peer(spark, peer_src, work + "-peer", 64, args.slice_duration)  # warm the Avro reader's classes
         peer = ours = float("inf")
         for _ in range(args.repeat):  # interleaved, best kept
-            peer = min(peer, _peer(spark, peer_src, work + "-peer", 64, ms))
+            peer = min(peer, run_peer(spark, peer_src, work + "-peer", 64, args.slice_duration))
             ours = min(ours, _compact(spark, peer_src, work, 64, args.slice_duration)[1])
         print(f"  Spark SQL peer {peer:.1f} s; keyfill compact {ours:.1f} s ({ours / peer:.2f}x the peer)")
     spark.stop()
