@@ -26,10 +26,13 @@ def chunk_rows(
     return pa.Table.from_pylist(rows, CHUNK_COLUMNS)
 
 
-def read_checked(source: SourceArchive, chunk: SourceChunk, from_offset: int = 0) -> pa.RecordBatch:
+def read_checked(
+    source: SourceArchive, chunk: SourceChunk, from_offset: int = 0, *, encoded: bool = False
+) -> pa.RecordBatch:
     """The chunk's records from `from_offset` on (possibly none: a chunk straddling an
-    append's hand-off whose later records are all below it)."""
-    batch = source.read(chunk)
+    append's hand-off whose later records are all below it). `encoded`: as the compaction
+    moves them (`SourceArchive.read_encoded`)."""
+    batch = source.read_encoded(chunk) if encoded else source.read(chunk)
     if batch.num_rows == 0 and source.contiguous:  # a Kafka segment may hold only markers
         raise envelope.CorruptFile(f"{source.store.url_for(chunk.key)}: chunk holds no records")
     if from_offset and batch.num_rows and batch.column("offset")[0].as_py() < from_offset:

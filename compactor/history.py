@@ -16,11 +16,13 @@ partition's last published record is always the last of a stretch (slicing.plan_
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import fastavro
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,7 +30,7 @@ from compactor.errors import HistoryChanged
 from compactor.execution import Execution, Rows
 from compactor.slicing import SlicePlan
 from compactor.sources import SourceArchive, SourceChunk
-from keygroups import compacted
+from keygroups import compacted, envelope
 
 log = logging.getLogger("keyfill.compact")
 
@@ -54,8 +56,16 @@ def record_digest(key: bytes | None, value: bytes | None, headers: list[tuple[st
 
 
 def batch_digests(batch: pa.RecordBatch, rows: list[int]) -> list[str]:
-    """The digests of these rows of an envelope batch."""
-    picked = batch.select(["key", "value", "headers"]).take(pa.array(rows, pa.int64())).to_pylist()
+    """The digests of these rows of an envelope batch (ARROW_SCHEMA, or ENCODED_SCHEMA: its
+    records' encodings are decoded, few as the rows are)."""
+    picked: list[Any]
+    if "record" in batch.schema.names:
+        picked = [
+            fastavro.schemaless_reader(io.BytesIO(b), envelope.PARSED_SCHEMA, None)
+            for b in batch.column("record").take(pa.array(rows, pa.int64())).to_pylist()
+        ]
+    else:
+        picked = batch.select(["key", "value", "headers"]).take(pa.array(rows, pa.int64())).to_pylist()
     return [record_digest(r["key"], r["value"], [(h["key"], h["value"]) for h in r["headers"] or []]) for r in picked]
 
 

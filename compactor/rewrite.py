@@ -18,7 +18,7 @@ from compactor.execution import Execution, Rows, Task
 from compactor.shuffle_codec import pack, unpack
 from compactor.slicing import record_slices
 from compactor.sources import SourceArchive, SourceChunk
-from keygroups import envelope, piece_index
+from keygroups import piece_index
 from keygroups.assignment import MISSING, cached_assignment
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.segments import SegmentWriter, Tail
@@ -85,7 +85,7 @@ def _parcels_task(
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
-                batch = read_checked(source, chunk, row["from_offset"])
+                batch = read_checked(source, chunk, row["from_offset"], encoded=True)
                 if not batch.num_rows:
                     continue
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
@@ -101,7 +101,7 @@ def _parcels_task(
                         f"{source.store.url_for(chunk.key)}: a key missing from the assignment (the source changed "
                         "during the compaction?)"
                     )
-                records = envelope.encode_records(batch).cast(pa.large_binary())  # what is held may pass 2 GiB
+                records = batch.column("record")  # large_binary: what is held may pass 2 GiB
                 held.append(
                     pa.RecordBatch.from_arrays(
                         [

@@ -156,12 +156,12 @@ def _map_task(
         for rows in batches:
             for row in rows.to_pylist():
                 chunk = chunks[row["idx"]]
-                batch = read_checked(source, chunk, row["from_offset"])
+                batch = read_checked(source, chunk, row["from_offset"], encoded=source.reads_encoded)
                 if not batch.num_rows:
                     continue  # straddles an append's hand-off: nothing new
                 offsets = batch.column("offset").to_numpy()
                 ts = batch.column("timestamp").cast(pa.int64()).to_numpy()
-                weights = envelope.record_bytes(batch)
+                weights = batch.column("bytes").to_numpy() if source.reads_encoded else envelope.record_bytes(batch)
                 pending.append(record_sums(batch.column("key"), weights, chunk.partition))
                 held += batch.num_rows
                 stats = ChunkStats(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
+from keygroups import envelope
 from keygroups.errors import OptionError
 from keygroups.storage import Storage, open_storage
 
@@ -123,6 +124,9 @@ class SourceArchive(ABC):
     # Whether the source URL is a storage root (open_storage); False: the source opens it
     # itself (an Iceberg metadata file or catalog URL), and it is never a compacted archive.
     storage_url = True
+    # Whether `read_encoded` costs no more than `read` (the record bytes are the file's own):
+    # the statistics pass then reads chunks that way too.
+    reads_encoded = False
 
     if TYPE_CHECKING:
         # What `open` calls: every format's constructor takes its store (or, where
@@ -147,3 +151,10 @@ class SourceArchive(ABC):
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
         """The chunk's records as `keygroups.envelope.ARROW_SCHEMA`, in offset order.
         Raises CorruptFile naming the object (and offset where known) on bad data."""
+
+    def read_encoded(self, chunk: SourceChunk) -> pa.RecordBatch:
+        """The chunk's records as the compaction moves them (`envelope.ENCODED_SCHEMA`), in
+        offset order, checked as `read` checks them. A format whose files hold envelope
+        records already encoded as a piece holds them gives those bytes (the envelope
+        format); the others are read and encoded."""
+        return envelope.encoded_batch(self.read(chunk))

@@ -226,10 +226,14 @@ def build_index(store: Storage, *, threads: int = 16) -> ArchiveIndex:
 
 
 def read_chunk(store: Storage, chunk: SourceChunk) -> pa.RecordBatch:
-    """All records of a chunk, checked against its header: one partition, offsets strictly
-    increasing within the header's bounds, the promised record count."""
+    """All records of a chunk, checked against its header (`checked`)."""
     name = store.url_for(chunk.key)
-    _, batch = envelope.decode_avro(store.read(chunk.key), name=name)
+    return checked(name, chunk, envelope.decode_avro(store.read(chunk.key), name=name)[1])
+
+
+def checked(name: str, chunk: SourceChunk, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch`, the records of `chunk`, once checked against its header: one partition,
+    offsets strictly increasing within the header's bounds, the promised record count."""
     parts = batch.column("partition").to_numpy(zero_copy_only=False)
     offsets = batch.column("offset").to_numpy(zero_copy_only=False)
     if batch.num_rows != chunk.records:
@@ -253,6 +257,7 @@ class EnvelopeSource(SourceArchive):
 
     format = "envelope"
     layouts = (_CHUNK_RE,)
+    reads_encoded = True
 
     def __init__(self, store: Storage, *, threads: int = 16):
         self.store = store
@@ -263,3 +268,7 @@ class EnvelopeSource(SourceArchive):
 
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
         return read_chunk(self.store, chunk)
+
+    def read_encoded(self, chunk: SourceChunk) -> pa.RecordBatch:
+        name = self.store.url_for(chunk.key)
+        return checked(name, chunk, envelope.decode_encoded(self.store.read(chunk.key), name=name))

@@ -9,8 +9,15 @@ container files. Modules: `schema` (Avro and Arrow schemas, conform, record weig
 (tests/avro_reference.py).
 """
 
-from keygroups.envelope.decoder import decode_avro
-from keygroups.envelope.encoder import avro_header, blocks_of, encode_avro, encode_blocks, encode_records
+from keygroups.envelope.decoder import decode_avro, decode_encoded
+from keygroups.envelope.encoder import (
+    avro_header,
+    blocks_of,
+    encode_avro,
+    encode_blocks,
+    encode_records,
+    encoded_batch,
+)
 from keygroups.envelope.fingerprints import record_fingerprints
 from keygroups.envelope.framing import (
     ERR_EOF,
@@ -26,6 +33,7 @@ from keygroups.envelope.schema import (
     AVRO_SCHEMA,
     CODECS,
     DEFAULT_BLOCK_BYTES,
+    ENCODED_SCHEMA,
     HEADER_TYPE,
     PARSED_SCHEMA,
     batch_from_records,
@@ -40,6 +48,7 @@ __all__ = [
     "AVRO_SCHEMA",
     "CODECS",
     "DEFAULT_BLOCK_BYTES",
+    "ENCODED_SCHEMA",
     "HEADER_TYPE",
     "PARSED_SCHEMA",
     "ERR_EOF",
@@ -50,10 +59,12 @@ __all__ = [
     "batch_from_records",
     "conform",
     "decode_avro",
+    "decode_encoded",
     "empty_batch",
     "encode_avro",
     "encode_blocks",
     "encode_records",
+    "encoded_batch",
     "blocks_of",
     "avro_header",
     "read_avro_metadata",

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from keygroups._numba import Int, njit
 from keygroups.envelope.buffers import EnvelopeBuffers, Scratch, arrow_binary, copy_bytes
+from keygroups.envelope.encoder import encoded_batch
 from keygroups.envelope.framing import (
     ERR_EOF,
     ERR_NEGATIVE,
@@ -30,8 +31,9 @@ from keygroups.envelope.framing import (
     read_varint,
     skip_bytes,
     text_metadata,
+    varint_size,
 )
-from keygroups.envelope.schema import ARROW_SCHEMA, ENVELOPE_SHAPE, HEADER_TYPE, normal_type
+from keygroups.envelope.schema import ARROW_SCHEMA, ENCODED_SCHEMA, ENVELOPE_SHAPE, HEADER_TYPE, normal_type
 from keygroups.envelope.snappy import _copy8
 from keygroups.errors import CorruptFile
 
@@ -61,6 +63,8 @@ def _decode_records(
     v_data: np.ndarray,
     hk_data: np.ndarray,
     hv_data: np.ndarray,
+    spans: bool,
+    r_data: np.ndarray,
 ) -> tuple[Any, ...]:
     """Decode every record of the blocks [starts[b], ends[b]) of `buf` in one pass: each byte
     string is copied as it is read into the caller's k/v/hk/hv_data, each as large as the
@@ -68,6 +72,15 @@ def _decode_records(
     holds no slack: the read budget counts `nbytes`). One pass instead of two (positions,
     then a copy per item) took a third off the decode.
     `headers` False: header items are read past, not kept (their arrays come back empty).
+    `spans` True (with `headers`): values and header values are read past, not kept (header
+    keys are, for their UTF-8 check); each record's own bytes are kept instead, the blocks
+    copied whole into `r_data` (a copy a block, not an item), with each record's weight and
+    whether every record is encoded as `encode_records` encodes it: only then are those
+    bytes what the compaction writes (else the caller encodes). A record is when its length
+    is its canonical encoding's and its headers are one block: every other encoding of the
+    same values is longer (a varint with a zero last group, a negative block count with its
+    size) or has more blocks (two blocks can be as long as one: 64 items take 2 bytes of
+    count, as do two counts of 32).
     Returns (error, failing record, partition, offset, timestamp, key offsets, key bytes
     written, key valid, value offsets, value bytes written, value valid, header offsets,
     header key offsets, header key bytes written, header value offsets, header value bytes
@@ -89,6 +102,11 @@ def _decode_records(
     vz: Int = 0
     hkz: Int = 0
     hvz: Int = 0
+    m = n if spans else 0
+    r_off = np.empty(m + 1, np.int64)
+    weight = np.zeros(m, np.int64)
+    rz: Int = 0
+    canonical = True
     i = 0
     j = 0
     err = 0
@@ -96,6 +114,10 @@ def _decode_records(
         pos = starts[b]
         end = ends[b]
         for _ in range(counts[b]):
+            begin = pos
+            w: Int = 0
+            size: Int = 3  # the canonical encoding's size: two union branches and the array's end
+            blocks = 0
             h_off[i] = j
             k_off[i] = kz
             v_off[i] = vz
@@ -107,16 +129,19 @@ def _decode_records(
                 err = ERR_RANGE  # an int field beyond 32 bits
                 break
             part[i] = x
+            size += varint_size(x)
             x, pos = read_varint(buf, pos, end)
             if pos < 0:
                 err = ERR_EOF
                 break
             off[i] = x
+            size += varint_size(x)
             x, pos = read_varint(buf, pos, end)
             if pos < 0:
                 err = ERR_EOF
                 break
             ts[i] = x
+            size += varint_size(x)
             for field in range(2):
                 branch, pos = read_varint(buf, pos, end)
                 if pos < 0:
@@ -130,12 +155,15 @@ def _decode_records(
                     if pos < 0:
                         err = ERR_EOF if pos == -1 else ERR_NEGATIVE
                         break
+                    w += length
+                    size += varint_size(length) + length
                     if field == 0:
                         k_valid[i] = True
                         kz = _put(k_data, kz, buf, start, length)
                     else:
                         v_valid[i] = True
-                        vz = _put(v_data, vz, buf, start, length)
+                        if not spans:
+                            vz = _put(v_data, vz, buf, start, length)
             if err:
                 break
             while True:  # array blocks: count, items ..., until a zero count
@@ -145,6 +173,8 @@ def _decode_records(
                     break
                 if count == 0:
                     break
+                blocks += 1
+                size += varint_size(count)
                 if count > (end - pos) // 2:  # every item takes at least two bytes
                     err = ERR_EOF
                     break
@@ -156,6 +186,8 @@ def _decode_records(
                     if pos < 0:
                         err = ERR_EOF if pos == -1 else ERR_NEGATIVE
                         break
+                    w += length
+                    size += varint_size(length) + length + 1
                     if headers:
                         hk_off[j] = hkz
                         hv_off[j] = hvz
@@ -172,9 +204,12 @@ def _decode_records(
                         if pos < 0:
                             err = ERR_EOF if pos == -1 else ERR_NEGATIVE
                             break
+                        w += length
+                        size += varint_size(length) + length
                         if headers:
                             hv_valid[j] = True
-                            hvz = _put(hv_data, hvz, buf, start, length)
+                            if not spans:
+                                hvz = _put(hv_data, hvz, buf, start, length)
                     elif headers:
                         hv_valid[j] = False
                     if headers:
@@ -183,12 +218,21 @@ def _decode_records(
                     break
             if err:
                 break
+            if spans:
+                weight[i] = w
+                r_off[i] = rz + (begin - starts[b])
+                if blocks > 1 or size != pos - begin:
+                    canonical = False
             i += 1
         if err:
             break
         if pos != end:
             err = ERR_EOF
             break
+        if spans:
+            rz = _put(r_data, rz, buf, starts[b], end - starts[b])
+    if spans:
+        r_off[i] = rz
     h_off[i] = j
     k_off[i] = kz
     v_off[i] = vz
@@ -212,6 +256,9 @@ def _decode_records(
         hv_off,
         hvz,
         hv_valid[:j],
+        r_off[: i + 1] if spans else r_off,
+        weight[:i] if spans else weight,
+        canonical,
     )
 
 
@@ -240,18 +287,11 @@ def _is_envelope(schema: bytes | None) -> bool:
         return False
 
 
-def decode_avro(
-    data: bytes, *, name: str = "<bytes>", verified: bool = False, header: bytes | None = None, headers: bool = True
-) -> tuple[dict[str, str], pa.RecordBatch]:
-    """Metadata and records of an envelope Avro file as one Arrow batch, decoded by compiled
-    loops; same result as fastavro (tests/avro_reference.py), much faster
-    (docs/performance.md#avro-decoded-and-encoded-by-compiled-loops). The
-    container framing and the records are parsed with the GIL released; the batch's buffers
-    are exactly as large as its data (none of them is a view on `data`). `verified`: the
-    caller checked `data`'s blocks against its own checksum (`framing.decompress`).
-    `header`: the file's header when `data` is only whole blocks of it (`framing.read_blocks`).
-    `headers` False: the batch has no `headers` column (ARROW_SCHEMA without it); a reader
-    that drops them saves their copies and checks (a quarter of the decode)."""
+def _decode(
+    data: bytes, name: str, verified: bool, header: bytes | None, headers: bool, spans: bool
+) -> tuple[dict[str, str], EnvelopeBuffers, tuple[np.ndarray, np.ndarray, np.ndarray, bool]]:
+    """The file's metadata, its records' buffers and, with `spans`, (record offsets, record
+    bytes, weights, all canonical): `_decode_records` on the file's blocks, its errors raised."""
     blocks = read_blocks(data, name, verified=verified, header=header, scratch=_SCRATCH)
     meta = text_metadata(blocks.meta, name)
     if not _is_envelope(blocks.meta.get("avro.schema")):
@@ -265,10 +305,13 @@ def decode_avro(
     room = buf.shape[0] + 8
     # Items are copied into buffers as large as the input could fill, then shrunk in place
     # (realloc): no second copy (docs/performance.md#large-buffers-mapped).
-    k_data, v_data = np.empty(room, np.uint8), np.empty(room, np.uint8)
-    hk_data, hv_data = (np.empty(room, np.uint8), np.empty(room, np.uint8)) if headers else (_NONE, _NONE)
-    err, at, part, off, ts, k_off, kz, k_valid, v_off, vz, v_valid, h_off, hk_off, hkz, hv_off, hvz, hv_valid = (
-        _decode_records(buf, starts, ends, counts, headers, k_data, v_data, hk_data, hv_data)
+    k_data = np.empty(room, np.uint8)
+    v_data = _NONE if spans else np.empty(room, np.uint8)
+    hk_data = np.empty(room, np.uint8) if headers else _NONE
+    hv_data = np.empty(room, np.uint8) if headers and not spans else _NONE
+    r_data = np.empty(int((ends - starts).sum()) + 8, np.uint8) if spans else _NONE
+    err, at, part, off, ts, k_off, kz, k_valid, v_off, vz, v_valid, h_off, hk_off, hkz, hv_off, hvz, hv_valid, *rest = (
+        _decode_records(buf, starts, ends, counts, headers, k_data, v_data, hk_data, hv_data, spans, r_data)
     )
     c = EnvelopeBuffers(
         part, off, ts, k_off, _shrunk(k_data, kz), k_valid, v_off, _shrunk(v_data, vz), v_valid,
@@ -277,6 +320,56 @@ def decode_avro(
     if err:
         where = f"record {at}" + (f" (after offset {c.off[at - 1]})" if at else "")
         raise CorruptFile(f"{name}: {RECORD_ERRORS[err]} at {where}")
+    r_off, weight, canonical = rest
+    return meta, c, (r_off, _shrunk(r_data, int(r_off[-1])) if spans else r_data, weight, canonical)
+
+
+def _header_keys(c: EnvelopeBuffers, name: str) -> pa.Array:
+    """The header keys as Arrow strings, refused unless UTF-8 (as Avro strings must be)."""
+    keys = arrow_binary(len(c.hv_valid), c.hk_off, c.hk_data, None, pa.string())
+    try:
+        keys.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
+    return keys
+
+
+def decode_encoded(data: bytes, *, name: str = "<bytes>") -> pa.RecordBatch:
+    """An envelope Avro file's records as the compaction moves them (`ENCODED_SCHEMA`): the
+    fields it sorts and groups by, each record's weight and its Avro encoding, checked as
+    `decode_avro` checks them. The encodings are the file's own bytes where they are what
+    `encode_records` writes (keyfill's and any canonical writer's: a copy a block, values
+    never gathered); otherwise the records are decoded whole and encoded again."""
+    _, c, (r_off, r_data, weight, canonical) = _decode(data, name, False, None, True, spans=True)
+    _header_keys(c, name)
+    if not canonical:
+        return encoded_batch(decode_avro(data, name=name)[1])
+    n = len(c.part)
+    record = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(r_off), pa.py_buffer(r_data)])
+    columns = [
+        pa.array(c.part),
+        pa.array(c.off),
+        pa.array(c.ts).view(pa.timestamp("ms", tz="UTC")),
+        arrow_binary(n, c.k_off, c.k_data, c.k_valid),
+        pa.array(weight),
+        record,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ENCODED_SCHEMA)
+
+
+def decode_avro(
+    data: bytes, *, name: str = "<bytes>", verified: bool = False, header: bytes | None = None, headers: bool = True
+) -> tuple[dict[str, str], pa.RecordBatch]:
+    """Metadata and records of an envelope Avro file as one Arrow batch, decoded by compiled
+    loops; same result as fastavro (tests/avro_reference.py), much faster
+    (docs/performance.md#avro-decoded-and-encoded-by-compiled-loops). The
+    container framing and the records are parsed with the GIL released; the batch's buffers
+    are exactly as large as its data (none of them is a view on `data`). `verified`: the
+    caller checked `data`'s blocks against its own checksum (`framing.decompress`).
+    `header`: the file's header when `data` is only whole blocks of it (`framing.read_blocks`).
+    `headers` False: the batch has no `headers` column (ARROW_SCHEMA without it); a reader
+    that drops them saves their copies and checks (a quarter of the decode)."""
+    meta, c, _ = _decode(data, name, verified, header, headers, spans=False)
     n = len(c.part)
     columns = [
         pa.array(c.part),
@@ -288,11 +381,7 @@ def decode_avro(
     if not headers:
         return meta, pa.RecordBatch.from_arrays(columns, schema=NO_HEADERS_SCHEMA)
     items = len(c.hv_valid)
-    header_keys = arrow_binary(items, c.hk_off, c.hk_data, None, pa.string())
-    try:
-        header_keys.validate(full=True)  # Avro strings must be UTF-8
-    except pa.ArrowInvalid as exc:
-        raise CorruptFile(f"{name}: a header key is not UTF-8 ({exc})") from None
+    header_keys = _header_keys(c, name)
     items_arr = pa.StructArray.from_arrays(
         [header_keys, arrow_binary(items, c.hv_off, c.hv_data, c.hv_valid)], fields=list(HEADER_TYPE)
     )

@@ -17,7 +17,14 @@ import pyarrow as pa
 from keygroups._numba import Int, njit
 from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, binary_buffers
 from keygroups.envelope.framing import compress, put_bytes, put_varint, varint_bytes, varint_size
-from keygroups.envelope.schema import CODECS, DEFAULT_BLOCK_BYTES, PARSED_SCHEMA, conform
+from keygroups.envelope.schema import (
+    CODECS,
+    DEFAULT_BLOCK_BYTES,
+    ENCODED_SCHEMA,
+    PARSED_SCHEMA,
+    conform,
+    record_bytes,
+)
 from keygroups.errors import OptionError
 
 
@@ -151,6 +158,19 @@ def encode_records(batch: pa.RecordBatch) -> pa.Array:
     shuffle: Spark then moves one binary column instead of the nested headers, and the
     writing task only cuts and compresses."""
     return _encode(EnvelopeBuffers.from_batch(conform(batch)))[0]
+
+
+def encoded_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """An ARROW_SCHEMA batch as the compaction moves its records (ENCODED_SCHEMA)."""
+    batch = conform(batch)
+    return pa.RecordBatch.from_arrays(
+        [
+            *(batch.column(n) for n in ("partition", "offset", "timestamp", "key")),
+            pa.array(record_bytes(batch)),
+            encode_records(batch).cast(pa.large_binary()),
+        ],
+        schema=ENCODED_SCHEMA,
+    )
 
 
 def _encode(cols: EnvelopeBuffers) -> tuple[pa.Array, np.ndarray]:

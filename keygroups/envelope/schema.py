@@ -52,6 +52,20 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 
+# The records as the compaction moves them: what it sorts and groups by, the weight packing
+# balances (`record_bytes`), and each record's Avro encoding, which is what a piece's blocks
+# hold (`encode_records`): the value and headers travel inside it, never as columns.
+ENCODED_SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+        ("key", pa.binary()),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("record", pa.large_binary(), nullable=False),
+    ]
+)
+
 CODECS = ("null", "deflate", "snappy")
 DEFAULT_BLOCK_BYTES = 256 * 1024
 

@@ -1,0 +1,138 @@
+"""The compaction's read of envelope chunks (`envelope.decode_encoded`): each record's own
+bytes from the file where they are what `encode_records` writes, else encoded again; always
+the batch that decoding the file and encoding its records gives."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from keygroups import envelope
+from tests.test_envelope import record
+
+SYNC = bytes(range(16))
+
+
+def varint(n: int, pad: int = 0) -> bytes:
+    """Avro's zigzag varint of `n`, with up to `pad` needless zero groups (a longer, still
+    valid encoding; 10 bytes at most)."""
+    z = ((n << 1) ^ (n >> 63)) & (2**64 - 1)
+    groups = []
+    while True:
+        groups.append(z & 0x7F)
+        z >>= 7
+        if not z:
+            break
+    groups += [0] * min(pad, 10 - len(groups))
+    return bytes(g | 0x80 for g in groups[:-1]) + bytes(groups[-1:])
+
+
+def blob(b: bytes, pad: int = 0) -> bytes:
+    return varint(len(b), pad) + b
+
+
+def encode(r: dict, pad: int, split: int, negative: bool) -> bytes:
+    """One record by hand: `pad` needless groups in its offset's varint, its headers in
+    blocks of `split` items (0: one block), each count negative (with the block's size)
+    when `negative`."""
+    out = varint(r["partition"]) + varint(r["offset"], pad) + varint(r["timestamp"])
+    for field in ("key", "value"):
+        out += b"\x00" if r[field] is None else b"\x02" + blob(r[field])
+    items = [
+        blob(h["key"].encode()) + (b"\x00" if h["value"] is None else b"\x02" + blob(h["value"])) for h in r["headers"]
+    ]
+    step = split or max(1, len(items))
+    for i in range(0, len(items), step):
+        block = b"".join(items[i : i + step])
+        n = len(items[i : i + step])
+        out += varint(-n) + varint(len(block)) + block if negative else varint(n) + block
+    return out + b"\x00"
+
+
+def container(encoded: list[bytes], codec: str, block_bytes: int) -> bytes:
+    records = pa.array(encoded, pa.binary())
+    head = envelope.avro_header(codec=codec, metadata=None, sync_marker=SYNC)
+    return head + envelope.blocks_of(records, codec=codec, sync_marker=SYNC, block_bytes=block_bytes)
+
+
+def reference(data: bytes) -> pa.RecordBatch:
+    return envelope.encoded_batch(envelope.decode_avro(data)[1])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(record, max_size=40),
+    codec=st.sampled_from(envelope.CODECS),
+    block_bytes=st.integers(1, 4096),
+)
+def test_keyfills_files_give_their_own_record_bytes(records, codec, block_bytes):
+    """A file keyfill wrote: its records' bytes are what a piece would hold, the fields and
+    weights those of the decoded records."""
+    batch = envelope.batch_from_records(records)
+    data = envelope.encode_avro(batch, codec=codec, block_bytes=block_bytes, sync_marker=SYNC)
+    got = envelope.decode_encoded(data, name="chunk.avro")
+    assert got.equals(reference(data))
+    assert got.column("record").to_pylist() == envelope.encode_records(batch).to_pylist()
+    assert got.column("bytes").to_pylist() == envelope.record_bytes(batch).tolist()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(
+        st.tuples(
+            record.map(lambda r: {**r, "headers": r["headers"] * 20}),  # up to 80: two-byte counts too
+            st.integers(0, 2),  # needless varint groups in the offset
+            st.sampled_from([0, 0, 1, 32, 3]),  # headers' items a block (0: one block)
+            st.booleans(),  # negative block counts
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    codec=st.sampled_from(envelope.CODECS),
+    block_bytes=st.integers(1, 4096),
+)
+def test_other_encodings_of_the_same_records_are_encoded_again(records, codec, block_bytes):
+    """Any valid encoding another writer may choose (longer varints, headers in several
+    blocks, negative counts; 64 headers as two blocks of 32 are as long as one block): the
+    same batch as decoding and encoding, so the archive does not depend on the writer."""
+    data = container([encode(r, pad, split, neg) for r, pad, split, neg in records], codec, block_bytes)
+    got = envelope.decode_encoded(data, name="chunk.avro")
+    assert got.equals(reference(data))
+    assert (
+        got.column("record").to_pylist()
+        == envelope.encode_records(envelope.batch_from_records([r for r, *_ in records])).to_pylist()
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    records=st.lists(record, min_size=1, max_size=10),
+    cut=st.floats(0, 1),
+    flip=st.integers(0, 10**6),
+    mode=st.sampled_from(["truncate", "flip"]),
+    codec=st.sampled_from(envelope.CODECS),
+)
+def test_a_damaged_file_is_refused_as_the_full_decode_refuses_it(records, cut, flip, mode, codec):
+    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=200))
+    if mode == "truncate":
+        data = data[: int(len(data) * cut)]
+    else:
+        data[flip % len(data)] ^= 0xFF
+    try:
+        want = reference(bytes(data))
+    except envelope.CorruptFile as exc:
+        with pytest.raises(envelope.CorruptFile) as got:
+            envelope.decode_encoded(bytes(data), name="<bytes>")
+        assert str(got.value) == str(exc)
+    else:
+        assert envelope.decode_encoded(bytes(data)).equals(want)
+
+
+def test_a_header_key_that_is_not_utf8_is_named():
+    r = {"partition": 0, "offset": 5, "timestamp": 1, "key": b"k", "value": b"v", "headers": []}
+    good = encode(r, 0, 0, False)
+    bad = good[:-1] + varint(1) + blob(b"\xff\xfe") + b"\x00" + b"\x00"
+    with pytest.raises(envelope.CorruptFile, match=r"chunk\.avro: a header key is not UTF-8"):
+        envelope.decode_encoded(container([bad], "null", 4096), name="chunk.avro")
