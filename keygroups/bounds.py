@@ -22,8 +22,10 @@ MAX_RANGE_BYTES = 1 << 30
 MAX_READ_AHEAD_BYTES = 1 << 40
 
 
-def within(option: str, value: int, low: int, high: int, why: str = "") -> int:
-    """`value`, or OptionError naming the option, the value and the allowed range."""
+def within(option: str, value: int, low: int, high: int, why: str = "", *, written: str | None = None) -> int:
+    """`value`, or OptionError naming the option, the value (as `written`, the text it was
+    parsed from, where it had one) and the allowed range."""
     if not low <= value <= high:
-        raise OptionError(f"{option} {value:,}: must be between {low:,} and {high:,}" + (f" ({why})" if why else ""))
+        shown = f"={written!r}" if written is not None else f" {value:,}"
+        raise OptionError(f"{option}{shown}: must be between {low:,} and {high:,}" + (f" ({why})" if why else ""))
     return value

@@ -77,9 +77,8 @@ class Replay:
         resume: State | None = None,
         store: Storage | None = None,
         options: ReplayOptions | None = None,
-        **kwargs: Any,
     ):
-        self.options = opts = options or ReplayOptions(**kwargs)
+        self.options = opts = options or ReplayOptions()
         self.store = store or open_storage(url, threads=max(opts.threads * 2, 16))
         self.manifest = compacted.load_manifest(self.store)
         self.fingerprint = self.manifest.archive
@@ -389,12 +388,54 @@ class Replay:
         self.close()
 
 
-def replay(url: str, *, threads: int = ReplayOptions.threads, resume: State | None = None, **options: Any) -> Replay:
-    """Replay the compacted archive at `url` with `threads` readers, resuming from a
-    `checkpoint()` if given. Options: see `reader.options.ReplayOptions` (batch_size,
-    watermark_bound_ms, read_ahead_bytes, range_bytes, queue_batches, max_drift_ms; docs/options.md)."""
-    if "options" in options:  # a ReplayOptions value: it carries the thread count itself
-        if len(options) > 1 or threads != ReplayOptions.threads:
-            raise OptionError("pass either options=ReplayOptions(...) or keyword options, not both")
-        return Replay(url, resume=resume, **options)
-    return Replay(url, threads=threads, resume=resume, **options)
+def replay(
+    url: str,
+    *,
+    threads: int = ReplayOptions.threads,
+    batch_size: int = ReplayOptions.batch_size,
+    watermark_bound_ms: int = ReplayOptions.watermark_bound_ms,
+    read_ahead_bytes: int = ReplayOptions.read_ahead_bytes,
+    range_bytes: int = ReplayOptions.range_bytes,
+    queue_batches: int | None = ReplayOptions.queue_batches,
+    max_drift_ms: int | None = ReplayOptions.max_drift_ms,
+    starting_timestamp: int | None = ReplayOptions.starting_timestamp,
+    ending_timestamp: int | None = ReplayOptions.ending_timestamp,
+    resume: State | None = None,
+    options: ReplayOptions | None = None,
+    store: Storage | None = None,
+) -> Replay:
+    """Replay the compacted archive at `url`: its records group by group, each key's in
+    order, with a watermark after every slice (docs/replay.md). Use it as a context manager.
+
+    Args:
+        url: the compacted archive (a local path, `s3://`, `gs://`, `abfss://`, ...).
+        threads: reader threads; each fetches and decodes its own groups.
+        batch_size: records per `Records` batch, at most.
+        watermark_bound_ms: B: the watermark after slice s is its end minus B.
+        read_ahead_bytes: bytes fetched or decoded and not yet taken, all threads together.
+        range_bytes: the largest GET; 0: a span in one GET.
+        queue_batches: decoded steps waiting for the consumer (default: 2 a thread, at least 64).
+        max_drift_ms: a thread ahead of the slowest active one by more than this pauses.
+        starting_timestamp, ending_timestamp: a backfill bounded in time (ms since the epoch),
+            as Spark's Kafka source means it.
+        resume: a `Replay.checkpoint()`: the replay goes on from there, exactly once.
+        options: all of the above but `resume` as one `ReplayOptions`, instead of keywords.
+        store: the archive's store, already open (default: `open_storage(url)`).
+
+    Raises OptionError for an option out of its limits (docs/options.md), CheckpointError
+    for a checkpoint of another archive.
+    """
+    keywords = ReplayOptions(
+        threads=threads,
+        batch_size=batch_size,
+        watermark_bound_ms=watermark_bound_ms,
+        read_ahead_bytes=read_ahead_bytes,
+        range_bytes=range_bytes,
+        queue_batches=queue_batches,
+        max_drift_ms=max_drift_ms,
+        starting_timestamp=starting_timestamp,
+        ending_timestamp=ending_timestamp,
+    )
+    if options is not None and keywords != ReplayOptions():
+        raise OptionError("pass either options=ReplayOptions(...) or keyword options, not both")
+    return Replay(url, resume=resume, store=store, options=options or keywords)

@@ -8,7 +8,6 @@ from typing import Any, TypeVar
 
 from keygroups import bounds, layout
 from keygroups.bounds import within
-from keygroups.errors import OptionError
 
 T = TypeVar("T")
 MAX_COUNT = 1 << 62  # a whole-number option's bound where nothing smaller is meant
@@ -50,12 +49,14 @@ def default_threads() -> int:
 class ReplayOptions:
     threads: int = bounded(default_threads(), 1, bounds.MAX_THREADS, "each is an OS thread with read-ahead of its own")
     batch_size: int = bounded(65_536, 1, bounds.MAX_BATCH_ROWS)  # records per emitted batch, at most
-    watermark_bound_ms: int = bounded(0, 0, bounds.MAX_DURATION_MS)  # B: the watermark after slice s is its end - B
+    watermark_bound_ms: int = bounded(  # B: the watermark after slice s is its end - B
+        0, 0, bounds.MAX_DURATION_MS, "a watermark past a slice's end would declare the next slice's valid records late"
+    )
     # Bytes fetched and not yet decoded plus decoded records not yet emitted, all threads
     # together (`reader.read_budget`); spans are read_ahead_bytes / (2 x groups), at most range_bytes.
     read_ahead_bytes: int = bounded(2 << 30, 0, bounds.MAX_READ_AHEAD_BYTES)
     # the largest GET; 0: a span in one GET, however long
-    range_bytes: int = bounded(layout.GET_BYTES, 0, bounds.MAX_RANGE_BYTES)
+    range_bytes: int = bounded(layout.GET_BYTES, 0, bounds.MAX_RANGE_BYTES, "0: a span in one GET")
     # decoded steps (one group's pieces, ~1 MiB read, a few MiB decoded) waiting for the consumer, shared among
     # the threads' FIFOs, at least one each (default: 2 x threads, at least 64)
     queue_batches: int | None = bounded(None, 1, 1 << 20)
@@ -67,19 +68,6 @@ class ReplayOptions:
     ending_timestamp: int | None = bounded(None, -MAX_COUNT, MAX_COUNT)
 
     def __post_init__(self) -> None:
-        if self.max_drift_ms is not None and self.max_drift_ms < 0:
-            raise OptionError(f"max_drift_ms={self.max_drift_ms}: must not be negative")
-        if self.range_bytes < 0:
-            raise OptionError(f"range_bytes={self.range_bytes}: must not be negative (0: one GET per file)")
-        if self.read_ahead_bytes < 0:
-            raise OptionError(f"read_ahead_bytes={self.read_ahead_bytes}: must not be negative")
-        if self.watermark_bound_ms < 0:
-            raise OptionError(
-                f"watermark_bound_ms={self.watermark_bound_ms}: must not be negative: a watermark past a slice's "
-                "end would declare the next slice's valid records late"
-            )
-        if self.queue_batches is not None and self.queue_batches < 1:
-            raise OptionError(f"queue_batches={self.queue_batches}: must be at least 1")
         check_bounds(self)
 
     @property

@@ -82,11 +82,19 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     """Make `format("keyfill")` available in this Spark session. The session's default
     parallelism now (its cores) sizes the input partitions when `numPartitions` is not set.
-    With `filter_pushdown=True` (and `spark.sql.python.filterPushdown.enabled` true, which
-    PySpark needs of a reader that takes filters), batch reads take the filters Spark pushes.
-    Opt-in, because PySpark 4.3 keeps a pushdown's read plan on the loaded DataFrame: a
-    DataFrame scanned twice with different filters reads the last ones both times
-    (docs/spark-source.md, "Filters")."""
+
+    Args:
+        spark: a classic or a Spark Connect session, PySpark 4.0 or later (3.5: see
+            docs/deploy.md).
+        filter_pushdown: batch reads take the filters Spark pushes (needs
+            `spark.sql.python.filterPushdown.enabled` true, PySpark 4.1 or later). Opt-in,
+            because PySpark 4.3 keeps a pushdown's read plan on the loaded DataFrame: a
+            DataFrame scanned twice with different filters reads the last ones both times
+            (docs/spark-source.md, "Filters").
+
+    Raises DataSourceUnavailable on a Spark without Python data sources or without filter
+    pushdown when it is asked for; DataSourceOptionError when the pushdown's setting is off.
+    """
     spark_api.require_data_sources(spark)  # one line on a Spark without Python data sources (open-source 3.5)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if filter_pushdown and not spark_api.FILTER_PUSHDOWN:

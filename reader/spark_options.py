@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from keygroups import compacted
+from keygroups.bounds import within
 from keygroups.durations import parse_duration
 from keygroups.errors import OptionError
 from reader.errors import DataSourceOptionError
@@ -117,11 +118,10 @@ class Options:
             except ValueError:
                 expected = f"a number of bytes like {SIZE_EXAMPLES}" if size else "a whole number"
                 raise DataSourceOptionError(f"option {name}={raw!r}: expected {expected}") from None
-            if not low <= value <= high:
-                raise DataSourceOptionError(
-                    f"option {name}={raw!r}: must be between {low:,} and {high:,}" + (f" ({why})" if why else "")
-                )
-            return value
+            try:
+                return within(f"option {name}", value, low, high, why, written=raw)
+            except OptionError as e:
+                raise DataSourceOptionError(str(e)) from None
 
         def flag(name: str, default: bool) -> bool:
             raw = opts.get(name.lower(), str(default)).lower()

@@ -279,3 +279,20 @@ def test_the_map_check_wants_a_nested_module_by_its_path(tmp_path: Path) -> None
         (tmp_path / "pkg" / folder / "source.py").write_text("")
     doc = "### `pkg/`\n\n| module | owns |\n|---|---|\n| `a/source.py` | a |\n| `source.py` | nothing |\n"
     assert unmapped_modules(doc, tmp_path, ("pkg",)) == ["pkg/b/source.py"]
+
+
+def test_the_public_entry_points_say_what_each_argument_is_for() -> None:
+    """The functions a user calls first (docs/replay.md, docs/spark-source.md, docs/testing.md)
+    carry an `Args:` section naming every parameter they take."""
+    import inspect
+
+    import reader
+    import reader.spark
+    from keyfill.testing import check_job, check_spark_query
+
+    for fn in (reader.replay, reader.spark.register, check_job, check_spark_query):
+        doc = inspect.getdoc(fn) or ""
+        assert "\nArgs:\n" in doc, f"{fn.__qualname__}: no Args: section"
+        args = doc.split("\nArgs:\n", 1)[1]
+        for name in inspect.signature(fn).parameters:
+            assert f"{name}:" in args or f"{name}," in args, f"{fn.__qualname__}: Args: does not name {name}"

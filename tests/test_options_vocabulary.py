@@ -74,7 +74,8 @@ def test_every_surface_holds_an_option_to_the_limits_its_field_declares() -> Non
         assert getattr(Options.parse({"path": "/a", name: str(low)}), f.name) == low
         assert getattr(Options.parse({"path": "/a", name: str(high)}), f.name) == high
         for bad in (low - 1, high + 1):
-            with pytest.raises(DataSourceOptionError, match=re.escape(f"option {name}={str(bad)!r}")):
+            refused = f"option {name}={str(bad)!r}: must be between {low:,} and {high:,}"
+            with pytest.raises(DataSourceOptionError, match=re.escape(refused)):
                 Options.parse({"path": "/a", name: str(bad)})
     replay = {f.name: f for f in dataclasses.fields(ReplayOptions)}
     shared = [f for f in bounded if f.name in replay]
@@ -131,3 +132,21 @@ def test_the_replay_runs_two_threads_a_core_between_4_and_32(monkeypatch, cores,
 
     monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     assert options.default_threads() == threads
+
+
+def test_the_replay_takes_each_of_its_options_as_a_typed_keyword_with_the_fields_default() -> None:
+    """`reader.replay`'s keywords are ReplayOptions' fields, one each, with the same default:
+    a field added to one and not the other would be a setting one surface cannot make."""
+    import inspect
+
+    import reader
+
+    params = inspect.signature(reader.replay).parameters
+    keywords = {n: p for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    fields = {f.name: f for f in dataclasses.fields(ReplayOptions)}
+    assert set(keywords) - {"resume", "options", "store"} == set(fields)
+    for name, f in fields.items():
+        assert keywords[name].default == f.default, name
+        assert keywords[name].annotation == f.type, name
+    with pytest.raises(OptionError, match="not both"):
+        reader.replay("/nowhere", options=ReplayOptions(), batch_size=7)

@@ -272,11 +272,20 @@ def check_job(
     replay: Replay | None = None,
 ) -> CheckResult:
     """Run `job` over the topic in live order and over keyfill's backfill of it, and check
-    both (see the module's docstring). `job(stream)` yields (key, output) pairs; `stream`
-    holds `Record`s in delivery order (and `Watermark`s with `watermarks=True`, the last
-    one `MAX_WATERMARK`). `url`: where the archives go (a folder, or an s3://, gs:// or az://
-    prefix; a temporary folder by default). `replay`: the events to check instead of keyfill's
-    replay (to test the kit itself)."""
+    both (see the module's docstring).
+
+    Args:
+        job: `job(stream)` yields (key, output) pairs; `stream` holds `Record`s in delivery
+            order (and `Watermark`s with `watermarks=True`, the last one `MAX_WATERMARK`).
+        archive: the topic, as the kit's strategies draw it (`topic_archives()`).
+        settings: how it is compacted and replayed (`backfill_settings()`).
+        url: where the archives go (a folder, or an s3://, gs:// or az:// prefix; a
+            temporary folder by default).
+        watermarks: hand the job watermarks too.
+        replay: the events to check instead of keyfill's replay (to test the kit itself).
+
+    Returns a CheckResult; raises DifferentialError naming the first record or key at fault.
+    """
     bound = settings.watermark_bound_ms
     with untraced(), scratch(url) as where:
         done = compact_example(archive, settings, where)

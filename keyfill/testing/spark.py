@@ -93,13 +93,23 @@ def check_spark_query(
 ) -> SparkCheckResult:
     """Run `build` over keyfill's backfill of `archive` and over the topic's on-time records
     in one batch, and check that no row is dropped as late and that each `key`'s rows are
-    the same (see the module's docstring). Several archives (a join of topics): `build` takes
-    a DataFrame per archive, in their order, and the backfill's sources are paced in event
-    time alike (`maxEventTimePerTrigger`). `url`: where the archives go (a folder, or an
-    s3://, gs:// or az:// prefix; a temporary folder by default). `shuffle_partitions`: the session's
-    spark.sql.shuffle.partitions while the check runs (each is a state store per micro-batch:
-    a handful keeps a tiny example fast). Needs `format("keyfill")` registered
-    (`reader.spark.register(spark)`; the `keyfill_spark` fixture does it)."""
+    the same (see the module's docstring). Needs `format("keyfill")` registered
+    (`reader.spark.register(spark)`; the `keyfill_spark` fixture does it).
+
+    Args:
+        spark: the session the query runs in.
+        build: the query, from the source's DataFrame (one per archive, in their order).
+        archive: the topic, or several (a join of topics: the backfill's sources are then
+            paced in event time alike, `maxEventTimePerTrigger`).
+        settings: how it is compacted and replayed (`backfill_settings()`).
+        key: the output column whose rows are compared group by group.
+        url: where the archives go (a folder, or an s3://, gs:// or az:// prefix; a
+            temporary folder by default).
+        shuffle_partitions: the session's spark.sql.shuffle.partitions while the check runs
+            (each is a state store per micro-batch: a handful keeps a tiny example fast).
+
+    Returns a SparkCheckResult; raises DifferentialError naming the first key whose rows differ.
+    """
     archives = [archive] if isinstance(archive, TopicArchive) else list(archive)
     with scratch(url) as where, tempfile.TemporaryDirectory(prefix="keyfill-spark-check-") as work:
         done = [compact_example(a, settings, where) for a in archives]
