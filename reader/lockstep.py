@@ -1,42 +1,40 @@
 """Multithreaded replay of a compacted archive, in slice lockstep for the consumer only.
 
-T threads share the G key groups (balanced by bytes: `reader.replay_plan`). Every thread reads and
-decodes its groups' pieces a step of about a MiB at a time, the group that is furthest
-behind first (`reader.fetch`: spans of upcoming pieces are already in flight), and hands each
-step over whole, on a FIFO of its own. The consumer takes slice s's pieces from every
-thread's steps and yields the watermark of s once every thread is past s
-(`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
+T threads share the G key groups (balanced by bytes: `reader.replay_plan`). Every thread
+(`reader.replay_threads`) reads and decodes its groups' pieces a step of about a MiB at a
+time, the group that is furthest behind first (`reader.fetch`: spans of upcoming pieces are
+already in flight), and hands each step over whole, on a FIFO of its own. This module is the
+consumer: it takes slice s's pieces from every thread's steps and yields the watermark of s
+once every thread is past s (`reader.slice_merge`), so every record of slice s reaches the consumer before the watermark
 of s and before any record of s + 1 (docs/design.md, invariants 1-4), and no thread waits for
 another. Inside a slice `reader.pacing` bounds how far threads drift apart in event time;
 `reader.checkpoint` is the position the consumer can resume from."""
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted, envelope, handoff
 from keygroups.errors import OptionError
-from keygroups.piece_columns import PieceColumns
-from keygroups.piece_index import row_group_of
 from keygroups.storage import Storage, open_storage
 from reader.checkpoint import Checkpoint, State
 from reader.errors import ReplayError
-from reader.fetch import PieceFetcher, read_failed, span_bytes
+from reader.fetch import PieceFetcher, span_bytes
 from reader.fetch_pool import GET_THREADS, FetchPool
 from reader.memory import bounded_read_ahead, map_large_buffers
 from reader.options import ReplayOptions
 from reader.pacing import Pacer
-from reader.read_budget import ReadBudget, ReadStopped
+from reader.read_budget import ReadBudget
 from reader.replay_plan import ReplayPlan
-from reader.slice_merge import Bundle, SliceMerge, ThreadFailed
+from reader.replay_threads import ReplayThreads
+from reader.slice_merge import SliceMerge, ThreadFailed
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds
 
 _KEY_GROUP = pa.field("key_group", pa.int32(), nullable=False)
@@ -93,10 +91,8 @@ class Replay:
         self.budget = ReadBudget(bounded_read_ahead(opts.read_ahead_bytes), self._stop)
         map_large_buffers()
         self._merge = SliceMerge(opts.threads, -(-opts.queue_size // opts.threads), self._stop, self.budget)
-        self._barrier = threading.Barrier(opts.threads)  # only under a drift bound, inside a slice
         self._pool = FetchPool(max(GET_THREADS, opts.threads))
         self._span_bytes = span_bytes(self.budget.limit, self.manifest.groups, opts.range_bytes)
-        self._fetchers: list[PieceFetcher] = []
         self._workers: list[threading.Thread] = []
         self._started = False
         self._last_slice_spread = self._max_slice_spread = 0
@@ -110,7 +106,18 @@ class Replay:
             cp.check(self.manifest, self.store.url)
             self._slice, self._emitted, self._watermark = cp.slice, dict(cp.groups), cp.watermark
         # records to drop at the start of each group's piece of the slice the replay resumes in
-        self._skip, self._skip_slice = dict(self._emitted), self._slice
+        self._threads = ReplayThreads(
+            self.store,
+            self.plan,
+            self._merge,
+            self.pacer,
+            self.budget,
+            self._stop,
+            threads=opts.threads,
+            batch_size=opts.batch_size,
+            skip=dict(self._emitted),
+            skip_slice=self._slice,
+        )
 
     def _bounds(self) -> OffsetBounds | None:
         """The offsets a replay bounded in time delivers (None: the whole archive)."""
@@ -128,7 +135,7 @@ class Replay:
     @property
     def gets(self) -> int:
         """GET requests made for pieces and headers so far."""
-        return sum(f.gets for f in self._fetchers)
+        return sum(f.gets for f in self._threads.fetchers)
 
     @property
     def max_spread_ms(self) -> int:
@@ -157,146 +164,6 @@ class Replay:
             watermark=self._watermark,
         ).to_json()
 
-    # --- threads ----------------------------------------------------------------------------
-
-    def _worker(self, t: int, first: int) -> None:
-        plan = self.plan
-        fetcher = self._fetchers[t]
-        # a thread about to wait for the read budget first says how far it has got: the
-        # consumer may need only that to go on, and free the budget
-        fetcher.on_wait = lambda s: self._merge.put(t, [], s)
-        try:
-            if self.pacer.max_drift_ms is None:
-                self._stepped(t, fetcher, first)
-                return
-            for s, gap in plan.occupied(first):  # under a drift bound the threads meet at slices with pieces
-                if gap and not self._merge.put(t, [], s):  # past the empty slices before s, at once
-                    return
-                own = plan.thread_pieces(row_group_of(s), t).get(s, [])
-                fetcher.prefetch(s)
-                # No thread declares where slice s starts before every thread has finished
-                # s - 1: the pacer would hold a thread of s - 1 back against it.
-                self._barrier.wait()
-                if own:  # event time starts at the earliest record it will emit, known from the index
-                    self.pacer.begin_slice(t, min(p.min_timestamp for p in own))
-                # Everyone declares where its slice starts before anyone emits: a thread that
-                # began late would otherwise join below a bound the others already used.
-                self._barrier.wait()
-                self._paced(t, fetcher, s, own)
-                self.pacer.end_slice(t)
-                if not self._merge.put(t, [], s + 1):  # at once: the others wait at the next barrier
-                    return
-            self._merge.put(t, [], plan.slices)  # past the empty slices at the end
-        except (threading.BrokenBarrierError, ReadStopped):
-            return
-        except BaseException as exc:  # surfaces in the consumer
-            self._merge.fail(exc)
-            self._barrier.abort()
-
-    def _stepped(self, t: int, fetcher: PieceFetcher, first: int) -> None:
-        """Without a drift bound: thread t's groups a decoded step at a time, always the group
-        whose next piece is earliest (so the thread's FIFO goes forward in slice order, and
-        `through` is the earliest slice some group of it still has to hand over). Per step,
-        not per piece: a 10 s slice's piece is a few KB, and per-piece work in every thread,
-        each taking the GIL in turn, held them all back (`reader.slice_merge`)."""
-        slices, merge, stop = self.plan.slices, self._merge, self._stop
-        heap = [(first, g) for g in sorted(self.plan.groups_of(t))]  # (nothing of g left before, g)
-        fetcher.prefetch(first)
-        while heap:
-            if stop.is_set():
-                return
-            s, g = heap[0]
-            fetcher.prefetch(s)
-            nxt = fetcher.next_slice(g, s)
-            if nxt is None:  # nothing of g within the look-ahead: look again from where it stopped
-                frontier = fetcher.frontier(g)
-                if frontier >= slices:
-                    heapq.heappop(heap)
-                else:
-                    heapq.heapreplace(heap, (frontier, g))
-                if not merge.put(t, [], heap[0][0] if heap else slices):
-                    return
-                continue
-            if nxt > s:
-                heapq.heapreplace(heap, (nxt, g))
-                continue
-            step, batch, counts, held, partial = self._step(fetcher, g)
-            numbers = step.slice.tolist()
-            heapq.heapreplace(heap, (numbers[-1] + (not partial), g))  # a large piece goes on in its slice
-            if not merge.put(t, [Bundle(batch, g, numbers, counts, held)], heap[0][0] if heap else slices):
-                return
-        merge.put(t, [], slices)  # says this thread is past every slice
-
-    def _step(self, fetcher: PieceFetcher, g: int) -> tuple[PieceColumns, pa.RecordBatch, list[int], int, bool]:
-        """Group g's next decoded step (`Decoded`, with its pieces' record counts); in the slice
-        this replay resumed in, without the records emitted before its checkpoint."""
-        p = fetcher.next_piece(g)  # what an error names
-        step, batch, held, partial = self._named(p, fetcher.step, g)
-        counts = step.records.tolist()
-        if p.slice == self._skip_slice:  # only a step's first piece can be: steps start at `first`
-            skip = self._skipped(p, p.records)  # of a large piece, what its first steps leave to skip
-            cut = min(skip, counts[0])
-            batch, counts[0], self._skip[g] = batch.slice(cut), counts[0] - cut, skip - cut
-        return step, batch, counts, held, partial
-
-    def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
-        """Under a drift bound: this thread's groups merged by event time (each group in its
-        own order), so its event time only moves forward within the slice, each batch waiting
-        while the thread is too far ahead of the slowest."""
-        ordered = []  # per group: its batches (row ranges) with a non-decreasing event-time key
-        batches: dict[int, pa.RecordBatch] = {}
-        held: dict[int, tuple[int, int]] = {}  # group -> (its last batch, the bytes its piece holds)
-        for p in own:
-            if self._stop.is_set():
-                return
-            batch, charge = self._read(fetcher, p, s == self._skip_slice)
-            outgoing = self.pacer.cut(batch, self.options.batch_size)
-            cuts = [(ts, p.group, i, a, b) for i, (ts, a, b) in enumerate(outgoing)]
-            if cuts:
-                ordered.append(cuts)
-                held[p.group] = (len(cuts) - 1, charge)
-            else:  # nothing left to emit (all before the checkpoint resumed from)
-                self.budget.give(charge)
-            batches[p.group] = batch
-        for ts, g, i, a, b in heapq.merge(*ordered):
-            self.pacer.pace(t, ts)
-            last, charge = held[g]
-            bundle = Bundle(batches[g].slice(a, b - a), g, [s], [b - a], charge if i == last else 0)
-            if not self._merge.put(t, [bundle], s):
-                return
-            self.pacer.advance(t, ts)
-
-    def _read(self, fetcher: PieceFetcher, p: compacted.Piece, resumed: bool = False) -> tuple[pa.RecordBatch, int]:
-        """The piece's records, tagged with their group and checked against the index before
-        any of them is emitted, and the bytes they hold; `resumed`: in the slice this replay
-        resumed in, only those not emitted before its checkpoint."""
-        batch, held = self._named(p, fetcher.read, p)
-        skip = self._skipped(p, batch.num_rows) if resumed else 0
-        return (batch.slice(skip) if skip else batch), held
-
-    def _named(self, p: compacted.Piece, read: Callable[..., Any], *args: Any) -> Any:
-        """`read(*args)`, its failure raised as a ReplayError naming piece p (a FormatError
-        names its own piece)."""
-        try:
-            return read(*args)
-        except compacted.FormatError as exc:
-            raise ReplayError(str(exc)) from exc
-        except ReadStopped:
-            raise
-        except BaseException as exc:
-            raise ReplayError(str(read_failed(self.store, p, exc))) from exc
-
-    def _skipped(self, p: compacted.Piece, records: int) -> int:
-        """Records of piece p (of `records`) emitted before the checkpoint this replay resumed
-        from: more than the piece has is a checkpoint of another archive or a damaged one."""
-        skip = self._skip.get(p.group, 0)
-        if skip > records:
-            raise ReplayError(
-                f"{p.where(self.store.url_for(p.file))}: the checkpoint says {skip} records were emitted, "
-                f"the piece has {records}"
-            )
-        return skip
-
     # --- consumer ---------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Records | Watermark]:
@@ -306,7 +173,7 @@ class Replay:
         slices = self.plan.slices
         bounds = self.bounds
         for t in range(self.options.threads):
-            self._fetchers.append(
+            self._threads.fetchers.append(
                 PieceFetcher(
                     self.store,
                     self._pool,
@@ -321,7 +188,9 @@ class Replay:
                 )
             )
         for t in range(self.options.threads):
-            w = threading.Thread(target=self._worker, args=(t, self._slice), name=f"keyfill-replay-{t}", daemon=True)
+            w = threading.Thread(
+                target=self._threads.run, args=(t, self._slice), name=f"keyfill-replay-{t}", daemon=True
+            )
             w.start()
             self._workers.append(w)
         size = self.options.batch_size
@@ -375,7 +244,7 @@ class Replay:
         safe to call twice. A thread stuck in a GET is a daemon: it is abandoned, ends when
         its request times out, and emits nothing more."""
         self._stop.set()
-        self._barrier.abort()
+        self._threads.barrier.abort()
         self._pool.shutdown()
         deadline = time.monotonic() + 1.0
         for w in self._workers:

@@ -25,13 +25,8 @@ from keyfill.cli import (
     warm,
     worker_python,
 )
-from keyfill.cli.compact import (
-    add_compact_arguments,
-    add_source_options,
-    compact_config,
-    print_compact_result,
-    source_from_args,
-)
+from keyfill.cli.args import add_source_options, source_from_args
+from keyfill.cli.compact import add_compact_arguments, compact_config, print_compact_result
 from keyfill.cli.verify import print_verify_report
 
 __all__ = [
@@ -94,7 +89,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from keyfill.cli.compact import log_to_terminal
+    from keyfill.cli.args import log_to_terminal
     from keygroups.errors import KeyfillError
 
     log_to_terminal(args.verbosity)

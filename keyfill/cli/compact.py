@@ -5,58 +5,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from compactor import defaults
-from keyfill.cli.args import byte_size, fraction, mb, positive_int
+from keyfill.cli.args import (
+    add_embedded_spark_arguments,
+    add_source_options,
+    byte_size,
+    fraction,
+    mb,
+    positive_int,
+    session_flags,
+    source_options_from_args,
+    spark_for,
+)
 from keygroups import envelope  # loaded anyway: the source registry's flags import it
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from compactor.config import CompactConfig, CompactResult
-    from compactor.sources import SourceArchive
-
-_OPTION_DEST = "source_option."  # a format's option `name` is parsed into `source_option.<name>`
-
-
-def add_source_options(p: argparse.ArgumentParser) -> None:
-    """`--format`, its choices from the source registry, and every format's own flags, each
-    format's under a heading of its own: what a format declares (`compactor.sources`)."""
-    from compactor.sources import FORMATS, Option
-
-    p.add_argument(
-        "--format", dest="source_format", default=defaults.SOURCE_FORMAT, choices=list(FORMATS), help="source layout"
-    )
-    added: dict[str, tuple[Option, argparse.Action]] = {}
-    for name, source in FORMATS.items():
-        group = None
-        for o in source.Options.options():
-            if o.flag in added:  # an option two formats take: one flag, its help naming both
-                first, action = added[o.flag]
-                if first.switch != o.switch:
-                    raise AssertionError(f"{o.flag}: a switch for one format and not for another")
-                action.help = f"{action.help} (also --format {name})"
-                continue
-            group = group or p.add_argument_group(f"options of --format {name}")
-            kw = {"action": "store_true"} if o.switch else {"metavar": o.metavar}
-            action = group.add_argument(
-                o.flag, dest=_OPTION_DEST + o.name, default=argparse.SUPPRESS, help=f"{name}: {o.help}", **kw
-            )
-            added[o.flag] = (o, action)
-
-
-def source_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The format options given on the command line, by name (checked by the format)."""
-    return {k.removeprefix(_OPTION_DEST): v for k, v in vars(args).items() if k.startswith(_OPTION_DEST)}
-
-
-def source_from_args(args: argparse.Namespace, url: str, **kw: Any) -> SourceArchive:
-    """The source archive at `url` as the options of `add_source_options` describe it
-    (`kw`: e.g. threads), for the subcommands and jobs that read a source."""
-    from compactor.sources import open_source
-
-    return open_source(url, format=args.source_format, options=source_options_from_args(args), **kw)
 
 
 def add_compact_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,18 +109,6 @@ def compact_config(args: argparse.Namespace) -> CompactConfig:
     )
 
 
-def log_to_terminal(verbosity: int = 0) -> None:
-    """keyfill's own progress lines at INFO on stderr; everyone else's (botocore, py4j) only
-    from WARNING, so the last line a failed run prints is keyfill's error. `verbosity`: -1
-    (-q) keyfill's warnings only; 1 (-v) keyfill's debug lines and others' INFO."""
-    import logging
-
-    others = logging.INFO if verbosity > 0 else logging.WARNING
-    ours = {-1: logging.WARNING, 0: logging.INFO}.get(min(verbosity, 1), logging.DEBUG)
-    logging.basicConfig(level=others, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("keyfill").setLevel(ours)
-
-
 def print_compact_result(r: CompactResult, as_json: bool) -> None:
     from dataclasses import asdict
 
@@ -218,42 +172,6 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_compact_arguments(p)
     add_embedded_spark_arguments(p)
     p.set_defaults(handle=handle)
-
-
-def add_embedded_spark_arguments(p: argparse.ArgumentParser, memory: bool = True) -> None:
-    """`--master` (an embedded Spark) or `--remote` (a Spark Connect server's), not both."""
-    where = p.add_mutually_exclusive_group()  # absent when not given (no "default: None" in --help)
-    where.add_argument(
-        "--master", default=argparse.SUPPRESS, help="Spark master of the embedded session (default: local[*])"
-    )
-    where.add_argument(
-        "--remote",
-        default=argparse.SUPPRESS,
-        metavar="URL",
-        help="run on a Spark Connect server instead, e.g. sc://host:15002 (default: $SPARK_REMOTE when set); its "
-        "executors open the archives with the cluster's credentials and storage settings, not this machine's",
-    )
-    if memory:
-        p.add_argument("--driver-memory", default="4g", help="memory of the embedded Spark driver")
-
-
-def session_flags(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """`--master` and `--remote` as given (None: not), `SPARK_REMOTE` standing in for the
-    second; both refused (`compactor.spark_session.session_arguments`)."""
-    from compactor.spark_session import session_arguments
-
-    return session_arguments(getattr(args, "master", None), getattr(args, "remote", None))
-
-
-def spark_for(args: argparse.Namespace, app: str, **kw: Any) -> contextlib.AbstractContextManager[SparkSession]:
-    """The session a command's `--master` / `--remote` name (`compactor.spark_session`)."""
-    from compactor.spark_session import embedded_spark
-
-    master, remote = session_flags(args)
-    memory = getattr(args, "driver_memory", None)
-    if memory is not None:
-        kw["driver_memory"] = memory
-    return embedded_spark(master, app=app, remote=remote, **kw)
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from keyfill.cli.args import iso, mb, positive_int
-from keyfill.cli.compact import add_source_options
+from keyfill.cli.args import add_source_options, iso, mb, positive_int
 
 
 def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +30,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def handle(args: argparse.Namespace) -> int:
     import keyfill.cli.inspect_compacted as inspect_compacted  # by its own name: not through keyfill.cli
     from compactor.sources import FORMATS, source_options
-    from keyfill.cli.compact import source_options_from_args
+    from keyfill.cli.args import source_options_from_args
     from keyfill.summary import inspect_archive
     from keygroups import compacted
     from keygroups.storage import open_storage
@@ -45,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.source_format == "envelope":
         s = inspect_archive(store, top=args.top, scan=not args.no_scan, threads=args.threads, progress=progress)
     else:  # no statistics in these formats' headers: one read of every chunk gives them all
-        from keyfill.cli.compact import source_from_args
+        from keyfill.cli.args import source_from_args
         from keyfill.summary import inspect_source
 
         source = source_from_args(args, args.url, threads=args.threads)

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 
 def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from keyfill.cli.compact import add_compact_arguments, add_embedded_spark_arguments
+    from keyfill.cli.args import add_embedded_spark_arguments
+    from keyfill.cli.compact import add_compact_arguments
 
     p = sub.add_parser(
         "plan",
@@ -30,7 +31,8 @@ def handle(args: argparse.Namespace) -> int:
     from compactor.estimate import estimate
     from compactor.execution import for_session
     from compactor.job import analyse, prepare
-    from keyfill.cli.compact import compact_config, session_flags, spark_for
+    from keyfill.cli.args import session_flags, spark_for
+    from keyfill.cli.compact import compact_config
 
     session_flags(args)
     prepared = prepare(compact_config(args), dry_run=True)

@@ -6,8 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from keyfill.cli.args import positive_int
-from keyfill.cli.compact import add_embedded_spark_arguments, add_source_options
+from keyfill.cli.args import add_embedded_spark_arguments, add_source_options, positive_int
 
 if TYPE_CHECKING:
     from compactor.verify import VerifyReport
@@ -43,7 +42,7 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from compactor.verify import verify
-    from keyfill.cli.compact import session_flags, source_from_args, spark_for
+    from keyfill.cli.args import session_flags, source_from_args, spark_for
     from keygroups.errors import OptionError
     from keygroups.storage import open_storage
 
