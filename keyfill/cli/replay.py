@@ -7,10 +7,12 @@ import json
 from typing import TYPE_CHECKING
 
 from keyfill.cli.args import iso, non_negative_int, positive_int, time_ms
+from reader.errors import CheckpointError
 from reader.options import ReplayOptions
 
 if TYPE_CHECKING:
     from reader.checkpoint import State
+    from reader.lockstep import Replay
 
 DEFAULTS = ReplayOptions()  # the flags are ReplayOptions' fields, with its defaults (docs/options.md)
 
@@ -64,41 +66,54 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handle=handle)
 
 
-def handle(args: argparse.Namespace) -> int:
-    import os
-    import time
+class CheckpointFile:
+    """`--checkpoint-file`: the position a replay resumes from, saved whole or not at all."""
 
-    from tqdm import tqdm
+    def __init__(self, path: str | None):
+        import os
+
+        self.path = path
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise CheckpointError(f"checkpoint file {path}: folder {folder} does not exist")
+
+    def load(self) -> State | None:
+        """The saved position, or None: no file given, or none there yet."""
+        import os
+
+        if not self.path or not os.path.exists(self.path):
+            return None
+        try:
+            with open(self.path) as f:
+                state: State = json.load(f)
+                return state
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"checkpoint file {self.path}: not a readable keyfill checkpoint ({exc}); delete it to start from "
+                "the beginning"
+            ) from None
+
+    def save(self, state: State) -> None:
+        import os
+
+        if not self.path:
+            return
+        tmp = self.path + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)  # a crash never leaves half a checkpoint
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint file {self.path}: cannot save ({exc})") from None
+
+
+def handle(args: argparse.Namespace) -> int:
+    import time
 
     import reader
 
-    resume = None
-    if args.checkpoint_file and os.path.exists(args.checkpoint_file):
-        try:
-            with open(args.checkpoint_file) as f:
-                resume = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise reader.CheckpointError(
-                f"checkpoint file {args.checkpoint_file}: not a readable keyfill checkpoint "
-                f"({exc}); delete it to start from the beginning"
-            ) from None
-
-    folder = os.path.dirname(os.path.abspath(args.checkpoint_file)) if args.checkpoint_file else None
-    if folder and not os.path.isdir(folder):
-        raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: folder {folder} does not exist")
-
-    def save(state: State) -> None:
-        if args.checkpoint_file:
-            tmp = args.checkpoint_file + ".tmp"
-            try:
-                with open(tmp, "w") as f:
-                    json.dump(state, f)
-                os.replace(tmp, args.checkpoint_file)  # a crash never leaves half a checkpoint
-            except OSError as exc:
-                raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: cannot save ({exc})") from None
-
-    records = 0
-    watermark = None
+    checkpoints = CheckpointFile(args.checkpoint_file)
+    resume = checkpoints.load()
     started = time.perf_counter()
     try:
         events = reader.replay(
@@ -113,36 +128,10 @@ def handle(args: argparse.Namespace) -> int:
             starting_timestamp=args.starting_timestamp,
             ending_timestamp=args.ending_timestamp,
         )
-    except reader.CheckpointError as exc:
-        raise reader.CheckpointError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
+    except CheckpointError as exc:
+        raise CheckpointError(f"checkpoint file {args.checkpoint_file}: {exc}") from None
     with events:
-        total = None if events.bounds else events.manifest.totals["records"]  # bounded: not known up front
-        bar = tqdm(
-            total=total,
-            unit="rec",
-            unit_scale=True,
-            desc="replay",
-            disable=args.no_progress or args.json,
-            initial=0,
-            mininterval=0.5,
-        )
-        try:
-            for ev in events:
-                if isinstance(ev, reader.Records):
-                    records += ev.batch.num_rows
-                    bar.update(ev.batch.num_rows)
-                else:
-                    watermark = ev.timestamp_ms
-                    bar.set_postfix_str(
-                        f"watermark {iso(watermark)}, spread {events.spread_ms() / 1000:.1f} s", refresh=False
-                    )
-                    save(events.checkpoint())
-        except KeyboardInterrupt:
-            save(events.checkpoint())
-            raise
-        finally:
-            bar.close()
-        save(events.checkpoint())
+        records, watermark = _drain(events, checkpoints, progress=not (args.no_progress or args.json))
     seconds = time.perf_counter() - started
     summary = {
         "records": records,
@@ -164,3 +153,33 @@ def handle(args: argparse.Namespace) -> int:
             f"{events.max_spread_ms / 1000:.1f} s" + (" (resumed)" if resume else "")
         )
     return 0
+
+
+def _drain(events: Replay, checkpoints: CheckpointFile, *, progress: bool) -> tuple[int, int | None]:
+    """Every event of the replay to nowhere, the position saved at each watermark, on Ctrl-C
+    and at the end; the records counted and the last watermark."""
+    from tqdm import tqdm
+
+    from reader.lockstep import Records
+
+    records, watermark = 0, None
+    total = None if events.bounds else events.manifest.totals["records"]  # bounded: not known up front
+    bar = tqdm(total=total, unit="rec", unit_scale=True, desc="replay", disable=not progress, mininterval=0.5)
+    try:
+        for ev in events:
+            if isinstance(ev, Records):
+                records += ev.batch.num_rows
+                bar.update(ev.batch.num_rows)
+            else:
+                watermark = ev.timestamp_ms
+                bar.set_postfix_str(
+                    f"watermark {iso(watermark)}, spread {events.spread_ms() / 1000:.1f} s", refresh=False
+                )
+                checkpoints.save(events.checkpoint())
+    except KeyboardInterrupt:
+        checkpoints.save(events.checkpoint())
+        raise
+    finally:
+        bar.close()
+    checkpoints.save(events.checkpoint())
+    return records, watermark
