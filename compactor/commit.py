@@ -3,6 +3,7 @@ archive visible. Checks that the rewrite wrote exactly what the statistics count
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,21 +53,31 @@ def group_sums(table: pa.Table, column: str, groups: int) -> np.ndarray:
     ).astype(np.int64)
 
 
-def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pieces: pa.Table) -> Manifest:
-    """The index first, the version last: the archive is visible from then on (as version
-    parent + 1; CommitConflict if another writer got there first). `pieces`: what the
-    rewrite wrote. An append (`prepared.grows`, the version it grows) carries its totals on
-    and rewrites its index's last file with the new slices: `carried.index_rows`, that
-    file's rows (read to choose the tails), and `carried.tails`, the tails the rewrite may
-    have continued (their rows move to the new files)."""
-    dest, run, parent, continues, lease = prepared.dest, prepared.run, prepared.parent, prepared.grows, prepared.lease
-    cfg, plan, groups, assignment = analysis.cfg, analysis.plan, analysis.groups, analysis.assignment
+@dataclass(frozen=True)
+class WrittenIndex:
+    """What `write_index` wrote: the index files by name, the index's runs, the slices this
+    run published, and for an append the rows of the old index file it rewrote and the
+    tails whose rows moved to the new files (`repoint`)."""
+
+    files: dict[str, Any]
+    runs: list[list[Any]]
+    metas: list[SliceMeta]
+    old_pieces: pa.Table | None
+    dropped: list[Tail]
+
+
+def write_index(prepared: Prepared, plan: SlicePlan, carried: Carried, pieces: pa.Table) -> WrittenIndex:
+    """The piece index of this run's slices. An append (`prepared.grows`) rewrites the index
+    file holding its first new slice with that file's old rows too: `carried.index_rows`
+    (read to choose the tails), and `carried.tails`, the tails the rewrite may have
+    continued."""
+    dest, run, continues = prepared.dest, prepared.run, prepared.grows
     old_pieces = carried.index_rows
     metas = slice_metas(plan, pieces)
     index_slices, index_pieces = piece_index.slice_table(metas), pieces
-    index_runs = [[0, run]]
+    runs: list[list[Any]] = [[0, run]]
     dropped: list[Tail] = []
-    if continues is not None:  # the index file holding the first new slice gets the old rows too
+    if continues is not None:
         start = piece_index.file_start(plan.first)
         old = PieceIndex.of(dest, continues)
         old_pieces, dropped = repoint(old_pieces, pieces, carried.tails, run)
@@ -74,31 +85,67 @@ def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pie
             [old.slice_rows(start, plan.first), index_slices.cast(piece_index.SLICE_SCHEMA)]
         )
         index_pieces = pa.concat_tables([old_pieces, pieces.cast(piece_index.PIECE_SCHEMA)])
-        index_runs = [e for e in continues.index_runs if e[0] < start] + [[start, run]]
-    index_files = piece_index.write_index(dest, index_slices, index_pieces, run)
+        runs = [e for e in continues.index_runs if e[0] < start] + [[start, run]]
+    files = piece_index.write_index(dest, index_slices, index_pieces, run)
+    return WrittenIndex(files, runs, metas, old_pieces, dropped)
+
+
+def _totals(
+    prior: dict[str, Any], analysis: Analysis, index: WrittenIndex, pieces: pa.Table, records: int, payload: int
+) -> dict[str, Any]:
+    """The archive's totals: the parent's (an append's), carried on with this run's."""
+    plan = analysis.plan
+    sizes = file_sizes(pieces)
+    filled = [m for m in index.metas if m.records]
+    dropped = index.dropped
+    return {
+        "records": records,
+        "payload_bytes": payload,
+        # a continued tail is inside one of this run's files now
+        "file_bytes": prior.get("file_bytes", 0) - sum(d.file_bytes for d in dropped) + sum(sizes),
+        "files": prior.get("files", 0) - len(dropped) + len(sizes),
+        "largest_file_bytes": max([prior.get("largest_file_bytes", 0), *sizes]),
+        "pieces": prior.get("pieces", 0) + pieces.num_rows,
+        "keys": assignment_keys(analysis.assignment),
+        "partitions": len(plan.handoff),
+        "slices": plan.slices,
+        "empty_slices": prior.get("empty_slices", 0) + len(index.metas) - len(filled),
+        "end_ms": filled[-1].end_ms if filled else prior.get("end_ms"),
+        "made_late": prior.get("made_late", 0) + plan.made_late,
+    }
+
+
+# The settings the manifest records (its `config`, after the groups: derived when not
+# given), in the order it records them.
+_CONFIG = (
+    "slice_duration",
+    "slice_duration_ms",
+    "codec",
+    "block_bytes",
+    "target_file_bytes",
+    "null_keys",
+    "allow_gaps",
+    "seal_all",
+    "idle_after",
+)
+
+
+def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pieces: pa.Table) -> Manifest:
+    """The index first (`write_index`), the version last: the archive is visible from then on
+    (as version parent + 1; CommitConflict if another writer got there first). `pieces`: what
+    the rewrite wrote. An append (`prepared.grows`, the version it grows) carries its parent's
+    totals, gaps, runs and index files on."""
+    dest, run, parent, continues, lease = prepared.dest, prepared.run, prepared.parent, prepared.grows, prepared.lease
+    cfg, plan, groups, assignment = analysis.cfg, analysis.plan, analysis.groups, analysis.assignment
+    index = write_index(prepared, plan, carried, pieces)
     prior = continues or _EMPTY
     # what was written: the assignment's counts include an unsealed tail
     group_records = group_sums(pieces, "records", groups) + np.asarray(prior.group_records or 0, np.int64)
     group_bytes = group_sums(assignment, "bytes", groups)
     group_file_bytes = group_sums(pieces, "length", groups) + np.asarray(prior.group_file_bytes or 0, np.int64)
-    sizes = file_sizes(pieces)
-    filled = [m for m in metas if m.records]
-    t = prior.totals
-    config = {
-        "groups": groups,
-        "slice_duration": cfg.slice_duration,
-        "slice_duration_ms": cfg.slice_duration_ms,
-        "codec": cfg.codec,
-        "block_bytes": cfg.block_bytes,
-        "target_file_bytes": cfg.target_file_bytes,
-        "null_keys": cfg.null_keys,
-        "allow_gaps": cfg.allow_gaps,
-        "seal_all": cfg.seal_all,
-        "idle_after": cfg.idle_after,
-    }
     manifest = Manifest(
         source=prior.source or {"url": prepared.source.url, "format": cfg.source_format, **cfg.options.kwargs()},
-        config=config,
+        config={"groups": groups, **{name: getattr(cfg, name) for name in _CONFIG}},
         topic=prepared.topic,
         groups=groups,
         slice_duration_ms=cfg.slice_duration_ms,
@@ -107,21 +154,7 @@ def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pie
         group_records=group_records.tolist(),
         group_payload_bytes=group_bytes.tolist(),
         group_file_bytes=group_file_bytes.tolist(),
-        totals={
-            "records": int(group_records.sum()),
-            "payload_bytes": int(group_bytes.sum()),
-            # a continued tail is inside one of this run's files now
-            "file_bytes": t.get("file_bytes", 0) - sum(d.file_bytes for d in dropped) + sum(sizes),
-            "files": t.get("files", 0) - len(dropped) + len(sizes),
-            "largest_file_bytes": max([t.get("largest_file_bytes", 0), *sizes]),
-            "pieces": t.get("pieces", 0) + pieces.num_rows,
-            "keys": assignment_keys(assignment),
-            "partitions": len(plan.handoff),
-            "slices": plan.slices,
-            "empty_slices": t.get("empty_slices", 0) + len(metas) - len(filled),
-            "end_ms": filled[-1].end_ms if filled else t.get("end_ms"),
-            "made_late": t.get("made_late", 0) + plan.made_late,
-        },
+        totals=_totals(prior.totals, analysis, index, pieces, int(group_records.sum()), int(group_bytes.sum())),
         handoff={str(p): o for p, o in sorted(plan.handoff.items())},
         running_max={str(p): m for p, m in sorted(plan.running_max.items())},
         last_records=last_records(plan, prior.last_records),
@@ -132,16 +165,16 @@ def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pie
         kind="compact" if continues is None else "append",
         run=run,
         assignment=prepared.assignment_key,
-        index_runs=index_runs,
+        index_runs=index.runs,
         runs=[*prior.runs, run],
-        dropped=[d.key for d in dropped],  # this version's only: vacuum reads every version's
+        dropped=[d.key for d in index.dropped],  # this version's only: vacuum reads every version's
     )
     named, _ = named_files(manifest)
-    manifest.index_files = {k: v for k, v in {**prior.index_files, **index_files}.items() if k in named}
+    manifest.index_files = {k: v for k, v in {**prior.index_files, **index.files}.items() if k in named}
     manifest.archive = compacted.content_id(manifest) if continues is None else continues.archive
     if lease is not None:
         lease.check()
-    check_named(dest, manifest, [pieces, old_pieces] if old_pieces is not None else [pieces])
+    check_named(dest, manifest, [pieces, index.old_pieces] if index.old_pieces is not None else [pieces])
     compacted.commit(dest, manifest)
     return manifest
 
