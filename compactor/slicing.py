@@ -180,22 +180,11 @@ def plan_slices(
         true_max = after.running_max.get(p, NO_PREFIX) if after else NO_PREFIX
         start = after.handoff.get(p) if after else None
         for prev, cur in zip([None, *cs], cs):
-            prev_last = prev.last_offset if prev is not None else (None if start is None else start - 1)
-            prev_name = name(prev.key) if prev is not None else f"the archive's hand-off ({start})"
-            if prev_last is not None:
-                if cur.first_offset <= prev_last:
-                    raise SlicingError(
-                        f"{name(cur.key)}: offsets {cur.first_offset}..{cur.last_offset} overlap {prev_name}"
-                        + (f" ({prev.first_offset}..{prev.last_offset})" if prev is not None else "")
-                    )
-                if cur.first_offset != prev_last + 1 and not expect_gaps:
-                    gap = (
-                        f"partition {p}: offsets {prev_last + 1}..{cur.first_offset - 1} missing "
-                        f"between {prev_name} and {name(cur.key)}"
-                    )
-                    if not allow_gaps:
-                        raise SlicingError(gap + " (pass --allow-gaps if the topic is compacted)")
-                    gaps.append(gap)
+            gap = _gap_before(p, prev, cur, start, name)
+            if gap is not None and not expect_gaps:
+                if not allow_gaps:
+                    raise SlicingError(gap + " (pass --allow-gaps if the topic is compacted)")
+                gaps.append(gap)
             running = max(true_max, floor)
             prefix[cur.key] = running
             floor_slice = None if running == NO_PREFIX else running // duration_ms
@@ -213,53 +202,13 @@ def plan_slices(
     if not per_slice and not after:
         raise SlicingError("the source archive holds no records")
     base = after.base if after else min(per_slice)
-    newest = max(final_max.values())
-    idle = sorted(p for p, m in final_max.items() if idle_after_ms is not None and m < newest - idle_after_ms)
-    holding = {p: m for p, m in final_max.items() if p not in idle}
-    lagging = min(holding, key=lambda p: holding[p])  # the partition whose running maximum sets the seal
-    if seal_all:
-        seal = max([*per_slice, base + first - 1]) + 1
-    else:
-        seal = min(m // duration_ms for m in holding.values())
-    if seal <= base + first:
-        if after:
-            raise NothingSealed(
-                f"no new slice is sealed: partition {lagging}'s running maximum is still in the archive's next slice "
-                f"(starting {(base + first) * duration_ms} ms), so a later record could belong to it. Append when "
-                "more data has arrived, declare quiet partitions idle with --idle-after, or pass --seal-all if the "
-                "topic will not grow"
-            )
-        raise NothingSealed(
-            f"no slice is sealed yet: partition {lagging}'s running maximum is still in the first slice "
-            f"(starting {base * duration_ms} ms), so a later record could belong to it. Compact when more data has "
-            "arrived, use a shorter --slice-duration, declare quiet partitions idle with --idle-after, or pass "
-            "--seal-all if the topic will not grow"
-        )
+    seal, lagging, idle = _seal(per_slice, final_max, duration_ms, base, first, seal_all, idle_after_ms, after)
     withheld: dict[int, int] = {}
     for s in [s for s in per_slice if s >= seal]:
         for p, stretches in per_slice.pop(s).items():
             handoff[p] = min(handoff[p], stretches[0].first_offset)
             withheld[p] = withheld.get(p, 0) + sum(r.records for r in stretches)
-    ranges: dict[int, list[PartitionRange]] = {}
-    for s, parts in per_slice.items():
-        ranges[s - base] = [
-            PartitionRange(
-                partition=p,
-                first_offset=stretches[0].first_offset,
-                last_offset=stretches[-1].last_offset,
-                records=sum(r.records for r in stretches),
-                min_timestamp=min(r.min_timestamp for r in stretches),
-                max_timestamp=max(r.max_timestamp for r in stretches),
-            )
-            for p, stretches in sorted(parts.items())
-        ]
-    # A partition's published records end where its first withheld stretch starts, and a stretch is
-    # withheld or published whole: its last published record is the last of a stretch.
-    last_stretches: dict[int, Stretch] = {}
-    for parts in per_slice.values():
-        for p, stretches in parts.items():
-            if p not in last_stretches or stretches[-1].last_offset > last_stretches[p].last_offset:
-                last_stretches[p] = stretches[-1]
+    ranges = {s - base: _ranges(parts) for s, parts in per_slice.items()}
     running_max: dict[int, int] = dict(after.running_max) if after else {}
     for rs in ranges.values():
         for r in rs:
@@ -278,6 +227,88 @@ def plan_slices(
         first=first,
         made_late=made_late,
         idle=idle,
-        last_stretches=last_stretches,
+        last_stretches=_last_stretches(per_slice),
         seal_holder=None if seal_all else lagging,
     )
+
+
+def _gap_before(
+    p: int, prev: ChunkStats | None, cur: ChunkStats, start: int | None, name: Callable[[str], str]
+) -> str | None:
+    """What is missing between chunk `cur` and the one before it in partition p (`prev`, or
+    with none the archive's hand-off `start`), or None; SlicingError if they overlap."""
+    prev_last = prev.last_offset if prev is not None else (None if start is None else start - 1)
+    if prev_last is None or cur.first_offset == prev_last + 1:
+        return None
+    prev_name = name(prev.key) if prev is not None else f"the archive's hand-off ({start})"
+    if cur.first_offset <= prev_last:
+        raise SlicingError(
+            f"{name(cur.key)}: offsets {cur.first_offset}..{cur.last_offset} overlap {prev_name}"
+            + (f" ({prev.first_offset}..{prev.last_offset})" if prev is not None else "")
+        )
+    missing = f"{prev_last + 1}..{cur.first_offset - 1}"
+    return f"partition {p}: offsets {missing} missing between {prev_name} and {name(cur.key)}"
+
+
+def _seal(
+    per_slice: dict[int, dict[int, list[Stretch]]],
+    final_max: dict[int, int],
+    duration_ms: int,
+    base: int,
+    first: int,
+    seal_all: bool,
+    idle_after_ms: int | None,
+    after: Continuation | None,
+) -> tuple[int, int, list[int]]:
+    """The first slice not sealed (absolute), the partition whose running maximum holds it
+    there, and the partitions declared idle; NothingSealed if no new slice is sealed."""
+    newest = max(final_max.values())
+    idle = sorted(p for p, m in final_max.items() if idle_after_ms is not None and m < newest - idle_after_ms)
+    holding = {p: m for p, m in final_max.items() if p not in idle}
+    lagging = min(holding, key=lambda p: holding[p])  # the partition whose running maximum sets the seal
+    if seal_all:
+        seal = max([*per_slice, base + first - 1]) + 1
+    else:
+        seal = min(m // duration_ms for m in holding.values())
+    if seal > base + first:
+        return seal, lagging, idle
+    if after:
+        raise NothingSealed(
+            f"no new slice is sealed: partition {lagging}'s running maximum is still in the archive's next slice "
+            f"(starting {(base + first) * duration_ms} ms), so a later record could belong to it. Append when "
+            "more data has arrived, declare quiet partitions idle with --idle-after, or pass --seal-all if the "
+            "topic will not grow"
+        )
+    raise NothingSealed(
+        f"no slice is sealed yet: partition {lagging}'s running maximum is still in the first slice "
+        f"(starting {base * duration_ms} ms), so a later record could belong to it. Compact when more data has "
+        "arrived, use a shorter --slice-duration, declare quiet partitions idle with --idle-after, or pass "
+        "--seal-all if the topic will not grow"
+    )
+
+
+def _ranges(parts: dict[int, list[Stretch]]) -> list[PartitionRange]:
+    """A published slice's range of each partition, from its stretches."""
+    return [
+        PartitionRange(
+            partition=p,
+            first_offset=stretches[0].first_offset,
+            last_offset=stretches[-1].last_offset,
+            records=sum(r.records for r in stretches),
+            min_timestamp=min(r.min_timestamp for r in stretches),
+            max_timestamp=max(r.max_timestamp for r in stretches),
+        )
+        for p, stretches in sorted(parts.items())
+    ]
+
+
+def _last_stretches(per_slice: dict[int, dict[int, list[Stretch]]]) -> dict[int, Stretch]:
+    """Each partition's last published stretch. A partition's published records end where its
+    first withheld stretch starts, and a stretch is withheld or published whole: its last
+    published record is the last of a stretch."""
+    last: dict[int, Stretch] = {}
+    for parts in per_slice.values():
+        for p, stretches in parts.items():
+            if p not in last or stretches[-1].last_offset > last[p].last_offset:
+                last[p] = stretches[-1]
+    return last
