@@ -1,5 +1,5 @@
 """spark-submit entry point of the audit; same arguments as `keyfill verify`, its tasks
-run by Spark (`compactor.verify_spark`: the same checks and report as in one process).
+run by Spark (`compactor.verify.spark`: the same checks and report as in one process).
 
     spark-submit --py-files keyfill-0.1.0-py3-none-any.whl jobs/verify.py s3://archive/payments s3://compacted/payments
 """
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from compactor.spark_session import from_builder, running_or_started
-    from compactor.verify_spark import verify_spark
+    from compactor.verify.spark import verify_spark
     from keygroups.storage import open_storage
 
     try:

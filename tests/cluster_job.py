@@ -15,7 +15,7 @@ def main(compact_script: str, source_url: str, dest_url: str, *compact_options: 
     from pyspark.sql import SparkSession
 
     from compactor.sources import open_source
-    from compactor.verify_spark import verify_spark
+    from compactor.verify.spark import verify_spark
     from keygroups.storage import open_storage
     from reader.spark import register
 

@@ -195,7 +195,7 @@ def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source,
     assert all(a2[(r["key"], r["null_key_partition"])] == r["group"] for r in a1)  # existing keys stay
     assert len(a2) >= len(a1)
     assert verify(open_source(src), store).ok
-    from compactor.verify_spark import verify_spark
+    from compactor.verify.spark import verify_spark
 
     assert verify_spark(open_source(src), store, spark).ok
     # the append continued every group's small last file in a file of its own: still one

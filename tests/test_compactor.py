@@ -15,7 +15,7 @@ from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.sources.envelope import write_chunk
 from compactor.verify import verify
-from compactor.verify_spark import verify_spark
+from compactor.verify.spark import verify_spark
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import StorageError, open_storage

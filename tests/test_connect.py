@@ -225,7 +225,7 @@ def verify_with_nothing_carried(spark, src: str, dest: str) -> str:
     from compactor import execution
     from compactor.errors import ConnectRequestTooLarge
     from compactor.sources import open_source
-    from compactor.verify_spark import verify_spark
+    from compactor.verify.spark import verify_spark
 
     before, execution.CARRIED_BYTES = execution.CARRIED_BYTES, 0
     try:

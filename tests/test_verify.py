@@ -8,14 +8,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from compactor import execution, verify_records
+import compactor.verify.records as verify_records
+from compactor import execution
 from compactor.execution import InProcess
 from compactor.job import CompactConfig, compact
 from compactor.sources import open_source
 from compactor.verify import CHECKS, MAX_REPORTED, plan_audit, verify
-from compactor.verify_file import FileChecker
-from compactor.verify_records import Read
-from compactor.verify_spark import verify_spark
+from compactor.verify.file import FileChecker
+from compactor.verify.records import Read
+from compactor.verify.spark import verify_spark
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage

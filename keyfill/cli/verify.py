@@ -52,7 +52,7 @@ def handle(args: argparse.Namespace) -> int:
     source = source_from_args(args, args.source, threads=args.threads)
     dest = open_storage(args.dest, threads=args.threads)
     if args.spark or hasattr(args, "remote"):
-        from compactor.verify_spark import verify_spark
+        from compactor.verify.spark import verify_spark
 
         with spark_for(args, "keyfill verify") as spark:
             report = verify_spark(source, dest, spark)

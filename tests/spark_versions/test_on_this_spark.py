@@ -71,7 +71,7 @@ def test_the_compaction_on_spark_writes_the_in_process_archive(compacted, refere
 def test_verify_in_process_and_on_spark_pass(spark, source, compacted):
     from compactor.sources import open_source
     from compactor.verify import verify
-    from compactor.verify_spark import verify_spark
+    from compactor.verify.spark import verify_spark
     from keygroups.storage import open_storage
 
     for report in (

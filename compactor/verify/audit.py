@@ -23,9 +23,9 @@ answer) says nothing of the archive: it ends the audit with that error, naming t
 so `keyfill verify` exits 2 instead of reporting checks it could not make as failed.
 
 One audit, run by an execution (`compactor.execution`): `verify` in this process (several reads
-at once), `compactor.verify_spark` on Spark for archives too large for one process. Both run the
-same tasks: each file checked on its own (`compactor.verify_file`), the records compared with
-the source's partition by partition (`compactor.verify_records`), and the manifest and index
+at once), `compactor.verify.spark` on Spark for archives too large for one process. Both run the
+same tasks: each file checked on its own (`compactor.verify.file`), the records compared with
+the source's partition by partition (`compactor.verify.records`), and the manifest and index
 checked here; a damaged archive gets the same report from either.
 """
 
@@ -35,11 +35,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from compactor import verify_records
+import compactor.verify.records as verify_records
 from compactor.execution import Execution, InProcess, Rows
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.verify_file import FileChecker
-from compactor.verify_records import MAX_REPORTED, RECORD_COLUMNS, Read
+from compactor.verify.file import FileChecker
+from compactor.verify.records import MAX_REPORTED, RECORD_COLUMNS, Read
 from keygroups import compacted
 from keygroups.compacted import Piece, SliceMeta
 from keygroups.piece_index import PieceIndex
@@ -122,7 +122,7 @@ def verify(source: SourceArchive, dest: Storage, *, threads: int = 8, progress: 
 def audit(source: SourceArchive, dest: Storage, execution: Execution[Rows]) -> VerifyReport:
     """The audit, its tasks run by `execution`: the source's chunks read and the archive's
     files checked (a task each), then source and archive records compared partition by
-    partition (`compactor.verify_records`), then the manifest and the index checked."""
+    partition (`compactor.verify.records`), then the manifest and the index checked."""
     report, plan = plan_audit(source, dest)
     if plan is None:
         return report

@@ -2,7 +2,7 @@
 execution runs in this process or in Spark tasks (`compactor.execution`).
 
 Two steps. `read_task` reads every source chunk and checks every archive file on its own
-(`compactor.verify_file`), yielding a row per record: its partition, offset, fingerprint and
+(`compactor.verify.file`), yielding a row per record: its partition, offset, fingerprint and
 a time (a source record's timestamp; an archived record's slice start), and a row per file
 problem. `compare_task` then walks each partition's rows in offset order (the execution's
 `scan`: source and archive merged, one batch at a time, so no task holds a partition) and
@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from compactor.execution import Task
 from compactor.sources import SourceArchive, SourceChunk
-from compactor.verify_file import FileChecker
+from compactor.verify.file import FileChecker
 from keygroups import compacted, envelope
 from keygroups.compacted import PartitionRange, Piece
 

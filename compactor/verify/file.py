@@ -1,6 +1,6 @@
 """The audit's check of one segment file on its own (`keyfill verify`): size, the pieces'
 tiling, byte ranges, CRC-32C and record counts, key order, group membership, slice offset
-ranges. Run per file by the audit's read task (`compactor.verify_records`), in this process or
+ranges. Run per file by the audit's read task (`compactor.verify.records`), in this process or
 on Spark."""
 
 from __future__ import annotations
