@@ -59,7 +59,7 @@ def _plain(bootstrap: str, topic: str, records: int) -> float:
 
 def _ours(bootstrap: str, topic: str, records: int, group_of) -> float:
     from reader.kafka_live import KafkaOptions, KafkaRange, read_range
-    from reader.spark_rows import arrow_schema
+    from reader.spark.rows import arrow_schema
 
     k = KafkaOptions({"bootstrap.servers": bootstrap})
     t = time.perf_counter()

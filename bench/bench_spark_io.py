@@ -91,7 +91,7 @@ def replay_once(url: str, opts: dict) -> float:
 
 def default_io() -> tuple[int, int]:
     """The source's default readAheadBytes and rangeBytes, in MiB."""
-    from reader.spark_options import Options
+    from reader.spark.options import Options
 
     return Options.read_ahead_bytes // MiB, Options.range_bytes // MiB
 

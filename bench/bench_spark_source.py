@@ -53,8 +53,8 @@ import pyarrow as pa
 
 import reader.spark as rs
 from bench.archives import cached_compacted
-from reader.spark_read import read_archive
-from reader.spark_rows import arrow_schema
+from reader.spark.rows import arrow_schema
+from reader.spark.split_reader import read_archive
 
 PYTHON_TARGET, PARQUET_TARGET = 0.9, 0.75
 PYTHON_PARTITIONS = 4

@@ -82,8 +82,8 @@ def _decoding(partition: Prebuilt, batches: list[pa.RecordBatch]) -> Iterator[pa
     """`batches`, each after decoding about as many of keyfill's records (then the rest)."""
     import pickle
 
-    from reader.spark_options import Options
-    from reader.spark_read import read_archive
+    from reader.spark.options import Options
+    from reader.spark.split_reader import read_archive
 
     with open(partition.decode, "rb") as f:
         mine = pickle.load(f)[partition.index]

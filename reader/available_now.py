@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import reader.spark.api as spark_api
 from keygroups import spark_kind
-from reader import spark_api
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

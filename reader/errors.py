@@ -57,4 +57,4 @@ class NotARecordBatch(KeyfillError, TypeError):
 
 class DataSourceUnavailable(KeyfillError, RuntimeError):
     """The session's Spark lacks what the Spark source needs (the Python Data Source API, or
-    filter pushdown): names the Spark and what does work there (`reader.spark_api`)."""
+    filter pushdown): names the Spark and what does work there (`reader.spark.api`)."""

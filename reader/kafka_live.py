@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from keygroups.errors import KeyfillError
 from reader.errors import DataLoss, KafkaReadError
-from reader.spark_api import InputPartition
-from reader.spark_rows import CREATE_TIME, HEADERS, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE, TIMESTAMP, arrow_schema
+from reader.spark.api import InputPartition
+from reader.spark.rows import CREATE_TIME, HEADERS, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE, TIMESTAMP, arrow_schema
 
 LOG = logging.getLogger("keyfill.kafka")  # the client's own log lines (a retry each 50 ms when down): not on stderr
 KAFKA_PREFIX = "kafka."  # options passed to the client with this prefix taken off
@@ -234,7 +234,7 @@ def read_range(
 def _batch(
     messages: list[Any], topic: str, partition: int, schema: pa.Schema, group_of: GroupOf | None
 ) -> pa.RecordBatch:
-    """Messages as a batch of the source's schema (`reader.spark_rows`), or the columns of a
+    """Messages as a batch of the source's schema (`reader.spark.rows`), or the columns of a
     query's: a column at a time (a comprehension per field costs less than appending each
     record's fields in turn)."""
     n = len(messages)

@@ -15,7 +15,7 @@ MAX_COUNT = 1 << 62  # a whole-number option's bound where nothing smaller is me
 
 def bounded(default: T, low: int, high: int, why: str = "") -> T:
     """An option field and its limits, declared once: `check_bounds` holds a replay's options
-    to them, the Spark source's parser (`reader.spark_options`) its option strings."""
+    to them, the Spark source's parser (`reader.spark.options`) its option strings."""
     return field(default=default, metadata={"bounds": (low, high, why)})
 
 

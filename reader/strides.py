@@ -27,7 +27,7 @@ from keygroups import compacted
 from reader.errors import DataSourceOptionError
 
 if TYPE_CHECKING:
-    from reader.spark_partitions import ArchivePlanner
+    from reader.spark.enumerator import ArchivePlanner
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Strides:
             )
 
     def latest(self, planner: ArchivePlanner, start: dict[str, Any], first: int, slices: int) -> dict[str, Any]:
-        """The offset after the stride `start` names (a `reader.spark_partitions.ArchivePlanner`'s):
+        """The offset after the stride `start` names (a `reader.spark.enumerator.ArchivePlanner`'s):
         the stride's slices, or none, but the stride moves on while the archive has slices
         left to read, so every paced source stays in step. `first`: `start`'s slice; `slices`:
         where the read ends."""

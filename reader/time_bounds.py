@@ -146,7 +146,9 @@ def first_offsets_at(
 
 def _scan(index: PieceIndex, s: int, times: dict[int, int], reads: ScanReads) -> dict[int, tuple[int, int]]:
     """The first offsets at or after each partition's time among slice s's records."""
-    from reader.fetch import read_groups  # the decoder, loaded only when planning scans a slice (reader.spark_read)
+    from reader.fetch import (
+        read_groups,  # the decoder, loaded only when planning scans a slice (reader.spark.split_reader)
+    )
 
     best: dict[int, int] = {}
     pieces = piece_list(index.piece_rows(s, s + 1))

@@ -460,12 +460,12 @@ def redpanda_schema(*, value: bool = True, offset=LongType, header_key=StringTyp
 
 def spark_task_read(url: str, read_ahead: int, monkeypatch):
     """The Spark source's task read of one input partition holding every group of the
-    archive (`reader.spark_read.read_archive`, as a task runs it, with `read_ahead` as given):
+    archive (`reader.spark.split_reader.read_archive`, as a task runs it, with `read_ahead` as given):
     its batches, and the list the task's read budget is put in when the read starts."""
     import reader.fetch
     import reader.spark
-    import reader.spark_partitions
-    import reader.spark_read
+    import reader.spark.enumerator
+    import reader.spark.split_reader
     from reader.read_budget import ReadBudget
 
     budgets: list[ReadBudget] = []
@@ -476,8 +476,8 @@ def spark_task_read(url: str, read_ahead: int, monkeypatch):
             budgets.append(self)
 
     monkeypatch.setattr(reader.fetch, "ReadBudget", Counted)
-    monkeypatch.setattr(reader.spark_read, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
+    monkeypatch.setattr(reader.spark.split_reader, "bounded_read_ahead", lambda wanted, sharers=1: wanted)
     opts = reader.spark.Options.parse({"path": url, "readAheadBytes": str(read_ahead), "numPartitions": "1"})
-    planner = reader.spark_partitions.ArchivePlanner(opts)
+    planner = reader.spark.enumerator.ArchivePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)
-    return reader.spark_read.read_archive(opts, partition), budgets
+    return reader.spark.split_reader.read_archive(opts, partition), budgets

@@ -176,7 +176,7 @@ def executors_find_keyfill_or_are_given_it(spark) -> tuple:
         executor_code._version = mine
     with zipfile.ZipFile(shipped) as z:
         names = set(z.namelist())
-    assert {"keygroups/__init__.py", "compactor/execution.py", "reader/spark.py"} <= names, sorted(names)[:20]
+    assert {"keygroups/__init__.py", "compactor/execution.py", "reader/spark/source.py"} <= names, sorted(names)[:20]
     assert not any(n.endswith(".pyc") for n in names)
 
     def first_zip(batches):  # nested: pickled by value (the workers cannot import tests)

@@ -27,7 +27,7 @@ from keygroups.storage import open_storage
 from reader.errors import DataLoss
 from reader.kafka_live import KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
 from reader.spark import DataSourceOptionError, KeyfillBatchReader, KeyfillStreamReader, Options
-from reader.spark_rows import CREATE_TIME, arrow_schema
+from reader.spark.rows import CREATE_TIME, arrow_schema
 from tests.connect_client import CONNECT
 
 

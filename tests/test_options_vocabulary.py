@@ -15,7 +15,7 @@ from keyfill.cli import replay as replay_cli
 from keygroups.errors import OptionError
 from reader.errors import DataSourceOptionError
 from reader.options import ReplayOptions
-from reader.spark_options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, camel
+from reader.spark.options import KAFKA_OPTION_NAMES, OPTION_NAMES, Options, camel
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
 NOT_SETTINGS = {"url", "checkpoint_file", "no_progress", "json", "help"}  # what the command does, not how it reads

@@ -21,8 +21,8 @@ import reader
 import reader.fetch
 import reader.fetched_span
 import reader.spark
-import reader.spark_partitions
-import reader.spark_read
+import reader.spark.enumerator
+import reader.spark.split_reader
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted

@@ -1,4 +1,4 @@
-"""Filters pushed to a batch read of `format("keyfill")` (reader/pushdown.py), on a real
+"""Filters pushed to a batch read of `format("keyfill")` (reader/spark/pushdown.py), on a real
 local[2] Spark with spark.sql.python.filterPushdown.enabled: a filtered read returns exactly
 what the whole read filtered afterwards returns, the source itself drops what the filters on
 its own columns exclude (fewer pieces planned, fewer rows handed to Spark), the live ranges
@@ -31,7 +31,7 @@ from test_reader import hypothesis_settings
 from test_spark_source import archive, identity  # noqa: F401 (archive: the module's fixture)
 
 import reader.spark
-import reader.spark_rows
+import reader.spark.rows
 from keyfill.synth.topic import Record, TopicArchive
 from keygroups import compacted
 from keygroups.storage import open_storage
@@ -193,7 +193,7 @@ def planned(url: str, filters: list, **options: str) -> tuple[list, int, pa.Tabl
     parts = r.partitions()
     pieces = sum(len(getattr(p, "pieces", ())) for p in parts)
     batches = [b for p in parts for b in r.read(p)]
-    return rest, pieces, pa.Table.from_batches(batches, schema=reader.spark_rows.arrow_schema(True))
+    return rest, pieces, pa.Table.from_batches(batches, schema=reader.spark.rows.arrow_schema(True))
 
 
 def test_pieces_of_other_groups_slices_and_times_are_not_planned(whole):

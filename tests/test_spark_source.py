@@ -25,13 +25,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, Rea
 from test_reader import hypothesis_settings, source_table
 
 import reader.spark
-import reader.spark_partitions
-import reader.spark_rows
+import reader.spark.enumerator
+import reader.spark.planning_process as planning_process
+import reader.spark.rows
 from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
-from reader import planning_process
 from tests.connect_client import CONNECT
 from tests.records import archive_metas, below_handoff
 
@@ -501,17 +501,17 @@ def test_a_task_is_sent_the_options_and_filters_never_what_planning_loaded(archi
 @given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(1, 40))
 @hypothesis_settings(300)
 def test_bundles_are_no_further_apart_than_the_heaviest_group(weights, bundles):
-    owner = reader.spark_partitions.balanced(weights, bundles)
+    owner = reader.spark.enumerator.balanced(weights, bundles)
     assert len(owner) == len(weights) and all(0 <= b < bundles for b in owner)
     loads = [sum(w for w, b in zip(weights, owner) if b == k) for k in range(bundles)]
     assert max(loads) - min(loads) <= max(weights, default=0)
-    assert owner == reader.spark_partitions.balanced(list(weights), bundles)  # the same plan every time
+    assert owner == reader.spark.enumerator.balanced(list(weights), bundles)  # the same plan every time
 
 
 def test_planning_a_streaming_query_loads_no_decoder_nor_pandas(archive):
     """Spark starts a Python process to plan each streaming query, and its start is the
-    query's: planning a micro-batch must not load numba or its kernels (reader.spark_read),
-    nor, in that process, pandas (reader.planning_process), and plans what any process plans."""
+    query's: planning a micro-batch must not load numba or its kernels (reader.spark.split_reader),
+    nor, in that process, pandas (reader.spark.planning_process), and plans what any process plans."""
     url, _ = archive
     script = f"""
 import importlib.machinery, json, pickle, sys
@@ -560,12 +560,12 @@ def test_by_default_a_batch_has_a_partition_per_core(archive, cores, monkeypatch
     session's cores."""
     url, _ = archive
     opts = reader.spark.Options.parse({"path": url}, session_cores=cores)
-    planner = reader.spark_partitions.ArchivePlanner(opts)
+    planner = reader.spark.enumerator.ArchivePlanner(opts)
     groups = sum(1 for b in planner.manifest.group_file_bytes if b)
     total = sum(planner.manifest.group_file_bytes)
     assert len(planner.plan(0, planner.manifest.slices)) == (groups if cores is None else min(cores, groups))
     task = max(1, total // 5)
-    monkeypatch.setattr("reader.spark_partitions.TASK_BYTES", task)  # the batch is 5 TASK_BYTES or more
+    monkeypatch.setattr("reader.spark.enumerator.TASK_BYTES", task)  # the batch is 5 TASK_BYTES or more
     if cores is not None:
         waves = -(-total // (cores * task))
         assert planner.partitions_for(total, groups) == cores * waves
@@ -759,7 +759,7 @@ def test_a_running_query_refuses_an_archive_replaced_under_it(archive, tmp_path)
 def test_constant_columns_are_the_value_on_every_row(asks):
     """A task's constant columns (topic, timestampType, group) are zero-copy slices of one
     array per value, grown as batches get longer: each is the value, exactly n times."""
-    constants = reader.spark_rows.Constants()
+    constants = reader.spark.rows.Constants()
     for topic, group, n in asks:
         got = constants.column(topic, pa.string(), n), constants.column(group, pa.int32(), n)
         assert got[0].equals(pa.repeat(pa.scalar(topic, pa.string()), n))

@@ -141,21 +141,21 @@ def test_segment_files_replaced_under_a_replay_fail_it_naming_one_never_decoding
 def test_a_spark_task_whose_version_was_vacuumed_fails_naming_the_file(source, tmp_path):
     """The Spark source's task side, planned on version 1, reading after an overwrite and a
     vacuum with --retain 0s: the same VersionGone as the replay, naming the file."""
-    import reader.spark_options
-    import reader.spark_partitions
-    import reader.spark_read
+    import reader.spark.enumerator
+    import reader.spark.options
+    import reader.spark.split_reader
     from reader.errors import VersionGone
 
     url = str(tmp_path / "c")
     compact(CompactConfig(seal_all=True, source=source, dest=url, groups=4, slice_duration="5s"))
-    opts = reader.spark_options.Options.parse({"path": url, "numPartitions": "1"})
-    planner = reader.spark_partitions.ArchivePlanner(opts)
+    opts = reader.spark.options.Options.parse({"path": url, "numPartitions": "1"})
+    planner = reader.spark.enumerator.ArchivePlanner(opts)
     (partition,) = planner.plan(0, planner.manifest.slices)
     compact(CompactConfig(seal_all=True, source=source, dest=url, groups=3, slice_duration="5s", overwrite=True))
     store = open_storage(url)
     vacuum_files(store, vacuum_plan(store, retain_ms=0))
     with pytest.raises(VersionGone, match="version 2 is the latest") as err:
-        list(reader.spark_read.read_archive(opts, partition))
+        list(reader.spark.split_reader.read_archive(opts, partition))
     assert store.url_for(partition.pieces[0].file) in str(err.value)
 
 

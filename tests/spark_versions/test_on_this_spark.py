@@ -39,7 +39,7 @@ import pyspark
 import pytest
 
 import keygroups
-from reader import spark_api
+import reader.spark.api as spark_api
 from tests.spark_versions.conftest import COMPACT, ROOT
 
 CONNECT = spark_api.DATA_SOURCES and importlib.util.find_spec("grpc") is not None  # Spark Connect from 4.0

@@ -1,7 +1,7 @@
 """The Spark source's archive phase, planned on the driver: which slices a micro-batch takes
 (`ArchivePlanner.admit`) and their pieces bundled by group into input partitions
 (`GroupsPartition`). Its roles apart, as a FLIP-27 source splits them: this module
-enumerates the archive, `reader.spark_live` the live topic after it, `reader.spark_read`
+enumerates the archive, `reader.spark.live` the live topic after it, `reader.spark.split_reader`
 reads either in a task, and `reader.spark` adapts the three to PySpark's Data Source API."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from keygroups.piece_index import PieceIndex, piece_list, row_group_of, row_grou
 from keygroups.storage import Storage, open_storage
 from reader.errors import ArchiveChanged, DataSourceOptionError, VersionGone
 from reader.memory import bounded_read_ahead
-from reader.pushdown import Pushdown
-from reader.spark_api import InputPartition
-from reader.spark_options import PACED_WITHOUT_START, Options
+from reader.spark.api import InputPartition
+from reader.spark.options import PACED_WITHOUT_START, Options
+from reader.spark.pushdown import Pushdown
 from reader.time_bounds import OffsetBounds, ScanReads, offset_bounds, partition_times
 
 NAME = "keyfill"

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keygroups import compacted
-from reader.spark_api import (  # stand-ins before Spark 4.1, where nothing is ever pushed
+from reader.spark.api import (  # stand-ins before Spark 4.1, where nothing is ever pushed
     EqualNullSafe,
     EqualTo,
     Filter,

@@ -2,7 +2,7 @@
 (`of_read_limit`), the one Spark hands `latestOffset(start, limit)` where it has admission
 control (4.2 and later: the default limit from `default_read_limit`, or all available), and
 before 4.2, where Spark hands none, the same default limit the source makes itself (with
-`reader.spark_api`'s stand-ins of the limit classes).
+`reader.spark.api`'s stand-ins of the limit classes).
 
 `maxSlicesPerTrigger` becomes Spark's ReadMaxFiles (a slice counts as a file), else
 `maxOffsetsPerTrigger` ReadMaxRows, else `maxBytesPerTrigger` (by default
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from reader.spark_api import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
-from reader.spark_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
-from reader.spark_partitions import Limits
+from reader.spark.api import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
+from reader.spark.enumerator import Limits
+from reader.spark.options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
 
 
 @dataclass(frozen=True)

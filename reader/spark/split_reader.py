@@ -20,10 +20,10 @@ from keygroups.storage import open_storage
 from reader.fetch import read_groups
 from reader.kafka_live import KafkaRange, read_range
 from reader.memory import bounded_read_ahead
-from reader.pushdown import RowFilter
-from reader.spark_options import Options
-from reader.spark_partitions import GroupsPartition
-from reader.spark_rows import Constants, arrow_schema, to_spark_batches
+from reader.spark.enumerator import GroupsPartition
+from reader.spark.options import Options
+from reader.spark.pushdown import RowFilter
+from reader.spark.rows import Constants, arrow_schema, to_spark_batches
 
 
 def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | None = None) -> Iterator[pa.RecordBatch]:

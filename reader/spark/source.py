@@ -1,9 +1,5 @@
-"""A Spark source over compacted archives, through PySpark's Python Data Source API.
-
-    import reader.spark
-    reader.spark.register(spark)
-    stream = spark.readStream.format("keyfill").load("s3://bucket/compacted")
-    table = spark.read.format("keyfill").load("s3://bucket/compacted")
+"""A Spark source over compacted archives, through PySpark's Python Data Source API
+(`reader.spark.register(spark)`, then `spark.readStream.format("keyfill").load(url)`).
 
 A streaming offset is a slice position, `{"slice": n, "archive": <id>, "version": v}`:
 every micro-batch holds whole slices and never part of one, so the micro-batch boundary is the reader's barrier made
@@ -39,15 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+import reader.spark.admission as spark_admission
+import reader.spark.api as spark_api
 from keygroups import spark_kind, worker_gc
 from keygroups.executor_code import ship_to_executors
-from reader import spark_admission, spark_api
 from reader.errors import ArchiveChanged, DataSourceOptionError, DataSourceUnavailable
 from reader.kafka_live import KafkaRange, partition_marks
-from reader.planning_process import keep_pandas_out
-from reader.pushdown import Pushdown, push
-from reader.spark_admission import Admission
-from reader.spark_api import (
+from reader.spark.admission import Admission
+from reader.spark.api import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
@@ -56,10 +51,12 @@ from reader.spark_api import (
     ReadLimit,
     SupportsTriggerAvailableNow,
 )
-from reader.spark_live import LivePlanner
-from reader.spark_options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
-from reader.spark_partitions import NAME, ArchivePlanner, GroupsPartition, Limits
-from reader.spark_rows import schema_ddl
+from reader.spark.enumerator import NAME, ArchivePlanner, GroupsPartition, Limits
+from reader.spark.live import LivePlanner
+from reader.spark.options import DEFAULT_MAX_BYTES_PER_TRIGGER, Options
+from reader.spark.planning_process import keep_pandas_out
+from reader.spark.pushdown import Pushdown, push
+from reader.spark.rows import schema_ddl
 from reader.strides import Strides
 
 if TYPE_CHECKING:
@@ -96,7 +93,7 @@ def register(spark: Any, *, filter_pushdown: bool = False) -> None:
     pushdown when it is asked for; DataSourceOptionError when the pushdown's setting is off.
     """
     spark_api.require_data_sources(spark)  # one line on a Spark without Python data sources (open-source 3.5)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds reader/
     if filter_pushdown and not spark_api.FILTER_PUSHDOWN:
         raise DataSourceUnavailable(
             f"register(spark, filter_pushdown=True): this PySpark ({_pyspark_version()}) has no filter pushdown for "
@@ -145,11 +142,11 @@ def _portable(root: str, cores: int | None = None, pushdown: bool = False) -> ty
         import sys
 
         try:
-            import reader.spark
+            import reader.spark.source
         except ModuleNotFoundError:
             sys.path.append(root)
-            import reader.spark
-        source = reader.spark.KeyfillDataSource(options)
+            import reader.spark.source
+        source = reader.spark.source.KeyfillDataSource(options)
         source.session_cores = cores
         source.filter_pushdown = pushdown
         return source
@@ -196,7 +193,7 @@ class KeyfillDataSource(DataSource):
 
     def _options(self, schema: StructType | None) -> Options:
         """The options, for the query's schema: the source's own, or fewer columns a
-        `.schema(...)` asked for (`reader.spark_rows.projection`); None, from a caller other
+        `.schema(...)` asked for (`reader.spark.rows.projection`); None, from a caller other
         than Spark: the source's own."""
         opts = Options.parse(self.options, session_cores=self.session_cores)
         if schema is None:
@@ -240,7 +237,7 @@ class KeyfillBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()
-        from reader import spark_read  # in the task only: planning never loads the decoder (its docstring)
+        import reader.spark.split_reader as spark_read  # in the task only: planning never loads the decoder
 
         if isinstance(partition, KafkaRange):
             rows = self.pushed.rows("key_group")  # live records: the group of their key, or null
@@ -252,7 +249,7 @@ class KeyfillBatchReader(DataSourceReader):
 
 
 class KeyfillPushdownReader(KeyfillBatchReader):
-    """A batch read that takes the filters Spark pushes (`reader.pushdown`): what `register`
+    """A batch read that takes the filters Spark pushes (`reader.spark.pushdown`): what `register`
     makes when spark.sql.python.filterPushdown.enabled is true (PySpark fails a reader that
     overrides pushFilters while it is false). Streaming reads get none: PySpark 4.3's
     DataSourceStreamReader has no pushFilters. PySpark 4.3 keeps the plan of the last
@@ -268,7 +265,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """`spark.readStream.format("keyfill")`: whole slices per micro-batch.
 
     Admission control (Spark 4.2 and later, which hands `latestOffset` a start and a read
-    limit; `reader.spark_admission`): a batch always takes at least one slice with records,
+    limit; `reader.spark.admission`): a batch always takes at least one slice with records,
     however large, and empty slices are free (they ride along). Each trigger first moves to
     the latest version, so a running query picks up appends; Trigger.AvailableNow's target
     is the last slice of the version that was latest when the query started.
@@ -281,7 +278,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     micro-batch a run, which `reader.available_now.available_now_to_end` repeats to the end."""
 
     def __init__(self, opts: Options):
-        keep_pandas_out()  # in Spark's planning process only: its start is every query's (reader.planning_process)
+        keep_pandas_out()  # in Spark's planning process only (reader.spark.planning_process)
         self.opts = opts
         self.archive = ArchivePlanner(opts)
         self.live = LivePlanner(self.archive)
@@ -385,7 +382,7 @@ class KeyfillStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         worker_gc.settle()
-        from reader import spark_read  # in the task only: planning never loads the decoder (its docstring)
+        import reader.spark.split_reader as spark_read  # in the task only: planning never loads the decoder
 
         if isinstance(partition, KafkaRange):
             return spark_read.read_live(self.opts, partition)

@@ -22,7 +22,7 @@ from keygroups.errors import OptionError
 from reader.errors import DataSourceOptionError
 from reader.kafka_live import KAFKA_PREFIX, KafkaOptions
 from reader.options import MAX_COUNT, ReplayOptions, bounded, limits_of
-from reader.spark_rows import projection
+from reader.spark.rows import projection
 
 
 def camel(field: str) -> str:
@@ -78,7 +78,7 @@ class Options:
     # Spark's default parallelism when `reader.spark.register` ran (its cores): what sizes
     # numPartitions when it is not set. None: one input partition per group.
     session_cores: int | None = field(default=None, metadata=NOT_AN_OPTION)
-    # the columns of a schema the query gave (`.schema(...)`, `reader.spark_rows.projection`),
+    # the columns of a schema the query gave (`.schema(...)`, `reader.spark.rows.projection`),
     # in its order; None: the source's own, all of them
     columns: tuple[str, ...] | None = field(default=None, metadata=NOT_AN_OPTION)
 

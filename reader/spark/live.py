@@ -1,8 +1,8 @@
 """The Spark source's live phase, planned on the driver: where it starts (the hand-off of the
 version read last, or a starting time past it), how far each micro-batch reads, and its
 offset ranges as input partitions (`reader.kafka_live.KafkaRange`). The archive it follows
-is `reader.spark_partitions.ArchivePlanner`'s; a task reads a range with
-`reader.spark_read.read_live` (docs/kafka-live.md)."""
+is `reader.spark.enumerator.ArchivePlanner`'s; a task reads a range with
+`reader.spark.split_reader.read_live` (docs/kafka-live.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from reader.kafka_live import (
     partition_marks,
     plan_ranges,
 )
-from reader.spark_partitions import ArchivePlanner
+from reader.spark.enumerator import ArchivePlanner
 
 
 class LivePlanner:

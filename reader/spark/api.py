@@ -14,7 +14,7 @@ the Spark source imports its classes from here, so that it imports on every supp
 A class the running PySpark lacks is an inert stand-in of the same name: Spark cannot hand
 the source an object of it, so its `isinstance` tests are false and its subclasses are plain
 classes. The read limits are the exception: before 4.2 the source makes its own default
-limit (`reader.spark_admission.default_read_limit`) and reads it as 4.2's admission control
+limit (`reader.spark.admission.default_read_limit`) and reads it as 4.2's admission control
 does, so their stand-ins keep the one field each has in PySpark. Code that needs a feature
 asks its flag first."""
 
