@@ -1,4 +1,4 @@
-"""What crosses a Spark shuffle of keyfill's: one Arrow IPC message per value (a run of the
+"""What crosses a Spark shuffle of keyfill's: one Arrow IPC message per value (a parcel of the
 rewrite, a blob of the statistics' key sums), compressed on Spark.
 
 The JVM copies, sorts and compresses every byte it is handed; the messages compress ~5x

@@ -132,7 +132,7 @@ def job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     joined = fraud_join(payments, logins, within=args.within, watermark_delay=args.watermark_delay)
     policy = getattr(args, "watermark_policy", None) or ("min" if args.max_slices_per_trigger else "max")
     # the policy is the query's from its first batch on (Spark keeps it in the checkpoint); every
-    # progress is kept, so the figures cover a run of more than Spark's default 100 batches
+    # progress is kept, so the figures cover more than Spark's default 100 batches
     conf = {
         "spark.sql.streaming.multipleWatermarkPolicy": policy,
         "spark.sql.streaming.numRecentProgressUpdates": "100000",

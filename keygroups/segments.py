@@ -1,5 +1,5 @@
 """Segment files of the compacted archive (docs/compacted-archive.md, "Segment files"): one Avro container per run of
-consecutive slices of one group, each slice's records (a *piece*) a run of whole blocks.
+consecutive slices of one group, each slice's records (a *piece*) whole blocks, one after another.
 
     <root>/groups/<group:05d>/<first slice:010d>-<run>.avro
 

@@ -7,8 +7,8 @@ sources: they run such a query as ONE micro-batch and stop ("Falling back to sin
 execution"), and the source cannot tell that trigger from another. One run then reads one
 batch of the limits (`maxBytesPerTrigger`'s 512 MiB by default), never a whole 3-month archive
 at once, and the rest waits in the archive. `available_now_to_end` starts the query again from its
-checkpoint until a run reads nothing: each run goes on exactly where the last one committed,
-with its watermark, so no record is read twice nor dropped as late, as in one run of many
+checkpoint until a start reads nothing: each start goes on exactly where the last one committed,
+with its watermark, so no record is read twice nor dropped as late, as in one query of many
 batches. Databricks serverless, which allows only Trigger.AvailableNow, needs this on its
 Spark 4.0 and 4.1 environments.
 """
@@ -51,5 +51,5 @@ def available_now_to_end(
 
 
 def progress(queries: list[StreamingQuery]) -> list[dict[str, Any]]:
-    """The progress reports of several runs of a query, in order."""
+    """The progress reports of several starts of a query, in order."""
     return [p for q in queries for p in spark_kind.progress(q)]

@@ -1,7 +1,7 @@
 """A span of pieces in flight (`reader.fetch`): the futures of its ranged GETs, joined once into
 bytes, checked against the index and decoded in steps, each step's bytes asked of the read
 budget (`reader.read_budget`) before it is decoded; its own bytes given back once its last
-piece is decoded. A piece larger than a few steps is decoded a run of its blocks at a time
+piece is decoded. A piece larger than a few steps is decoded a few of its blocks at a time
 (`keygroups.piece_steps`), so no step holds more than about DECODE_BYTES of compressed bytes
 decoded, whatever the piece's size; a piece too large to hold at all is a `StreamedPiece`."""
 

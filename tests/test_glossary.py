@@ -193,3 +193,30 @@ def test_reserved_words_keep_their_glossary_sense() -> None:
     )
     stale = [f"{w}: {name}" for w in RESERVED for name in sorted(SENSES[w]) if name not in found[w]]
     assert not stale, "no longer in the code; delete from SENSES:\n" + "\n".join(stale)
+
+
+# Prose the product ships: the docs, and the docstrings and comments of its code.
+PROSE = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+PROSE += [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+# "a run of ...", "runs of ...": a stretch of something, never one compaction or append; the
+# one phrase in the glossary's sense that takes "of" is a process's runs.
+RUN_OF = re.compile(r"\bruns? of (?!this process\b)[a-z]", re.IGNORECASE)
+
+
+def test_prose_says_run_only_in_the_glossary_sense() -> None:
+    """ "Run" in the docs and in the code's prose is one compaction or append too: a
+    stretch of pieces, blocks or batches is named for what it is (a span, a parcel, a step,
+    a sequence), a run of a test or a query is a session or a start."""
+    found = [
+        f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}..."
+        for path in PROSE
+        for text in [path.read_text()]
+        for m in RUN_OF.finditer(text)
+    ]
+    assert len(PROSE) > 100, "the prose was not found: the check would pass on nothing"
+    assert not found, "'run' in another sense than the glossary's (docs/design.md, Words):\n" + "\n".join(found)
+
+
+def test_the_prose_check_finds_a_run_of_pieces() -> None:
+    assert RUN_OF.search("ranged GETs fetch runs of pieces") and RUN_OF.search("A run of the rewrite")
+    assert not RUN_OF.search("the runs of this process that have ended") and not RUN_OF.search("each run's lease")

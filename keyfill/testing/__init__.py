@@ -15,7 +15,7 @@ For a Spark query, `check_spark_query` (needs keyfill[spark]). Pytest fixtures
 from keygroups.lazy_names import names_from
 
 # Where each public name is defined, imported on first use: pytest loads this package for its
-# plugin (keyfill.testing.pytest_plugin, the `pytest11` entry point) in every test run of an
+# plugin (keyfill.testing.pytest_plugin, the `pytest11` entry point) in every pytest session of an
 # environment keyfill is installed in, where hypothesis, numba, pyiceberg and pyspark may be
 # absent (no [testing] extra) or slow to import.
 _PUBLIC = {

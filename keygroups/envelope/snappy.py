@@ -69,7 +69,7 @@ def _preamble(src: np.ndarray, pos: Int, end: Int) -> tuple[np.int64, Int]:
 def snappy_lengths(src: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Each raw snappy block's uncompressed length, from its preamble; -1 for a block whose
     preamble is cut short or too long. One compiled pass instead of a library call per
-    block: a run of short slices has thousands."""
+    block: a replay of short slices has thousands."""
     out = np.empty(len(starts), np.int64)
     for b in range(len(starts)):
         out[b] = _preamble(src, starts[b], ends[b])[0]

@@ -1,6 +1,6 @@
 """Kafka record batches (message format v2, magic 2: Kafka 0.11 and later) as envelope records.
 
-A log segment is a run of batches, each:
+A log segment is a sequence of batches, each:
 
     base offset int64 | batch length int32 (bytes after this field) | leader epoch int32 |
     magic int8 (2) | CRC-32C uint32 (of everything after it) | attributes int16 |
