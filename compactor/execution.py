@@ -292,9 +292,9 @@ class OnSpark:
             yield from task(items)
 
         guarded = settled if self.errors is None else self.errors.guard(settled)
-        return self._carried(guarded) if spark_kind.is_connect(self.spark) else guarded
+        return self._fit_for_connect(guarded) if spark_kind.is_connect(self.spark) else guarded
 
-    def _carried(self, task: Task) -> Task:
+    def _fit_for_connect(self, task: Task) -> Task:
         """`task`, or when its pickled function (closure and all: a source's chunk list,
         ~130 bytes a chunk) is larger than a Spark Connect request should carry, a stand-in
         that loads it from the run's store. A Connect plan travels in one gRPC message, which
@@ -320,13 +320,13 @@ class OnSpark:
         return self.errors.guard(_stored(self.errors.dest, key, digest))
 
     def _action(self, name: str, action: Callable[[], T]) -> T:
-        return action() if self.errors is None else self.errors.watched(self.spark, name, action)
+        return action() if self.errors is None else self.errors.watch(self.spark, name, action)
 
 
 _EACH_ROWS = "item long, result binary"
 SCAN_BATCH_ROWS = 1 << 16  # rows an in-process scan hands its task at once
 # A task's pickled function past this size travels through the run's store on Spark Connect
-# (`OnSpark._carried`): a plan holds several, and a gRPC message is 128 MiB at most.
+# (`OnSpark._fit_for_connect`): a plan holds several, and a gRPC message is 128 MiB at most.
 CARRIED_BYTES = 8 << 20
 _loaded: dict[tuple[str, str], Task] = {}  # in a worker: the functions it read
 

@@ -76,7 +76,7 @@ def _as_raised(kind: str, message: str) -> KeyfillError:
 
 
 class TaskErrors:
-    """The error channel of one run: `guard` wraps the tasks, `watched` the driver's actions.
+    """The error channel of one run: `guard` wraps the tasks, `watch` the driver's actions.
     Pickled into the tasks (a store and a key)."""
 
     def __init__(self, dest: Storage, run: str) -> None:
@@ -107,7 +107,7 @@ class TaskErrors:
 
         return guarded
 
-    def reported(self) -> KeyfillError | None:
+    def read_report(self) -> KeyfillError | None:
         """The error a task reported, as the type it was raised as, its message naming where
         the task's traceback is kept. A store that cannot say raises: the action's result
         may lack what that task would have made."""
@@ -122,7 +122,7 @@ class TaskErrors:
             message += f"; the task's traceback is in {self.dest.url_for(self.key)}"
         return _as_raised(str(found.get("type")), message)
 
-    def watched(self, spark: SparkSession, description: str, action: Callable[[], T]) -> T:
+    def watch(self, spark: SparkSession, description: str, action: Callable[[], T]) -> T:
         """`action()` (a Spark action) in a job group of its own, cancelled as soon as a task
         reports an error, which is then raised here; an action that fails raises its task's
         error (`raised_in_task`)."""
@@ -163,7 +163,7 @@ class TaskErrors:
             stopped.set()
         if failure and not seen.is_set():
             _raise_failed(failure[0])
-        error = self.reported()
+        error = self.read_report()
         if error is not None:
             raise error
         if failure:

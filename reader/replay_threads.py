@@ -63,7 +63,7 @@ class ReplayThreads:
         fetcher.on_wait = lambda s: self.merge.put(t, [], s)
         try:
             if self.pacer.max_drift_ms is None:
-                self._stepped(t, fetcher, first)
+                self._hand_over_steps(t, fetcher, first)
                 return
             for s, gap in plan.occupied(first):  # under a drift bound the threads meet at slices with pieces
                 if gap and not self.merge.put(t, [], s):  # past the empty slices before s, at once
@@ -78,7 +78,7 @@ class ReplayThreads:
                 # Everyone declares where its slice starts before anyone emits: a thread that
                 # began late would otherwise join below a bound the others already used.
                 self.barrier.wait()
-                self._paced(t, fetcher, s, own)
+                self._hand_over_paced(t, fetcher, s, own)
                 self.pacer.end_slice(t)
                 if not self.merge.put(t, [], s + 1):  # at once: the others wait at the next barrier
                     return
@@ -89,7 +89,7 @@ class ReplayThreads:
             self.merge.fail(exc)
             self.barrier.abort()
 
-    def _stepped(self, t: int, fetcher: PieceFetcher, first: int) -> None:
+    def _hand_over_steps(self, t: int, fetcher: PieceFetcher, first: int) -> None:
         """Without a drift bound: thread t's groups a decoded step at a time, always the group
         whose next piece is earliest (so the thread's FIFO goes forward in slice order, and
         `through` is the earliest slice some group of it still has to hand over). Per step,
@@ -127,15 +127,15 @@ class ReplayThreads:
         """Group g's next decoded step (`Decoded`, with its pieces' record counts); in the slice
         this replay resumed in, without the records emitted before its checkpoint."""
         p = fetcher.next_piece(g)  # what an error names
-        step, batch, held, partial = self._named(p, fetcher.step, g)
+        step, batch, held, partial = self._call_naming(p, fetcher.step, g)
         counts = step.records.tolist()
         if p.slice == self.skip_slice:  # only a step's first piece can be: steps start at `first`
-            skip = self._skipped(p, p.records)  # of a large piece, what its first steps leave to skip
+            skip = self._records_to_skip(p, p.records)  # of a large piece, what its first steps leave to skip
             cut = min(skip, counts[0])
             batch, counts[0], self.skip[g] = batch.slice(cut), counts[0] - cut, skip - cut
         return step, batch, counts, held, partial
 
-    def _paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
+    def _hand_over_paced(self, t: int, fetcher: PieceFetcher, s: int, own: list[compacted.Piece]) -> None:
         """Under a drift bound: this thread's groups merged by event time (each group in its
         own order), so its event time only moves forward within the slice, each batch waiting
         while the thread is too far ahead of the slowest."""
@@ -166,11 +166,11 @@ class ReplayThreads:
         """The piece's records, tagged with their group and checked against the index before
         any of them is emitted, and the bytes they hold; `resumed`: in the slice this replay
         resumed in, only those not emitted before its checkpoint."""
-        batch, held = self._named(p, fetcher.read, p)
-        skip = self._skipped(p, batch.num_rows) if resumed else 0
+        batch, held = self._call_naming(p, fetcher.read, p)
+        skip = self._records_to_skip(p, batch.num_rows) if resumed else 0
         return (batch.slice(skip) if skip else batch), held
 
-    def _named(self, p: compacted.Piece, read: Callable[..., Any], *args: Any) -> Any:
+    def _call_naming(self, p: compacted.Piece, read: Callable[..., Any], *args: Any) -> Any:
         """`read(*args)`, its failure raised as a ReplayError naming piece p (a FormatError
         names its own piece)."""
         try:
@@ -182,7 +182,7 @@ class ReplayThreads:
         except BaseException as exc:
             raise ReplayError(str(read_failed(self.store, p, exc))) from exc
 
-    def _skipped(self, p: compacted.Piece, records: int) -> int:
+    def _records_to_skip(self, p: compacted.Piece, records: int) -> int:
         """Records of piece p (of `records`) emitted before the checkpoint this replay resumed
         from: more than the piece has is a checkpoint of another archive or a damaged one."""
         skip = self.skip.get(p.group, 0)

@@ -290,18 +290,18 @@ def compact_with_a_planted_task(spark, src: str, dest: str, marker: str) -> tupl
     from compactor import execution
     from keygroups.errors import KeyfillError
 
-    before, carried = execution.CARRIED_BYTES, execution.OnSpark._carried
+    before, carried = execution.CARRIED_BYTES, execution.OnSpark._fit_for_connect
 
     def planted(self, task):
         out = carried(self, task)
         self.errors.dest.write(self.stored[0], pickle.dumps(_Planted(marker)))
         return out
 
-    execution.CARRIED_BYTES, execution.OnSpark._carried = 0, planted
+    execution.CARRIED_BYTES, execution.OnSpark._fit_for_connect = 0, planted
     try:
         compact(CompactConfig(source=src, dest=dest, groups=2, slice_duration="10s"), spark=spark)
     except KeyfillError as exc:
         return type(exc).__name__, str(exc)
     finally:
-        execution.CARRIED_BYTES, execution.OnSpark._carried = before, carried
+        execution.CARRIED_BYTES, execution.OnSpark._fit_for_connect = before, carried
     raise AssertionError("the compaction committed")
