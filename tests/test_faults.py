@@ -492,16 +492,16 @@ def test_verify_frozen_mid_audit_is_an_unreadable_archive_not_a_failed_check(sho
     """The store freezes once the audit has read the manifest, the index and the assignment:
     the segment reads that hang end it as "could not be read" (exit 2, one line naming the
     request), not as a failed check ("NOT verified", exit 1): nothing is wrong with the archive."""
-    import compactor.verify
+    import compactor.verify.checks
 
     server, url = short_limits
 
-    class FreezingChecker(compactor.verify.FileChecker):
+    class FreezingChecker(compactor.verify.checks.FileChecker):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             os.kill(server.process.pid, signal.SIGSTOP)
 
-    monkeypatch.setattr(compactor.verify, "FileChecker", FreezingChecker)
+    monkeypatch.setattr(compactor.verify.checks, "FileChecker", FreezingChecker)
     try:
         started = time.monotonic()
         code = main(["verify", source, url, "--no-progress"])

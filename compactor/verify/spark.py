@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from compactor.execution import for_session
 from compactor.sources import SourceArchive
-from compactor.verify.audit import VerifyReport, audit
+from compactor.verify.checks import VerifyReport, audit
 from keygroups.storage import Storage
 
 if TYPE_CHECKING:
