@@ -35,6 +35,7 @@ from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 from reader.flink_keyby import consumer_indexes, flink_default_max_parallelism
 from reader.lockstep import Replay
+from reader.options import ReplayOptions
 
 __all__ = ["BaselineError", "PerPartitionReplay", "ShardedReplay", "time_ordered_chunks"]
 
@@ -220,14 +221,17 @@ class SeedPacedReplay(Replay):
     heaviest group not at all, of an empty one `sleep_s`), hoping the heavy groups' threads
     keep up. The drift comparison's baseline; not part of the reader."""
 
-    def __init__(self, url: str, *, sleep_s: float = 0.001, **kwargs) -> None:
-        super().__init__(url, **kwargs)
+    def __init__(self, url: str, *, sleep_s: float = 0.001, store=None, **options) -> None:
+        super().__init__(url, store=store, options=ReplayOptions(**options))
         self._weights = self.plan.group_bytes
         self._heaviest = int(self._weights.max()) if len(self._weights) else 0
         self._sleep_s = sleep_s
+        step_of = self._threads._step  # each thread's next decoded step, then the sleep
 
-    def _step(self, fetcher, g):
-        step, batch, counts, held = super()._step(fetcher, g)
-        if self._heaviest:
-            time.sleep(len(step) * self._sleep_s * (self._heaviest - int(self._weights[g])) / self._heaviest)
-        return step, batch, counts, held
+        def paced_step(fetcher, g):
+            out = step_of(fetcher, g)
+            if self._heaviest:
+                time.sleep(len(out[0]) * self._sleep_s * (self._heaviest - int(self._weights[g])) / self._heaviest)
+            return out
+
+        self._threads._step = paced_step

@@ -42,12 +42,15 @@ def ensure_archive(args: argparse.Namespace) -> str:
 def _variant(check):
     """read_span with `check(piece bytes)` as its checksum step."""
 
-    def decode(header: bytes, data: bytes, start: int, pieces: list[compacted.Piece], name: str):
+    def decode(
+        header: bytes, data: bytes, start: int, pieces: list[compacted.Piece], name: str, *, headers: bool = True
+    ):
         for p in pieces:
             chunk = data[p.offset - start : p.end - start]
             if len(chunk) != p.length or not check(chunk):
                 raise compacted.IntegrityError(name)
-        _, batch = envelope.decode_avro(header + data[pieces[0].offset - start : pieces[-1].end - start], name=name)
+        piece_bytes = data[pieces[0].offset - start : pieces[-1].end - start]
+        _, batch = envelope.decode_avro(header + piece_bytes, name=name, headers=headers)
         if batch.num_rows != sum(p.records for p in pieces):
             raise compacted.IntegrityError(name)
         return batch

@@ -128,6 +128,7 @@ def ensure_archives(args: argparse.Namespace) -> tuple[str, str, str | None, str
                         groups=groups,
                         slice_duration=args.slice_duration,
                         codec=args.codec,
+                        seal_all=True,  # every record, as the baselines read them all
                         overwrite=True,
                     ),
                     spark,
