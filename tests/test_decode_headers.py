@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from keygroups import envelope
 from keygroups.envelope.decoder import NO_HEADERS_SCHEMA
-from tests.test_envelope import record
+from tests.test_envelope import damaged, record
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -31,10 +31,11 @@ def test_without_headers_is_the_batch_less_its_headers(records, codec, block_byt
     codec=st.sampled_from(envelope.CODECS),
 )
 def test_damage_without_headers_raises_corruptfile_never_crashes(records, flip, codec):
-    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=200))
-    data[flip % len(data)] ^= 0xFF
+    data = damaged(
+        envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=200), "flip", 0, flip
+    )
     try:
-        _, batch = envelope.decode_avro(bytes(data), name="chunk.avro", headers=False)
+        _, batch = envelope.decode_avro(data, name="chunk.avro", headers=False)
     except envelope.CorruptFile as exc:
         assert "chunk.avro" in str(exc)
     else:

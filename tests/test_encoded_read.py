@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups import envelope
-from tests.test_envelope import record
+from tests.test_envelope import damaged, record
 
 SYNC = bytes(range(16))
 
@@ -115,19 +115,17 @@ def test_other_encodings_of_the_same_records_are_encoded_again(records, codec, b
     codec=st.sampled_from(envelope.CODECS),
 )
 def test_a_damaged_file_is_refused_as_the_full_decode_refuses_it(records, cut, flip, mode, codec):
-    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=200))
-    if mode == "truncate":
-        data = data[: int(len(data) * cut)]
-    else:
-        data[flip % len(data)] ^= 0xFF
+    data = damaged(
+        envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=200), mode, cut, flip
+    )
     try:
-        want = reference(bytes(data))
+        want = reference(data)
     except envelope.CorruptFile as exc:
         with pytest.raises(envelope.CorruptFile) as got:
-            envelope.decode_encoded(bytes(data), name="<bytes>")
+            envelope.decode_encoded(data, name="<bytes>")
         assert str(got.value) == str(exc)
     else:
-        assert envelope.decode_encoded(bytes(data)).equals(want)
+        assert envelope.decode_encoded(data).equals(want)
 
 
 def test_a_header_key_that_is_not_utf8_is_named():

@@ -198,6 +198,15 @@ def test_fast_decoder_buffers_hold_exactly_the_data(records, block_bytes):
     assert batch.to_pylist() == read_avro_batch(data)[1].to_pylist()
 
 
+def damaged(data: bytes, mode: str, cut: float, flip: int) -> bytes:
+    """`data` cut short at `cut` of its length ("truncate"), or with one byte inverted ("flip")."""
+    out = bytearray(data)
+    if mode == "truncate":
+        return bytes(out[: int(len(out) * cut)])
+    out[flip % len(out)] ^= 0xFF
+    return bytes(out)
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     records=st.lists(record, min_size=1, max_size=10),
@@ -208,13 +217,10 @@ def test_fast_decoder_buffers_hold_exactly_the_data(records, block_bytes):
     block_bytes=st.sampled_from([1, 200, envelope.DEFAULT_BLOCK_BYTES]),
 )
 def test_corrupt_files_raise_corruptfile_never_crash(records, cut, flip, mode, codec, block_bytes):
-    data = bytearray(envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes))
-    if mode == "truncate":
-        data = data[: int(len(data) * cut)]
-    else:
-        data[flip % len(data)] ^= 0xFF
+    encoded = envelope.encode_avro(envelope.batch_from_records(records), codec=codec, block_bytes=block_bytes)
+    data = damaged(encoded, mode, cut, flip)
     try:
-        _, batch = envelope.decode_avro(bytes(data), name="chunk.avro")
+        _, batch = envelope.decode_avro(data, name="chunk.avro")
     except envelope.CorruptFile as exc:
         assert "chunk.avro" in str(exc)
     else:  # a flip that still decodes must give a valid batch of the schema
