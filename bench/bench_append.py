@@ -227,7 +227,7 @@ def main() -> None:
     )
     print(
         f"\n3. replay (reader.replay), medians of {args.runs} alternated runs; the one-shot archive has "
-        f"{r_one.files} files, the appended one {ten.totals['files']} ({len(ten.runs)} runs)"
+        f"{r_one.files} files, the appended one {ten.totals.files} ({len(ten.runs)} runs)"
     )
     for threads in args.threads:
         one_rate = statistics.median(rates[("one-shot", threads)])

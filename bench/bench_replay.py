@@ -362,16 +362,16 @@ def run_drift(store: Storage, args: argparse.Namespace, records: int) -> list[tu
 def describe(src_root: str, dest_root: str) -> tuple[int, int, int]:
     index = build_index(open_storage(src_root))
     manifest = compacted.load_manifest(open_storage(dest_root))
-    files = manifest.totals["files"]
+    files = manifest.totals.files
     totals = manifest.totals
     gb = manifest.group_payload_bytes
     print(
         f"source:    {index.records:,} records, {index.bytes / GB:.2f} GB in {len(index.all_chunks())} chunks "
         f"(avg {index.bytes / len(index.all_chunks()) / MB:.1f} MB), {len(index.partitions())} partitions, "
-        f"codec {manifest.config.get('codec')}"
+        f"codec {manifest.config.codec}"
     )
     print(
-        f"compacted: {manifest.groups} groups x {manifest.slices} slices, {manifest.totals['pieces']} pieces in "
+        f"compacted: {manifest.groups} groups x {manifest.slices} slices, {manifest.totals.pieces} pieces in "
         f"{files} files, "
         f"{totals['file_bytes'] / GB:.2f} GB (avg {totals['file_bytes'] / max(1, files) / MB:.1f} MB), "
         f"{totals['keys']:,} keys, max/mean group bytes {max(gb) / (sum(gb) / len(gb)):.2f}"
@@ -463,7 +463,7 @@ def main() -> None:
     drift_rows = None
     if args.drift and hot_dest is not None:
         warm_page_cache([hot_dest])
-        hot_records = compacted.load_manifest(open_storage(hot_dest)).totals["records"]
+        hot_records = compacted.load_manifest(open_storage(hot_dest)).totals.records
         print("\ndrift bound (local disk, hot-key archive) ...", flush=True)
         drift_rows = run_drift(open_storage(hot_dest), args, hot_records)
 

@@ -210,15 +210,15 @@ def main() -> int:
         reader.spark.register(spark)
         local = ensure_archive(args, spark)
         manifest = compacted.load_manifest(open_storage(local))
-        records = int(manifest.totals["records"])
+        records = int(manifest.totals.records)
         t = time.perf_counter()
         upload(local, bucket.sub("archive"))
         url = f"s3://{server.bucket}/archive"
         print(
             f"\nkeyfill Spark source I/O benchmark: {os.cpu_count()} cores, local[2], load average "
             f"{os.getloadavg()[0]:.1f} at start\narchive: {records:,} records, {manifest.groups} groups x "
-            f"{manifest.slices} slices, {manifest.totals['files']} files, "
-            f"{manifest.totals['file_bytes'] / MiB:.0f} MiB (uploaded in {time.perf_counter() - t:.1f} s)",
+            f"{manifest.slices} slices, {manifest.totals.files} files, "
+            f"{manifest.totals.file_bytes / MiB:.0f} MiB (uploaded in {time.perf_counter() - t:.1f} s)",
             flush=True,
         )
         # Workers started, numba's decoder loaded, and the row count checked once.

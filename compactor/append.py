@@ -32,15 +32,15 @@ from keygroups.segments import Tail
 
 def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArchive) -> CompactConfig:
     """`cfg` with the archive's layout; refuses an append the archive cannot take."""
-    url = parent.source.get("url")
-    if parent.config.get("seal_all"):
+    url = parent.source.url
+    if parent.config.seal_all:
         raise OptionError(
             f"version {parent.version} of the archive was compacted with --seal-all (every slice published: no later "
             "record can be placed without making it late); compact the grown source again with --overwrite"
         )
-    if url != source.url or parent.source.get("format") != cfg.source_format:
+    if url != source.url or parent.source.format != cfg.source_format:
         raise OptionError(
-            f"--append: the archive was compacted from {url} ({parent.source.get('format')}), not {source.url} "
+            f"--append: the archive was compacted from {url} ({parent.source.format}), not {source.url} "
             f"({cfg.source_format}); an append continues the same source"
         )
     if cfg.topic not in (None, parent.topic):
@@ -50,20 +50,20 @@ def continuing(cfg: CompactConfig, parent: compacted.Manifest, source: SourceArc
     if cfg.slice_duration is not None and cfg.slice_duration_ms != parent.slice_duration_ms:
         raise OptionError(
             f"--slice-duration {cfg.slice_duration}: an append keeps the archive's slices of "
-            f"{parent.config['slice_duration']}"
+            f"{parent.config.slice_duration}"
         )
     c = parent.config
     return dataclasses.replace(
         cfg,
         groups=parent.groups,
-        slice_duration=c["slice_duration"],
+        slice_duration=c.slice_duration,
         topic=parent.topic,
-        source_options=cfg.options.continued(parent.source),
-        codec=c["codec"],
-        block_bytes=c["block_bytes"],
-        target_file_bytes=c["target_file_bytes"],
-        null_keys=c["null_keys"],
-        allow_gaps=cfg.allow_gaps or c["allow_gaps"],
+        source_options=cfg.options.continued(parent.source.options),
+        codec=c.codec,
+        block_bytes=c.block_bytes,
+        target_file_bytes=c.target_file_bytes,
+        null_keys=c.null_keys,
+        allow_gaps=cfg.allow_gaps or c.allow_gaps,
     )
 
 
@@ -71,8 +71,8 @@ def continuation(parent: compacted.Manifest) -> Continuation:
     return Continuation(
         base=parent.base,
         slices=parent.slices,
-        handoff={int(p): o for p, o in parent.handoff.items()},
-        running_max={int(p): m for p, m in parent.running_max.items()},
+        handoff=dict(parent.handoff),
+        running_max=dict(parent.running_max),
     )
 
 
@@ -166,7 +166,7 @@ class Carried:
     tails: dict[int, Tail] = field(default_factory=dict)
 
 
-def carried(prepared: Prepared, analysis: Analysis) -> Carried:
+def carry_over(prepared: Prepared, analysis: Analysis) -> Carried:
     """What the run carries over (`Carried`): nothing, unless it appends."""
     if prepared.grows is None:
         return Carried()

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.append import Carried
-from compactor.config import Analysis, Prepared
+from compactor.config import Analysis, CompactConfig, Prepared
 from compactor.errors import CompactionError
 from compactor.history import last_records
 from compactor.slicing import SlicePlan
@@ -19,6 +19,7 @@ from compactor.vacuum import named_files
 from keygroups import compacted, piece_index
 from keygroups.assignment import assignment_keys
 from keygroups.compacted import Manifest, SliceMeta
+from keygroups.manifest import ArchiveConfig, LastRecord, SourceRef, Totals
 from keygroups.piece_index import PieceIndex
 from keygroups.segments import Tail
 from keygroups.storage import Storage
@@ -91,43 +92,46 @@ def write_index(prepared: Prepared, plan: SlicePlan, carried: Carried, pieces: p
 
 
 def _totals(
-    prior: dict[str, Any], analysis: Analysis, index: WrittenIndex, pieces: pa.Table, records: int, payload: int
-) -> dict[str, Any]:
+    prior: Totals, analysis: Analysis, index: WrittenIndex, pieces: pa.Table, records: int, payload: int
+) -> Totals:
     """The archive's totals: the parent's (an append's), carried on with this run's."""
     plan = analysis.plan
     sizes = file_sizes(pieces)
     filled = [m for m in index.metas if m.records]
     dropped = index.dropped
-    return {
-        "records": records,
-        "payload_bytes": payload,
+    return Totals(
+        records=records,
+        payload_bytes=payload,
         # a continued tail is inside one of this run's files now
-        "file_bytes": prior.get("file_bytes", 0) - sum(d.file_bytes for d in dropped) + sum(sizes),
-        "files": prior.get("files", 0) - len(dropped) + len(sizes),
-        "largest_file_bytes": max([prior.get("largest_file_bytes", 0), *sizes]),
-        "pieces": prior.get("pieces", 0) + pieces.num_rows,
-        "keys": assignment_keys(analysis.assignment),
-        "partitions": len(plan.handoff),
-        "slices": plan.slices,
-        "empty_slices": prior.get("empty_slices", 0) + len(index.metas) - len(filled),
-        "end_ms": filled[-1].end_ms if filled else prior.get("end_ms"),
-        "made_late": prior.get("made_late", 0) + plan.made_late,
-    }
+        file_bytes=prior.file_bytes - sum(d.file_bytes for d in dropped) + sum(sizes),
+        files=prior.files - len(dropped) + len(sizes),
+        largest_file_bytes=max([prior.largest_file_bytes, *sizes]),
+        pieces=prior.pieces + pieces.num_rows,
+        keys=assignment_keys(analysis.assignment),
+        partitions=len(plan.handoff),
+        slices=plan.slices,
+        empty_slices=prior.empty_slices + len(index.metas) - len(filled),
+        end_ms=filled[-1].end_ms if filled else prior.end_ms,
+        made_late=prior.made_late + plan.made_late,
+    )
 
 
-# The settings the manifest records (its `config`, after the groups: derived when not
-# given), in the order it records them.
-_CONFIG = (
-    "slice_duration",
-    "slice_duration_ms",
-    "codec",
-    "block_bytes",
-    "target_file_bytes",
-    "null_keys",
-    "allow_gaps",
-    "seal_all",
-    "idle_after",
-)
+def archive_config(cfg: CompactConfig, groups: int) -> ArchiveConfig:
+    """The settings the version records: the run's, the derived ones settled."""
+    if cfg.slice_duration is None:
+        raise CompactionError("the slice duration is still to be derived: nothing to record")
+    return ArchiveConfig(
+        groups=groups,
+        slice_duration=cfg.slice_duration,
+        slice_duration_ms=cfg.slice_duration_ms,
+        codec=cfg.codec,
+        block_bytes=cfg.block_bytes,
+        target_file_bytes=cfg.target_file_bytes,
+        null_keys=cfg.null_keys,
+        allow_gaps=cfg.allow_gaps,
+        seal_all=cfg.seal_all,
+        idle_after=cfg.idle_after,
+    )
 
 
 def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pieces: pa.Table) -> Manifest:
@@ -144,8 +148,8 @@ def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pie
     group_bytes = group_sums(assignment, "bytes", groups)
     group_file_bytes = group_sums(pieces, "length", groups) + np.asarray(prior.group_file_bytes or 0, np.int64)
     manifest = Manifest(
-        source=prior.source or {"url": prepared.source.url, "format": cfg.source_format, **cfg.options.kwargs()},
-        config={"groups": groups, **{name: getattr(cfg, name) for name in _CONFIG}},
+        source=prior.source or SourceRef(prepared.source.url, cfg.source_format, cfg.options.kwargs()),
+        config=archive_config(cfg, groups),
         topic=prepared.topic,
         groups=groups,
         slice_duration_ms=cfg.slice_duration_ms,
@@ -155,10 +159,10 @@ def write_manifest(prepared: Prepared, analysis: Analysis, carried: Carried, pie
         group_payload_bytes=group_bytes.tolist(),
         group_file_bytes=group_file_bytes.tolist(),
         totals=_totals(prior.totals, analysis, index, pieces, int(group_records.sum()), int(group_bytes.sum())),
-        handoff={str(p): o for p, o in sorted(plan.handoff.items())},
-        running_max={str(p): m for p, m in sorted(plan.running_max.items())},
+        handoff=dict(sorted(plan.handoff.items())),
+        running_max=dict(sorted(plan.running_max.items())),
         last_records=last_records(plan, prior.last_records),
-        held_back={str(p): n for p, n in plan.withheld_by_partition.items()},
+        held_back=dict(sorted(plan.withheld_by_partition.items())),
         gaps=[*prior.gaps, *plan.gaps],
         version=(parent or 0) + 1,
         parent=parent,
@@ -206,13 +210,13 @@ def check_named(dest: Storage, manifest: Manifest, pieces: list[pa.Table]) -> No
 class _Nothing:
     """What a full compaction continues from: nothing."""
 
-    source: dict[str, Any] = {}
+    source: SourceRef | None = None
     group_records: list[int] = []
     group_file_bytes: list[int] = []
-    totals: dict[str, Any] = {}
+    totals = Totals()
     gaps: list[str] = []
     runs: list[str] = []
-    last_records: dict[str, dict[str, Any]] = {}
+    last_records: dict[int, LastRecord] = {}
     index_files: dict[str, dict[str, Any]] = {}
 
 

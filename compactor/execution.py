@@ -89,7 +89,7 @@ class Execution(Protocol[Rows]):
     def each(self, name: str, task: Callable[[T], R], items: list[T]) -> list[R]:
         """`task` of every item, a task per item."""
 
-    def persisted(self, rows: Rows, serialized: bool = False) -> AbstractContextManager[Rows]:
+    def persist(self, rows: Rows, serialized: bool = False) -> AbstractContextManager[Rows]:
         """A context in which `rows` are computed once for several actions."""
 
     def close(self) -> None:
@@ -184,7 +184,7 @@ class InProcess:
         return [task(item) for item in items]
 
     @contextmanager
-    def persisted(self, rows: pa.Table, serialized: bool = False) -> Iterator[pa.Table]:
+    def persist(self, rows: pa.Table, serialized: bool = False) -> Iterator[pa.Table]:
         yield rows
 
     def close(self) -> None:
@@ -271,7 +271,7 @@ class OnSpark:
         return [pickle.loads(by_item[i]) for i in range(len(items))]
 
     @contextmanager
-    def persisted(self, rows: DataFrame, serialized: bool = False) -> Iterator[DataFrame]:
+    def persist(self, rows: DataFrame, serialized: bool = False) -> Iterator[DataFrame]:
         from pyspark import StorageLevel
 
         kept = rows.persist(StorageLevel.MEMORY_AND_DISK) if serialized else rows.persist()
@@ -287,12 +287,12 @@ class OnSpark:
         self.stored = []
 
     def _task(self, task: Task) -> Task:
-        def settled(items: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def settle_first(items: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             worker_gc.settle()
             yield from task(items)
 
-        guarded = settled if self.errors is None else self.errors.guard(settled)
-        return self._fit_for_connect(guarded) if spark_kind.is_connect(self.spark) else guarded
+        with_guard = settle_first if self.errors is None else self.errors.guard(settle_first)
+        return self._fit_for_connect(with_guard) if spark_kind.is_connect(self.spark) else with_guard
 
     def _fit_for_connect(self, task: Task) -> Task:
         """`task`, or when its pickled function (closure and all: a source's chunk list,
@@ -317,7 +317,7 @@ class OnSpark:
         key = compacted.run_task_key(self.errors.run_id, digest[:16])
         self.errors.dest.write(key, body)
         self.stored.append(key)
-        return self.errors.guard(_stored(self.errors.dest, key, digest))
+        return self.errors.guard(_stored_task(self.errors.dest, key, digest))
 
     def _action(self, name: str, action: Callable[[], T]) -> T:
         return action() if self.errors is None else self.errors.watch(self.spark, name, action)
@@ -351,7 +351,7 @@ def load_task(store: Storage, key: str, sha256: str) -> Task:
     return _loaded[key, sha256]
 
 
-def _stored(store: Storage, key: str, sha256: str) -> Task:
+def _stored_task(store: Storage, key: str, sha256: str) -> Task:
     def task(items: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return load_task(store, key, sha256)(items)
 

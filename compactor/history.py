@@ -31,11 +31,12 @@ from compactor.execution import Execution, Rows
 from compactor.slicing import SlicePlan
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import compacted, envelope
+from keygroups.manifest import LastRecord
 
 log = logging.getLogger("keyfill.compact")
 
 
-def _framed(h: hashlib._Hash, data: bytes | None) -> None:
+def _hash_framed(h: hashlib._Hash, data: bytes | None) -> None:
     if data is None:
         h.update(b"\x00")
     else:
@@ -46,12 +47,12 @@ def record_digest(key: bytes | None, value: bytes | None, headers: list[tuple[st
     """32 hex digits of the SHA-256 of a record's key, value and headers, each length-framed
     (so no two records share a byte string)."""
     h = hashlib.sha256()
-    _framed(h, key)
-    _framed(h, value)
+    _hash_framed(h, key)
+    _hash_framed(h, value)
     h.update(len(headers).to_bytes(8, "big"))
     for k, v in headers:
-        _framed(h, k.encode())
-        _framed(h, v)
+        _hash_framed(h, k.encode())
+        _hash_framed(h, v)
     return h.hexdigest()[:32]
 
 
@@ -69,14 +70,14 @@ def batch_digests(batch: pa.RecordBatch, rows: list[int]) -> list[str]:
     return [record_digest(r["key"], r["value"], [(h["key"], h["value"]) for h in r["headers"] or []]) for r in picked]
 
 
-def last_records(plan: SlicePlan, previous: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """Per partition (a string key, as in the manifest), the fingerprint of the last record
-    the new version holds: this compaction's last published record, or the previous version's."""
+def last_records(plan: SlicePlan, previous: dict[int, LastRecord] | None = None) -> dict[int, LastRecord]:
+    """Per partition, the fingerprint of the last record the new version holds: this
+    compaction's last published record, or the previous version's."""
     out = dict(previous or {})
     for p, last in plan.last_stretches.items():
-        if last.last_digest is not None:
-            out[str(p)] = {"offset": last.last_offset, "timestamp": last.last_timestamp, "digest": last.last_digest}
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+        if last.last_digest is not None and last.last_timestamp is not None:
+            out[p] = LastRecord(last.last_offset, last.last_timestamp, last.last_digest)
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,10 @@ def expected_records(chunks: list[SourceChunk], manifest: compacted.Manifest) ->
     for i, c in enumerate(chunks):
         by_partition.setdefault(c.partition, []).append(i)
     out = []
-    for p, f in sorted(manifest.last_records.items(), key=lambda kv: int(kv[0])):
-        before = [i for i in by_partition.get(int(p), []) if chunks[i].first_offset <= f["offset"]]
+    for p, f in sorted(manifest.last_records.items()):
+        before = [i for i in by_partition.get(p, []) if chunks[i].first_offset <= f.offset]
         holder = max(before, key=lambda i: chunks[i].first_offset) if before else None
-        out.append(Expected(int(p), f["offset"], f["timestamp"], f["digest"], holder))
+        out.append(Expected(p, f.offset, f.timestamp, f.digest, holder))
     return out
 
 
@@ -134,7 +135,7 @@ def check_history(
     items = [(e.chunk, e.offset) for e in wanted if e.chunk is not None]
     rows = execution.each("history check", _found_task(source, chunks), items)
     found = {idx: (ts, digest) for idx, ts, digest in rows}
-    handoff = {int(p): o for p, o in manifest.handoff.items()}
+    handoff = manifest.handoff
     for e in wanted:
         if e.chunk is None:
             starts = [c.first_offset for c in chunks if c.partition == e.partition]

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor import slice_length
-from compactor.append import carried, continuation, continuing, extend_assignment
+from compactor.append import carry_over, continuation, continuing, extend_assignment
 from compactor.chunks import chunks_from
 from compactor.commit import file_sizes, write_manifest
 from compactor.config import Analysis, CompactConfig, CompactResult, Prepared
@@ -277,7 +277,7 @@ def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> Co
     lease.set_groups(found.groups)
     write_assignment(prepared.dest, prepared.assignment_key, found.assignment)
     clock = PhaseClock(phases)
-    carry = carried(prepared, found)
+    carry = carry_over(prepared, found)
     pieces = rewrite_groups(prepared, found, carry, execution)
     clock.done("rewrite")
     manifest = write_manifest(prepared, found, carry, pieces)
@@ -287,15 +287,15 @@ def _compact(prepared: Prepared, lease: Lease, execution: Execution[Rows]) -> Co
     group_bytes = np.asarray(manifest.group_payload_bytes)  # as the manifest sums them
     return CompactResult(
         dest=prepared.dest.url,
-        records=manifest.totals["records"],
-        payload_bytes=manifest.totals["payload_bytes"],
-        file_bytes=manifest.totals["file_bytes"],
-        files=manifest.totals["files"],
-        pieces=manifest.totals["pieces"],
+        records=manifest.totals.records,
+        payload_bytes=manifest.totals.payload_bytes,
+        file_bytes=manifest.totals.file_bytes,
+        files=manifest.totals.files,
+        pieces=manifest.totals.pieces,
         groups=found.groups,
         slices=plan.slices,
-        empty_slices=manifest.totals["empty_slices"],
-        keys=manifest.totals["keys"],
+        empty_slices=manifest.totals.empty_slices,
+        keys=manifest.totals.keys,
         max_group_bytes=int(group_bytes.max()),
         mean_group_bytes=float(group_bytes.mean()),
         seconds=time.perf_counter() - started,

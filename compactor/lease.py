@@ -92,7 +92,7 @@ class LeaseRecord:
     groups: int | None = None  # once known: segment files of higher groups are not the run's
     alone: bool = False  # it looked and found no run it must give way to: it goes on (`check_alone`)
 
-    def ended(self, now_ms: int) -> bool:
+    def has_ended(self, now_ms: int) -> bool:
         """Whether vacuum may take the run's files (if no version names the run)."""
         return self.state != "running" or now_ms > self.expires_ms + GRACE_MS
 

@@ -131,7 +131,7 @@ def _parcels(held: list[pa.RecordBatch], slots: npt.NDArray[np.int64], codec: st
     PARCEL_BYTES, each parcel one Arrow IPC record batch message (PARCEL_SCHEMA, not repeated in
     each): PARCELS rows, in batches of about PARCEL_BYTES (a binary column's offsets are
     32-bit; Spark converts a batch at a time)."""
-    table = _sorted(pa.Table.from_batches(held).combine_chunks(), ("grp", *_PIECE_ORDER))
+    table = _sort_by(pa.Table.from_batches(held).combine_chunks(), ("grp", *_PIECE_ORDER))
     grp, slices = table.column("grp").to_numpy(), table.column("slice").to_numpy()
     record_offsets = binary_buffers(table.column("record").chunk(0)).offsets
     ends = record_offsets[1:] - record_offsets[0]  # bytes of the records up to each one
@@ -197,7 +197,7 @@ class _Pending:
         if not heads:
             return None
         merged = pa.Table.from_batches(heads).combine_chunks()  # large_binary: a piece may pass 2 GiB
-        return _sorted(merged, _PIECE_ORDER) if len(heads) > 1 else merged
+        return _sort_by(merged, _PIECE_ORDER) if len(heads) > 1 else merged
 
 
 # How a group's records follow each other in its pieces. A slice is a function of the running
@@ -205,7 +205,7 @@ class _Pending:
 _PIECE_ORDER = ("order_ts", "partition", "offset")
 
 
-def _sorted(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+def _sort_by(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     """The table (the rewrite's columns, one chunk each, no nulls) sorted by `keys`, the first
     the most significant; the record bytes as large_binary. Arrow's sort_by and take copy the
     record bytes item by item through a builder (`take_binary`)."""
@@ -238,7 +238,7 @@ def _write_task(
         pending = _Pending()
         finished: set[int] = set()  # groups this task has begun
 
-        def written(writer: SegmentWriter, close: bool = False) -> Iterator[pa.RecordBatch]:
+        def written_rows(writer: SegmentWriter, close: bool = False) -> Iterator[pa.RecordBatch]:
             """Index rows of the pieces in files written since the last call (with `close`,
             the group's last file too)."""
             if close:
@@ -263,7 +263,7 @@ def _write_task(
                     pa.large_binary(), b - a, [None, offsets.slice((data.offset + a) * 8), values]
                 )
                 writer.add_encoded(int(sl[a]), piece, ts[a:b])
-                yield from written(writer)
+                yield from written_rows(writer)
 
         for batch in batches:
             groups, lo, parcels = batch.column("grp").to_numpy(), batch.column("lo").to_numpy(), batch.column("parcel")
@@ -272,7 +272,7 @@ def _write_task(
                 if writer is None or g != writer.group:  # a new group: a writer of its own
                     if writer is not None:
                         yield from write_below(writer, None)
-                        yield from written(writer, close=True)
+                        yield from written_rows(writer, close=True)
                     if g in finished:  # the sort keeps a task's groups apart; never write one twice
                         raise RuntimeError(f"group {g} came back after other groups in one rewrite task")
                     finished.add(g)
@@ -289,7 +289,7 @@ def _write_task(
                 pending.add(pa.ipc.read_record_batch(_message(parcels[i].as_buffer(), shuffle_codec), PARCEL_SCHEMA))
         if writer is not None:
             yield from write_below(writer, None)
-            yield from written(writer, close=True)
+            yield from written_rows(writer, close=True)
 
     return task
 

@@ -70,10 +70,10 @@ def coarsen(chunks: list[ChunkStats], duration_ms: int) -> list[ChunkStats]:
         raise ValueError(f"{duration_ms} ms is not a multiple of {STATS_MS} ms")
     if factor == 1:
         return chunks
-    return [dataclasses.replace(c, stretches=_merged(c.stretches, factor)) for c in chunks]
+    return [dataclasses.replace(c, stretches=_merge(c.stretches, factor)) for c in chunks]
 
 
-def _merged(stretches: list[Stretch], factor: int) -> list[Stretch]:
+def _merge(stretches: list[Stretch], factor: int) -> list[Stretch]:
     out: list[Stretch] = []
     for r in stretches:
         s = r.local_slice // factor

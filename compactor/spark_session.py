@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
-from keygroups.connect_watch import EndpointLost, created, watching
+from keygroups.connect_watch import EndpointLost, create_watched, watching
 from keygroups.errors import KeyfillError
 from keygroups.spark_kind import master, set_log_level
 
@@ -77,7 +77,7 @@ def connect_session(builder: SparkSession.Builder, remote: str, app: str, *, pro
     if remote.startswith("sc://"):
         _answers(remote)
     try:
-        spark = created(builder.remote(remote).appName(app).getOrCreate, remote)
+        spark = create_watched(builder.remote(remote).appName(app).getOrCreate, remote)
     except EndpointLost:
         raise
     except Exception as exc:  # pyspark's errors carry the gRPC status in many lines
@@ -153,8 +153,8 @@ def embedded_spark(
 
 def from_builder(builder: SparkSession.Builder) -> SparkSession:
     """`builder.getOrCreate()` for a job script: under SPARK_REMOTE a Connect session,
-    whose creation is bounded as `--remote`'s is (`keygroups.connect_watch.created`)."""
-    return created(builder.getOrCreate, os.environ.get("SPARK_REMOTE"), "SPARK_REMOTE=")
+    whose creation is bounded as `--remote`'s is (`keygroups.connect_watch.create_watched`)."""
+    return create_watched(builder.getOrCreate, os.environ.get("SPARK_REMOTE"), "SPARK_REMOTE=")
 
 
 def session_arguments(master: str | None, remote: str | None) -> tuple[str | None, str | None]:

@@ -132,12 +132,12 @@ def _map_task(
         unsummed = 0  # flushes to ship without summing
         last = 0  # the distinct keys the last sum found: about as many next time
 
-        def combined() -> Iterator[pa.RecordBatch]:
+        def sum_pending() -> Iterator[pa.RecordBatch]:
             nonlocal pending, held, unsummed, last
             rows = pa.concat_tables(pending)
             if unsummed:
                 unsummed -= 1
-                yield _shipped(by_key(rows, len(slots), sum_keys=False), slots, codec)
+                yield _ship_sums(by_key(rows, len(slots), sum_keys=False), slots, codec)
                 pending, held = [], 0
                 return
             sums = by_key(rows, len(slots), expect=last)
@@ -148,7 +148,7 @@ def _map_task(
             if sums.num_rows > 0.75 * rows.num_rows:
                 unsummed = UNSUMMED
             if sums.num_rows > FLUSH_ROWS // 2:
-                yield _shipped(sums, slots, codec)
+                yield _ship_sums(sums, slots, codec)
                 pending, held = [], 0
             else:
                 pending, held = [sums], sums.num_rows
@@ -179,16 +179,16 @@ def _map_task(
                     [(Mapped.CHUNK_SUMMARY, None, None, int(weights.sum()), None, json.dumps(asdict(stats)))]
                 )
                 if held >= FLUSH_ROWS:
-                    yield from combined()
+                    yield from sum_pending()
         if pending:
-            yield from combined()
+            yield from sum_pending()
             if pending:
-                yield _shipped(pending[0], slots, codec)
+                yield _ship_sums(pending[0], slots, codec)
 
     return task
 
 
-def _shipped(sums: pa.Table, slots: npt.NDArray[np.int64], codec: str | None = None) -> pa.RecordBatch:
+def _ship_sums(sums: pa.Table, slots: npt.NDArray[np.int64], codec: str | None = None) -> pa.RecordBatch:
     """Key sums from `by_key(..., reducers=len(slots))`, in one blob per reducer (`to_blob`)."""
     if not sums.num_rows:
         return pa.RecordBatch.from_pylist([], _MAP_ARROW)
@@ -220,7 +220,7 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     entry one by one and the rest by bucket."""
     per_key = by_key(sums, expect=sums.num_rows // 4)  # keys repeat across map tasks, or few do
     n = per_key.num_rows
-    count = _reduced(Reduced.DISTINCT_KEYS, 1, keys=[n])
+    count = _reduced_rows(Reduced.DISTINCT_KEYS, 1, keys=[n])
     key, null_part = per_key.column("key"), per_key.column("null_part").to_numpy()
     size, records = per_key.column("bytes").to_numpy(), per_key.column("records").to_numpy()
     if how.buckets is None:
@@ -229,7 +229,7 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
         return pa.concat_tables(
             [
                 count,
-                _reduced(
+                _reduced_rows(
                     Reduced.KEY_TOTALS, n, key=key.cast(pa.binary()), null_part=null_part, bytes=size, records=records
                 ),
             ]
@@ -250,7 +250,7 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
     return pa.concat_tables(
         [
             count,
-            _reduced(
+            _reduced_rows(
                 Reduced.KEY_TOTALS,
                 int(exact.sum()),
                 key=key.filter(pa.array(exact)).cast(pa.binary()),
@@ -258,12 +258,12 @@ def _reduce(sums: pa.Table, how: KeySplit) -> pa.Table:
                 bytes=size[exact],
                 records=records[exact],
             ),
-            _reduced(Reduced.BUCKET_TOTALS, len(at), bucket=at, keys=keys_in[at], **in_bucket),
+            _reduced_rows(Reduced.BUCKET_TOTALS, len(at), bucket=at, keys=keys_in[at], **in_bucket),
         ]
     )
 
 
-def _reduced(output: Reduced, n: int, **columns: pa.Array | npt.NDArray[Any] | list[int]) -> pa.Table:
+def _reduced_rows(output: Reduced, n: int, **columns: pa.Array | npt.NDArray[Any] | list[int]) -> pa.Table:
     """n rows of _REDUCED_ARROW of one output: the columns given (Arrow arrays as they are,
     numpy ones converted), nulls in the others."""
 
@@ -300,7 +300,7 @@ def statistics_pass(
     come one by one."""
     slots = execution.slots(reducers_for(execution.parallelism, chunks))
     task = _map_task(source, chunks, duration_ms, slots, execution.codec)
-    with execution.persisted(execution.map(chunk_rows(chunks, handoff=handoff), task, _MAP_ARROW)) as mapped:
+    with execution.persist(execution.map(chunk_rows(chunks, handoff=handoff), task, _MAP_ARROW)) as mapped:
         summaries = execution.collect(
             "chunk summaries",
             execution.where(

@@ -98,14 +98,14 @@ class TaskErrors:
         """`task` (a mapInArrow or mapPartitions function) that reports a deterministic error
         and stops, instead of raising it (raising it still when it cannot be recorded)."""
 
-        def guarded(batches: Iterator[In]) -> Iterator[Out]:
+        def guard_batches(batches: Iterator[In]) -> Iterator[Out]:
             try:
                 yield from task(batches)
             except Exception as exc:
                 if not deterministic(exc) or self.report(exc, traceback.format_exc()) is not None:
                     raise
 
-        return guarded
+        return guard_batches
 
     def read_report(self) -> KeyfillError | None:
         """The error a task reported, as the type it was raised as, its message naming where
@@ -133,7 +133,7 @@ class TaskErrors:
 
         def work() -> None:
             try:
-                with jobs.named(f"keyfill compact: {description}"):
+                with jobs.name_jobs(f"keyfill compact: {description}"):
                     result.append(action())
             except BaseException as exc:  # handed to the caller's thread
                 failure.append(exc)
@@ -188,7 +188,7 @@ class _Jobs:
         return _Tagged(spark, group) if is_connect(spark) else _Jobs(spark, group)
 
     @contextmanager
-    def named(self, description: str) -> Iterator[None]:
+    def name_jobs(self, description: str) -> Iterator[None]:
         """Jobs this thread starts meanwhile are the group's, shown as `description`."""
         sc = self.spark.sparkContext
         sc.setJobGroup(self.group, description, interruptOnCancel=True)
@@ -204,7 +204,7 @@ class _Tagged(_Jobs):
         super().__init__(spark, group.replace(",", ";"))  # a tag holds no comma
 
     @contextmanager
-    def named(self, description: str) -> Iterator[None]:
+    def name_jobs(self, description: str) -> Iterator[None]:
         self.spark.addTag(self.group)
         try:
             yield

@@ -103,7 +103,7 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
     ended = {
         run: lease
         for run, lease in leases.items()
-        if run not in keep_runs and (run not in committed_runs or run in old_runs) and lease.ended(now_ms)
+        if run not in keep_runs and (run not in committed_runs or run in old_runs) and lease.has_ended(now_ms)
     }
     doomed_versions, doomed, doomed_leases = [], [], []
     for o in listing:
@@ -125,10 +125,10 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
         if compacted.run_of_lease(o.key) is not None:
             lease = leases.get(run)
             # a committed run's lease (its commit could not delete it) goes once it has ended
-            if run in ended or (lease is not None and run in committed_runs and lease.ended(now_ms)):
+            if run in ended or (lease is not None and run in committed_runs and lease.has_ended(now_ms)):
                 doomed_leases.append(o.key)
                 plan.bytes += o.size
-            elif lease is not None and not lease.ended(now_ms):
+            elif lease is not None and not lease.has_ended(now_ms):
                 plan.kept_live += 1
             else:
                 plan.kept_unknown += 1
@@ -137,7 +137,7 @@ def plan_vacuum(store: Storage, retain_ms: int, now_ms: int | None = None) -> Va
         if o.key in old_keys or o.key in gone or (owner is not None and _laid_out(owner, group)):
             doomed.append(o.key)
             plan.bytes += o.size
-        elif run in leases and not leases[run].ended(now_ms):
+        elif run in leases and not leases[run].has_ended(now_ms):
             plan.kept_live += 1
         else:
             plan.kept_unknown += 1

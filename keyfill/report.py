@@ -150,12 +150,12 @@ def charts(data: ReportData) -> list[tuple[str, str, str]]:
 
     fig = Figure(figsize=(9, 3.2))
     ax = fig.add_subplot()
-    partitions = sorted(int(p) for p in m.handoff)
-    held = [m.held_back.get(str(p), 0) for p in partitions]
+    partitions = sorted(m.handoff)
+    held = [m.held_back.get(p, 0) for p in partitions]
     ax.bar([str(p) for p in partitions], held, color="#ccbb44")
     ax.set_xlabel("partition")
     ax.set_ylabel("records held back")
-    if m.held_back or not m.config.get("seal_all"):
+    if m.held_back or not m.config.seal_all:
         caption = (
             f"{sum(held):,} records of slices not sealed yet when version {m.version} was committed, by partition. "
             "They wait for an append (the hand-off offsets point at them); a partition with none is ahead of the "
@@ -199,19 +199,19 @@ def charts(data: ReportData) -> list[tuple[str, str, str]]:
 def _summary_rows(data: ReportData) -> list[tuple[str, str]]:
     m, t = data.manifest, data.manifest.totals
     created = np.datetime64(m.created_ms, "ms").astype(str).replace("T", " ")[:19] if m.created_ms else "unknown"
-    end = t.get("end_ms")
+    end = t.end_ms
     return [
         ("archive", data.url),
         ("version", f"{m.version} ({m.kind}, committed {created} UTC)"),
-        ("source", f"{m.source.get('url', '')} ({m.source.get('format', '')})"),
-        ("records", f"{t['records']:,} ({t['payload_bytes'] / 1e6:,.1f} MB payload)"),
-        ("keys", f"{t.get('keys', 0):,}"),
+        ("source", f"{m.source.url} ({m.source.format})"),
+        ("records", f"{t.records:,} ({t.payload_bytes / 1e6:,.1f} MB payload)"),
+        ("keys", f"{t.keys:,}"),
         ("groups", f"{m.groups}"),
-        ("slices", f"{m.slices:,} of {m.slice_duration_ms / 1000:g} s ({t.get('empty_slices', 0):,} empty)"),
+        ("slices", f"{m.slices:,} of {m.slice_duration_ms / 1000:g} s ({t.empty_slices:,} empty)"),
         ("event time", f"{np.datetime64(m.bounds(0)[0], 'ms')} .. {np.datetime64(end, 'ms') if end else '-'} UTC"),
-        ("files", f"{t['files']:,} segment files, {t['file_bytes'] / 1e6:,.1f} MB, {t['pieces']:,} pieces"),
+        ("files", f"{t.files:,} segment files, {t.file_bytes / 1e6:,.1f} MB, {t.pieces:,} pieces"),
         ("held back", f"{sum(m.held_back.values()):,} records (by partition below)"),
-        ("made late", f"{t.get('made_late', 0):,} records placed after their own slice (idle partitions)"),
+        ("made late", f"{t.made_late:,} records placed after their own slice (idle partitions)"),
     ]
 
 

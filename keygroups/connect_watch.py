@@ -17,8 +17,8 @@ The session's retries are kept (a server that restarts in a few seconds is retri
 waits of at most `PROBE_S`, so a retry in progress notices the closed channel soon after.
 From the server's death to the error: the timeout, a probe, one wait, and the client's close
 (which waits up to 10 s for calls it was releasing): about a minute at the defaults. Before
-a session is made the server is asked the same question (`awaited`), and the session's
-creation is bounded alike (`created`). A session the user made (a notebook's) is theirs,
+a session is made the server is asked the same question (`await_answer`), and the session's
+creation is bounded alike (`create_watched`). A session the user made (a notebook's) is theirs,
 and is never watched.
 """
 
@@ -145,17 +145,17 @@ def lost() -> EndpointLost | None:
     return _fired.pop() if _fired else None
 
 
-def _watched(url: str | None) -> bool:
+def _is_remote(url: str | None) -> bool:
     return url is not None and url.startswith("sc://")  # `local[...]`: a server in this process dies with it
 
 
-def created(make: Callable[[], T], url: str | None, given: str = "--remote ") -> T:
+def create_watched(make: Callable[[], T], url: str | None, given: str = "--remote ") -> T:
     """`make()` (a Connect session's creation, whose first calls the client retries for ten
-    minutes), once the server at `url` answers (`awaited`; `given`: how the URL was given,
+    minutes), once the server at `url` answers (`await_answer`; `given`: how the URL was given,
     for its error), or EndpointLost once it has not answered for the timeout."""
-    if url is None or not _watched(url):
+    if url is None or not _is_remote(url):
         return make()
-    awaited(url, given)
+    await_answer(url, given)
     done = threading.Event()
     watch = EndpointWatch(url, timeout_s(), done.set).start()
     result: list[T] = []
@@ -186,7 +186,7 @@ def created(make: Callable[[], T], url: str | None, given: str = "--remote ") ->
     raise watch.lost
 
 
-def awaited(url: str, given: str = "--remote ") -> None:
+def await_answer(url: str, given: str = "--remote ") -> None:
     """Return once the server at `url` answers a probe; EndpointLost when it has not for the
     timeout (a server that accepts connections and says nothing: frozen, or a proxy in front
     of nothing). Asked before a session is made: a client made and left waiting keeps the
@@ -224,7 +224,7 @@ def _close_clients_of(url: str) -> None:
 def watching(spark: Any, url: str | None) -> Iterator[EndpointWatch | None]:
     """`spark` watched while the block runs, when it is a Connect session on an `sc://` URL;
     a lost endpoint closes its channel, which ends the call that waits."""
-    if not _watched(url) or not is_connect(spark):
+    if not _is_remote(url) or not is_connect(spark):
         yield None
         return
     assert url is not None

@@ -56,7 +56,7 @@ def _shift(crc: int, n: int, powers: np.ndarray) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _combined(crcs: np.ndarray, lengths: np.ndarray, powers: np.ndarray) -> int:
+def _combine(crcs: np.ndarray, lengths: np.ndarray, powers: np.ndarray) -> int:
     out: int = crcs[0]
     for i in range(1, len(crcs)):
         out = _shift(out, lengths[i], powers) ^ crcs[i]
@@ -70,4 +70,4 @@ def combine(crcs: np.ndarray, lengths: np.ndarray) -> int:
     """The CRC-32C of byte strings laid back to back, from each one's CRC-32C and length."""
     if not len(crcs):
         return 0
-    return int(_combined(np.asarray(crcs, np.int64), np.asarray(lengths, np.int64), _POWERS))
+    return int(_combine(np.asarray(crcs, np.int64), np.asarray(lengths, np.int64), _POWERS))

@@ -21,7 +21,7 @@ FORMATS = ("spark", "csv", "json")
 
 def offsets(manifest: Manifest) -> dict[int, int]:
     """Partition -> next offset after the archive, by partition."""
-    return {int(p): int(o) for p, o in sorted(manifest.handoff.items(), key=lambda kv: int(kv[0]))}
+    return dict(sorted(manifest.handoff.items()))
 
 
 def spark_starting_offsets(manifest: Manifest) -> str:
@@ -44,9 +44,9 @@ def summary(manifest: Manifest, archive: str) -> dict[str, Any]:
         "archive": archive,
         "topic": manifest.topic,
         "offsets": {str(p): o for p, o in offsets(manifest).items()},
-        "records": manifest.totals["records"],
+        "records": manifest.totals.records,
         "slices": manifest.slices,
-        "end_ms": manifest.totals["end_ms"],
+        "end_ms": manifest.totals.end_ms,
         "spark_starting_offsets": spark_starting_offsets(manifest),
     }
 

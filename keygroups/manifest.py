@@ -22,12 +22,77 @@ def dumps(obj: Any) -> bytes:
 
 
 @dataclass
+class Totals:
+    """The archive's sums over every version up to this one (an append carries its parent's on)."""
+
+    records: int = 0
+    payload_bytes: int = 0
+    file_bytes: int = 0
+    files: int = 0
+    largest_file_bytes: int = 0
+    pieces: int = 0
+    keys: int = 0
+    partitions: int = 0
+    slices: int = 0
+    empty_slices: int = 0
+    end_ms: int | None = None  # end of the last slice holding records (None: none yet)
+    made_late: int = 0  # records placed in a sealed slice by --idle-after's choice
+
+
+@dataclass(frozen=True)
+class ArchiveConfig:
+    """The settings the archive was compacted with: what an append keeps."""
+
+    groups: int
+    slice_duration: str
+    slice_duration_ms: int
+    codec: str
+    block_bytes: int
+    target_file_bytes: int
+    null_keys: str
+    allow_gaps: bool
+    seal_all: bool = False
+    idle_after: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """Where the records came from: the source's URL, its format and that format's options
+    (written beside `url` and `format` in one JSON object)."""
+
+    url: str = ""
+    format: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "format": self.format, **self.options}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SourceRef:
+        rest = dict(d)
+        return cls(str(rest.pop("url")), str(rest.pop("format")), rest)
+
+
+@dataclass(frozen=True)
+class LastRecord:
+    """A partition's last archived record: what an append checks the source still holds."""
+
+    offset: int
+    timestamp: int
+    digest: str
+
+
+# Maps keyed by partition: int keys in memory, JSON strings on disk.
+_BY_PARTITION = ("handoff", "running_max", "held_back", "last_records")
+
+
+@dataclass
 class Manifest:
     """One version of the archive (`_versions/<n>.json`): a few KB whatever the archive's
     length (slices are in the index)."""
 
-    source: dict[str, Any]  # url, format, options
-    config: dict[str, Any]  # groups, slice_duration_ms, codec, block_bytes, target_file_bytes, null_keys, allow_gaps
+    source: SourceRef
+    config: ArchiveConfig
     topic: str
     groups: int
     slice_duration_ms: int
@@ -36,19 +101,18 @@ class Manifest:
     group_records: list[int]
     group_payload_bytes: list[int]  # packing weights: the statistics pass's, an unsealed tail included
     group_file_bytes: list[int]  # bytes of each group's pieces
-    totals: dict[str, Any]  # records, payload_bytes, file_bytes, files, pieces, keys, partitions, slices, end_ms
-    handoff: dict[str, int]  # partition (as a JSON string key) -> first offset not in the archive
+    totals: Totals
+    handoff: dict[int, int]  # partition -> first offset not in the archive
     # partition -> the largest timestamp below its hand-off: the running maximum an append continues from
-    running_max: dict[str, int] = field(default_factory=dict)
-    # partition -> {offset, timestamp, digest} of the last record archived: what an append
-    # checks the source still holds (compactor.history)
-    last_records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    running_max: dict[int, int] = field(default_factory=dict)
+    # partition -> the last record archived (compactor.history)
+    last_records: dict[int, LastRecord] = field(default_factory=dict)
     # index file key -> {bytes, footer_crc32c} of every index file the version names (keygroups.piece_index)
     index_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     # partition -> records of slices not sealed yet when this version was committed (left for
     # a later append; `keyfill report` draws them). Not part of the content id: it says what
     # the source holds beyond the archive, not what the archive holds.
-    held_back: dict[str, int] = field(default_factory=dict)
+    held_back: dict[int, int] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
     # The version: which archive it is, where its files are, how it came to be.
     archive: str = ""  # the archive's identity: kept by appends, new for each full compaction
@@ -72,7 +136,12 @@ class Manifest:
         return (self.base + s) * d, (self.base + s + 1) * d
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON object of the version file: partitions as string keys, the source flat."""
+        out = asdict(self)
+        out["source"] = self.source.to_json()
+        for name in _BY_PARTITION:
+            out[name] = {str(p): v for p, v in sorted(out[name].items())}
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any], *, name: str = "manifest") -> Manifest:
@@ -83,12 +152,19 @@ class Manifest:
                 f"{name}: format version {d.get('format_version')}; this keyfill reads version {FORMAT_VERSION} "
                 "(compact the source again, with --overwrite)"
             )
-        m = cls(**d)
+        d = dict(d)
+        for key in _BY_PARTITION:
+            if not all(re.fullmatch("[0-9]+", p) for p in d.get(key, {})):
+                raise FormatError(f"{name}: {key} names a partition that is not a whole number")
+            d[key] = {int(p): v for p, v in d.get(key, {}).items()}
+        d["last_records"] = {p: LastRecord(**f) for p, f in d["last_records"].items()}
+        typed = {"source": SourceRef.from_json(d["source"]), "config": ArchiveConfig(**d["config"])}
+        m = cls(**d | typed | {"totals": Totals(**d["totals"])})
         numbers: list[object] = [*m.group_records, *m.group_payload_bytes, *m.group_file_bytes, *m.handoff.values()]
         numbers += list(m.running_max.values()) + list(m.held_back.values())
-        numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms]
+        numbers += [m.groups, m.slice_duration_ms, m.base, m.slices, m.version, m.created_ms, m.totals.records]
         numbers += [start for start, _ in m.index_runs]
-        numbers += [f.get(k) for f in m.last_records.values() for k in ("offset", "timestamp")]
+        numbers += [f for r in m.last_records.values() for f in (r.offset, r.timestamp)]
         lists = (m.group_records, m.group_payload_bytes, m.group_file_bytes)
         if not all(type(v) is int for v in numbers) or any(len(x) != m.groups for x in lists) or m.slices < 0:
             raise FormatError(

@@ -155,7 +155,7 @@ def file_start(s: int) -> int:
     return s - s % SLICES_PER_FILE
 
 
-def _sorted(table: pa.Table, keys: list[str]) -> pa.Table:
+def _sort_by(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys])
 
 
@@ -203,8 +203,8 @@ def write_index(store: Storage, slices: pa.Table, pieces: pa.Table, run: str) ->
     """Write the index files for these slices and pieces, named by `run` (slice numbers must
     cover whole index files except the last); returns each written file's key and check
     (`footer_check`), which the manifest keeps (`index_files`)."""
-    slices = _sorted(slices.cast(SLICE_SCHEMA), ["slice"])
-    pieces = _sorted(pieces.cast(PIECE_SCHEMA), ["slice", "group"])
+    slices = _sort_by(slices.cast(SLICE_SCHEMA), ["slice"])
+    pieces = _sort_by(pieces.cast(PIECE_SCHEMA), ["slice", "group"])
     if not slices.num_rows:
         return {}
     written: dict[str, dict[str, int]] = {}

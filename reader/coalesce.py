@@ -2,7 +2,7 @@
 *span* of bytes, in parts of a size object stores serve well (8-16 MiB), so a short slice
 costs a share of a GET instead of a GET of its own. `reader.fetch` chooses the spans within
 its read-ahead budget; this module says which bytes to GET for one (`span`, `parts`) and
-checks what came back (`checked`).
+checks what came back (`check_got`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def span(pieces: Sequence[Piece]) -> tuple[int, int]:
     return start, last.end + (last.end == last.file_bytes)
 
 
-def checked(data: bytes, start: int, pieces: Sequence[Piece], url: str) -> bytes:
+def check_got(data: bytes, start: int, pieces: Sequence[Piece], url: str) -> bytes:
     """The bytes got for `span(pieces)` (from `start`), once their length proves the object
     is as long as the index says."""
     check_length(len(data), start, pieces, url)

@@ -146,17 +146,17 @@ class PieceFetcher:
         self._start(g, pieces, start, end, charge)
         return None
 
-    def _streamed(self, pieces: PieceColumns) -> bool:
+    def _stream_piece(self, pieces: PieceColumns) -> bool:
         """A span of one piece too large to hold (a larger piece is always a span of its own)."""
         return len(pieces) == 1 and int(pieces.length[0]) > self.stream_bytes
 
     def _holding(self, pieces: PieceColumns, start: int, end: int) -> int:
         """What the span of `pieces` (bytes [start, end)) holds of compressed bytes at most."""
-        return min(end - start, 2 * self.stream_part) if self._streamed(pieces) else end - start
+        return min(end - start, 2 * self.stream_part) if self._stream_piece(pieces) else end - start
 
     def _start(self, g: int, pieces: PieceColumns, start: int, end: int, charge: int) -> None:
         """The GETs of a span whose bytes the budget has given."""
-        if self._streamed(pieces):
+        if self._stream_piece(pieces):
             self._spans[g].append(StreamedPiece(pieces, self._submit, self.stream_part, self.budget, charge))
             return
         file = pieces.file_of(0)

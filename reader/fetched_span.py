@@ -20,7 +20,7 @@ from keygroups.compacted import Piece
 from keygroups.errors import IntegrityError
 from keygroups.piece_columns import FIELDS, PieceColumns
 from keygroups.piece_steps import PieceSteps, StepScan, decode_step
-from reader.coalesce import check_length, checked
+from reader.coalesce import check_got, check_length
 from reader.read_budget import ReadBudget
 
 # A fetched span is decoded a step of about this many bytes at a time: the decoded records a
@@ -65,7 +65,7 @@ class FetchedSpan:
 
     def data(self, url: str) -> bytes:
         if self._data is None:
-            self._data = checked(b"".join(f.result() for f in self.futures), self.start, self.pieces, url)
+            self._data = check_got(b"".join(f.result() for f in self.futures), self.start, self.pieces, url)
             self.futures = []
         return self._data
 
@@ -128,7 +128,7 @@ class FetchedSpan:
             budget.give(reserved)
             raise
         held = batch.nbytes
-        budget.decoded(reserved, want, held)
+        budget.charge_decoded(reserved, want, held)
         self._decoded = j
         if j == len(pieces):
             self.release()
@@ -166,7 +166,7 @@ class FetchedSpan:
             budget.give(reserved)
             raise
         held = batch.nbytes
-        budget.decoded(reserved, b - a, held)
+        budget.charge_decoded(reserved, b - a, held)
         self._step = k + 1
         partial = self._step < len(steps)
         cols = PieceColumns(self.pieces.files, self.pieces.a[:, i : i + 1].copy())

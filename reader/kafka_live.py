@@ -154,7 +154,7 @@ def check_available(
     return out
 
 
-def capped(start: dict[int, int], latest: dict[int, int], limit: int | None) -> dict[int, int]:
+def cap_ends(start: dict[int, int], latest: dict[int, int], limit: int | None) -> dict[int, int]:
     """End offsets of the next trigger: `latest`, or at most `limit` records in all, split over
     the partitions in proportion to what each has waiting (largest remainders)."""
     lag = {p: max(0, latest[p] - start[p]) for p in start}

@@ -126,7 +126,7 @@ class ReadBudget:
         """What decoding `compressed` bytes of pieces is expected to hold."""
         return int(compressed * self._ratio)
 
-    def decoded(self, reserved: int, compressed: int, actual: int) -> None:
+    def charge_decoded(self, reserved: int, compressed: int, actual: int) -> None:
         """A step reserved at `reserved` decoded to `actual` bytes: charge what it holds."""
         with self.cond:
             if compressed:

@@ -96,7 +96,7 @@ class ReplayPlan:
                     self._by_thread = {**self._by_thread, rg: by_thread}
         return by_thread[t]
 
-    def occupied(self, first: int) -> Iterator[tuple[int, bool]]:
+    def occupied_slices(self, first: int) -> Iterator[tuple[int, bool]]:
         """The slices from `first` on that some thread has pieces in, each with whether empty
         slices came before it: under a drift bound the threads meet at those only, as an idle
         stretch of 1 s slices is thousands of empty ones."""

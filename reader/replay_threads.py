@@ -65,7 +65,7 @@ class ReplayThreads:
             if self.pacer.max_drift_ms is None:
                 self._hand_over_steps(t, fetcher, first)
                 return
-            for s, gap in plan.occupied(first):  # under a drift bound the threads meet at slices with pieces
+            for s, gap in plan.occupied_slices(first):  # under a drift bound the threads meet at slices with pieces
                 if gap and not self.merge.put(t, [], s):  # past the empty slices before s, at once
                     return
                 own = plan.thread_pieces(row_group_of(s), t).get(s, [])

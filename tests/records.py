@@ -107,8 +107,8 @@ def rewrite_group(store, group, change):
         store,
         group,
         manifest.run,
-        codec=manifest.config["codec"],
-        block_bytes=manifest.config["block_bytes"],
+        codec=manifest.config.codec,
+        block_bytes=manifest.config.block_bytes,
         target_bytes=1 << 40,
     )
     for s, _, b in mine:
@@ -292,12 +292,12 @@ def check_sealed(store, want: Sealed) -> None:
     from keygroups import compacted
 
     m = compacted.load_manifest(store)
-    got = (m.base, m.slices, m.handoff, m.running_max, m.totals.get("made_late", 0))
+    got = (m.base, m.slices, m.handoff, m.running_max, m.totals.made_late)
     expected = (
         want.base,
         want.slices,
-        {str(p): o for p, o in want.handoff.items()},
-        {str(p): t for p, t in want.running_max.items()},
+        dict(want.handoff),
+        dict(want.running_max),
         len(want.made_late),
     )
     assert got == expected, f"(base, slices, handoff, running_max, made_late): manifest {got}, source {expected}"
@@ -366,13 +366,13 @@ def below_handoff(table, url: str):
     while chain[-1].kind == "append" and chain[-1].parent in compacted.versions(store):
         chain.append(compacted.load_manifest(store, chain[-1].parent))
     if len(chain) > 1:  # (a history this misses fails check_sealed, on made_late or the slices)
-        assert not any(v.config.get("idle_after") for v in chain), "an appended history with --idle-after"
+        assert not any(v.config.idle_after for v in chain), "an appended history with --idle-after"
         assert set(m.handoff) == set(chain[-1].handoff), "partitions new since the compaction"
-    idle = m.config.get("idle_after")
+    idle = m.config.idle_after
     want = sealed_slices(
         source_positions(table),
         m.slice_duration_ms,
-        seal_all=m.config["seal_all"],
+        seal_all=m.config.seal_all,
         idle_after_ms=parse_duration(idle) if idle else None,
     )
     assert want is not None, f"{url}: version {m.version} committed, yet the source seals nothing"

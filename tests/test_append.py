@@ -157,7 +157,7 @@ def test_an_appended_history_replays_as_the_grown_source_across_versions(tmp_pat
     # source says an append had to place so (an idle or new partition's, lifted into the first
     # slice of the append that carried it), and no other
     late = placed_late(dest, src.url)
-    assert late == want.made_late and len(late) == manifest.totals["made_late"]
+    assert late == want.made_late and len(late) == manifest.totals.made_late
     if idle is None:
         assert not late
     for key in late:  # allowed behind the watermark
@@ -183,7 +183,7 @@ def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source,
     v2 = compacted.load_manifest(store)
     assert (r.kind, r.version, r.first_slice) == ("append", 2, v1.slices) and v2.slices > v1.slices
     assert (v2.archive, v2.groups, v2.slice_duration_ms, v2.parent) == (v1.archive, v1.groups, 10_000, 1)
-    assert v2.runs == [*v1.runs, v2.run] and r.new_records == v2.totals["records"] - v1.totals["records"]
+    assert v2.runs == [*v1.runs, v2.run] and r.new_records == v2.totals.records - v1.totals.records
     assert r.new_records + first.records + r.withheld == 12_000
     # the old version's files are untouched, and it stays readable as it was
     assert {k: s for k, s in ((o.key, o.size) for o in store.list("groups/")) if k in old_files} == old_files
@@ -200,7 +200,7 @@ def test_an_append_keeps_groups_identity_and_the_old_version(spark, full_source,
     assert verify_spark(open_source(src), store, spark).ok
     # the append continued every group's small last file in a file of its own: still one
     # file per group, and version 1's files are what version 2 dropped
-    assert set(v2.dropped) == set(old_files) and v2.totals["files"] == v2.groups == len(files_of(store, v2))
+    assert set(v2.dropped) == set(old_files) and v2.totals.files == v2.groups == len(files_of(store, v2))
     # while version 1 may be read, vacuum keeps all; once it is out of the retention window,
     # vacuum removes what only it named: its version object, assignment, the index pair the
     # append rewrote, and the tails version 2 dropped
@@ -252,7 +252,7 @@ def test_appends_continue_each_groups_small_last_file(spark, tmp_path):
     assert m.version >= 4 and verify(open_source(src), store).ok
     named = files_of(store, m)
     sizes = {o.key: o.size for o in store.list("groups/")}
-    assert m.totals["files"] == len(named) and m.totals["file_bytes"] == sum(sizes[k] for k in named)
+    assert m.totals.files == len(named) and m.totals.file_bytes == sum(sizes[k] for k in named)
     for g in range(m.groups):
         mine = sorted((k for k in named if k.startswith(f"groups/{g:05d}/")), key=compacted.segment_first_slice)
         assert len(mine) <= max(1, -(-sum(sizes[k] for k in mine) // target)), (g, [sizes[k] for k in mine])
@@ -261,7 +261,7 @@ def test_appends_continue_each_groups_small_last_file(spark, tmp_path):
     for v in range(1, m.version):  # a reader that opened an older version still finds all it names
         assert files_of(store, compacted.load_manifest(store, v)) <= set(sizes)
     with reader.replay(dest, threads=3) as ev:
-        assert sum(e.batch.num_rows for e in ev if isinstance(e, reader.Records)) == m.totals["records"]
+        assert sum(e.batch.num_rows for e in ev if isinstance(e, reader.Records)) == m.totals.records
 
 
 @pytest.mark.spark  # the CLI compacts on Spark
@@ -378,7 +378,7 @@ def test_of_two_appends_racing_exactly_one_commits(spark, full_source, tmp_path,
         compact(cfg, spark)
     assert compacted.versions(store) == [1, 2]
     report = verify(open_source(src), store)
-    assert report.ok and report.records == compacted.load_manifest(store).totals["records"]
+    assert report.ok and report.records == compacted.load_manifest(store).totals.records
 
 
 def test_a_quiet_partition_holds_sealing_back_unless_declared_idle(spark, tmp_path):
@@ -411,7 +411,7 @@ def test_a_quiet_partition_holds_sealing_back_unless_declared_idle(spark, tmp_pa
     assert r.made_late == 3 and r.first_slice == 23
     store = open_storage(dest)
     manifest = compacted.load_manifest(store)
-    assert manifest.totals["made_late"] == 3
+    assert manifest.totals.made_late == 3
     placed = {(r.partition, r.first_offset): m.slice for m in archive_metas(store) for r in m.partitions}
     assert placed[(2, 10)] == 23
     report = verify(open_source(src.url), store)

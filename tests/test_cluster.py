@@ -114,7 +114,7 @@ def test_spark_submit_with_the_wheel_compacts_verifies_and_reads_on_separate_exe
     printed, last = done.stdout.strip().rsplit("\n", 1)
     result = json.loads(printed)  # --json: the compaction's result alone on stdout, logs on stderr
     manifest = compacted.load_manifest(open_storage(dest))
-    assert manifest.totals["records"] == result["records"] == 12_000 and manifest.groups == 4 and manifest.slices > 3
+    assert manifest.totals.records == result["records"] == 12_000 and manifest.groups == 4 and manifest.slices > 3
     report = verify(open_source(src), open_storage(dest))
     assert report.ok, report.violations
     # invariant 6 across executors: the bytes the in-process compactor writes (tests/test_determinism.py

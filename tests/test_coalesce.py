@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from keygroups.compacted import Piece
 from keygroups.errors import IntegrityError
-from reader.coalesce import checked, parts, span
+from reader.coalesce import check_got, parts, span
 
 
 @settings(max_examples=500, deadline=None)
@@ -51,16 +51,16 @@ def test_span_and_checked(case, cut):
     got = data[start : end + cut] if cut > 0 and end == size else data[start : min(end, size) + min(cut, 0)]
     want = run[-1].end - start
     if len(got) == want:
-        assert checked(got, start, run, "s3://b/f") == got
+        assert check_got(got, start, run, "s3://b/f") == got
     else:
         with pytest.raises(IntegrityError, match="s3://b/f bytes"):
-            checked(got, start, run, "s3://b/f")
+            check_got(got, start, run, "s3://b/f")
 
 
 def test_an_object_longer_than_the_index_is_named() -> None:
     p = Piece(0, 0, "f", 10, 5, 1, 0, 0, 0, 10, 15)
     assert span([p]) == (0, 16)
     with pytest.raises(IntegrityError, match="longer than the 15 bytes"):
-        checked(bytes(16), 0, [p], "s3://b/f")
+        check_got(bytes(16), 0, [p], "s3://b/f")
     with pytest.raises(IntegrityError, match="ends at byte 14"):
-        checked(bytes(14), 0, [p], "s3://b/f")
+        check_got(bytes(14), 0, [p], "s3://b/f")

@@ -80,7 +80,7 @@ def test_compact_then_verify_passes_on_both_backends(spark, skewed, storage_url)
     assert on_spark.records == 60_000 and on_spark.files == report.files
     store = open_storage(storage_url)
     manifest = compacted.load_manifest(store)
-    assert manifest.totals["records"] == 60_000
+    assert manifest.totals.records == 60_000
     # one segment file per group here (all far below the target), pieces by group in each slice
     keys = [o.key for o in store.list(compacted.GROUPS + "/")]
     assert len(keys) == result.files == len({k.split("/")[1] for k in keys})
@@ -90,7 +90,7 @@ def test_compact_then_verify_passes_on_both_backends(spark, skewed, storage_url)
     # hand-off: the next offset after the archive, for every partition
     src = open_source(skewed).list_chunks()
     for p in range(4):
-        assert manifest.handoff[str(p)] == max(c.last_offset for c in src if c.partition == p) + 1
+        assert manifest.handoff[p] == max(c.last_offset for c in src if c.partition == p) + 1
 
 
 def test_per_key_order_and_interleaving_inside_files(spark, skewed, tmp_path):
@@ -189,7 +189,7 @@ def test_a_lagging_partition_holds_back_the_seal_and_the_handoff_points_at_what_
     assert (r.slices, r.records, r.withheld) == (1, 5, 4)
     store = open_storage(dest)
     manifest = compacted.load_manifest(store)
-    assert manifest.handoff == {"0": 3, "1": 2} and manifest.running_max == {"0": 20, "1": 2}
+    assert manifest.handoff == {0: 3, 1: 2} and manifest.running_max == {0: 20, 1: 2}
     assert sorted((row["partition"], row["offset"]) for row in replay_in_order(dest)) == [
         (0, 0),
         (0, 1),
@@ -211,7 +211,7 @@ def test_a_lagging_partition_holds_back_the_seal_and_the_handoff_points_at_what_
         CompactConfig(source=src.url, dest=dest, groups=2, slice_duration="1m", seal_all=True, overwrite=True), spark
     )
     assert (r.slices, r.records, r.withheld) == (4, 9, 0)
-    assert compacted.load_manifest(store).handoff == {"0": 6, "1": 3} and verify(open_source(src.url), store).ok
+    assert compacted.load_manifest(store).handoff == {0: 6, 1: 3} and verify(open_source(src.url), store).ok
 
 
 def test_gaps_and_overlaps_are_refused_naming_the_chunks(spark, tmp_path):
@@ -241,13 +241,13 @@ def test_segment_files_are_cut_near_the_target(spark, skewed, tmp_path):
         for p in meta.pieces:
             sizes.setdefault(p.group, {})[p.file] = p.file_bytes
             assert p.file == compacted.segment_key(p.group, int(p.file.split("/")[2][:10]), manifest.run)
-    assert sum(len(f) for f in sizes.values()) == r.files == manifest.totals["files"]
+    assert sum(len(f) for f in sizes.values()) == r.files == manifest.totals.files
     for files in sizes.values():
         ordered = [files[k] for k in sorted(files)]
         assert len(ordered) <= -(-sum(ordered) // target)  # no group left with several small files
         assert all(size >= target for size in ordered[:-1])
         assert len(ordered) > 1  # the target did cut
-    assert r.pieces == manifest.totals["pieces"] > r.files
+    assert r.pieces == manifest.totals.pieces > r.files
     assert verify(open_source(skewed), store).ok
 
 
@@ -256,7 +256,7 @@ def test_groups_default_from_the_data(spark, skewed, tmp_path):
 
     r = compact(CompactConfig(source=skewed, dest=str(tmp_path / "c")), spark)
     assert r.groups == MIN_GROUPS  # a small archive: the floor
-    assert compacted.load_manifest(open_storage(str(tmp_path / "c"))).config["slice_duration"] == "1m"
+    assert compacted.load_manifest(open_storage(str(tmp_path / "c"))).config.slice_duration == "1m"
 
 
 def test_default_groups_rule():

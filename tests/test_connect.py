@@ -72,12 +72,12 @@ def test_compact_plan_append_and_verify_over_spark_connect_make_the_in_process_a
     audit = client(url, "verify", src, dest, "--spark", "--json")
     assert audit.returncode == 0, audit.stdout + audit.stderr
     report = json.loads(audit.stdout)
-    assert report["ok"] and report["records"] == compacted.load_manifest(open_storage(dest)).totals["records"]
+    assert report["ok"] and report["records"] == compacted.load_manifest(open_storage(dest)).totals.records
     job = client(url, src, dest, module="jobs.verify")
     assert job.returncode == 0 and "verified:" in job.stdout, job.stdout + job.stderr
 
     # the worked example's own script (its session: `jobs.example_session`) on the archive
-    records = compacted.load_manifest(open_storage(dest)).totals["records"]
+    records = compacted.load_manifest(open_storage(dest)).totals.records
     example = client(url, dest, "--out", str(tmp_path / "fraud"), "--overwrite", module="jobs.fraud_backfill")
     assert example.returncode == 0, example.stdout + example.stderr
     assert f"fraud backfill: {records:,} records from " in example.stdout, example.stdout

@@ -211,7 +211,7 @@ def test_a_stream_whose_server_is_killed_goes_on_from_its_checkpoint_exactly_onc
     archive, out = str(tmp_path / "archive"), str(tmp_path / "out")
     compact(CompactConfig(source=topic, dest=archive, groups=4, slice_duration="5s", seal_all=True))
     env = {**os.environ, "KEYFILL_CONNECT_TIMEOUT": TIMEOUT_S, "SPARK_REMOTE": victim.server.url}
-    slices = compacted.load_manifest(open_storage(archive)).totals["slices"]
+    slices = compacted.load_manifest(open_storage(archive)).totals.slices
     call = f"from tests.test_connect_lost import stream_to_parquet as s; s({archive!r}, {out!r})"
     client = [sys.executable, "-c", call]
     proc = subprocess.Popen(client, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

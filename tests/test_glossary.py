@@ -53,6 +53,7 @@ SENSES: dict[str, set[str]] = {
         "SourceArchive",
         "SourceChunk",
         "SourceOptions",
+        "SourceRef",
         "add_source_options",
         "inspect_source",
         "open_source",

@@ -501,8 +501,8 @@ def test_json_and_parquet_archives_compact_verify_and_replay_exactly_once(spark,
     r = compact(CompactConfig(**cfg, source_options={"timestamp_field": "ts", "allow_dropped": True}), spark)
     assert r.records == len(want)
     manifest = compacted.load_manifest(open_storage(dest))
-    assert manifest.source["allow_dropped"] is True
-    assert manifest.handoff == {"0": 300, "1": 5_000 + 260}
+    assert manifest.source.options["allow_dropped"] is True
+    assert manifest.handoff == {0: 300, 1: 5_000 + 260}
     assert (
         main(
             [

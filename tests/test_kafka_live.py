@@ -25,7 +25,7 @@ from keyfill.testing.strategies import topic_archives
 from keygroups import compacted, handoff
 from keygroups.storage import open_storage
 from reader.errors import DataLoss
-from reader.kafka_live import KafkaOptions, capped, check_available, partition_marks, plan_ranges, read_range
+from reader.kafka_live import KafkaOptions, cap_ends, check_available, partition_marks, plan_ranges, read_range
 from reader.spark import DataSourceOptionError, KeyfillBatchReader, KeyfillStreamReader, Options
 from reader.spark.rows import CREATE_TIME, arrow_schema
 from tests.connect_client import CONNECT
@@ -273,10 +273,10 @@ def test_a_batch_read_is_the_archive_then_the_topic(keyfill_kafka, tmp_path):
 
 
 def test_admission_splits_a_trigger_over_partitions_by_what_each_has_waiting():
-    assert capped({0: 0, 1: 10}, {0: 100, 1: 20}, None) == {0: 100, 1: 20}
-    end = capped({0: 0, 1: 10}, {0: 100, 1: 20}, 22)
+    assert cap_ends({0: 0, 1: 10}, {0: 100, 1: 20}, None) == {0: 100, 1: 20}
+    end = cap_ends({0: 0, 1: 10}, {0: 100, 1: 20}, 22)
     assert sum(end[p] - s for p, s in {0: 0, 1: 10}.items()) == 22 and end == {0: 20, 1: 12}
-    assert capped({0: 5}, {0: 5}, 3) == {0: 5}
+    assert cap_ends({0: 5}, {0: 5}, 3) == {0: 5}
 
 
 def test_min_partitions_splits_the_largest_ranges():

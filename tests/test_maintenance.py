@@ -328,7 +328,7 @@ def test_vacuum_deletes_only_what_expired_versions_and_ended_runs_wrote(small_ar
     vacuum(store, plan)
     after = {o.key for o in store.list()}
     assert after == (before | live | unknown | {beyond, compacted.lease_key(RUN_A), "notes.txt"})
-    assert len(replayed(url)) == compacted.load_manifest(store).totals["records"]
+    assert len(replayed(url)) == compacted.load_manifest(store).totals.records
 
 
 def shift_partition_from(src: str, partition: int, offset: int, by: int) -> str:
@@ -353,29 +353,27 @@ def test_an_append_refuses_a_source_rewritten_below_its_handoff(spark, full_sour
     url = str(tmp_path / "c")
     compact(CompactConfig(source=src, dest=url, groups=4, slice_duration="5s"), spark)
     manifest = compacted.load_manifest(open_storage(url))
-    last = manifest.last_records["1"]
-    assert last["offset"] == manifest.handoff["1"] - 1  # the record just below the hand-off
+    last = manifest.last_records[1]
+    assert last.offset == manifest.handoff[1] - 1  # the record just below the hand-off
     for f in chunk_files(full_source):  # the source grows
         target = os.path.join(src, os.path.relpath(f, full_source))
         if not os.path.exists(target):
             shutil.copy(f, target)
     if change == "shifted":
-        chunk = shift_partition_from(src, 1, last["offset"], 7)
-        with pytest.raises(HistoryChanged, match=f"offset {last['offset']} of partition 1 differs") as err:
+        chunk = shift_partition_from(src, 1, last.offset, 7)
+        with pytest.raises(HistoryChanged, match=f"offset {last.offset} of partition 1 differs") as err:
             compact(CompactConfig(source=src, dest=url, append=True), spark)
     else:  # the chunk holding it, less that record
         source, store = open_source(src), open_storage(src)
         holder = max(
-            (c for c in source.list_chunks() if c.partition == 1 and c.first_offset <= last["offset"]),
+            (c for c in source.list_chunks() if c.partition == 1 and c.first_offset <= last.offset),
             key=lambda c: c.first_offset,
         )
         chunk = source.store.url_for(holder.key)
         batch = source.read(holder)
         store.delete(holder.key)
-        write_chunk(
-            store, batch.filter(pc.not_equal(batch.column("offset"), last["offset"])), holder.topic, codec="null"
-        )
-        with pytest.raises(HistoryChanged, match=f"holds no record at offset {last['offset']} of partition 1") as err:
+        write_chunk(store, batch.filter(pc.not_equal(batch.column("offset"), last.offset)), holder.topic, codec="null")
+        with pytest.raises(HistoryChanged, match=f"holds no record at offset {last.offset} of partition 1") as err:
             compact(CompactConfig(source=src, dest=url, append=True), spark)
     assert chunk in str(err.value)
     assert compacted.versions(open_storage(url)) == [1]

@@ -70,9 +70,9 @@ def test_a_sparse_archive_with_all_defaults_is_few_micro_batches_and_about_the_s
     url = str(tmp_path / "c")
     result = compact(CompactConfig(source=sparse, dest=url), spark)
     manifest = compacted.load_manifest(open_storage(url))
-    assert manifest.config["slice_duration"] in slice_length.LADDER
+    assert manifest.config.slice_duration in slice_length.LADDER
     assert manifest.slice_duration_ms > 60_000  # longer than the old fixed 1 m
     assert folder_bytes(url) <= 1.5 * folder_bytes(sparse)
     assert result.slices < 100
     done = job(spark, parse_args([url, "--out", str(tmp_path / "fraud")]))
-    assert done["records"] == manifest.totals["records"] and 1 <= done["batches"] <= 100
+    assert done["records"] == manifest.totals.records and 1 <= done["batches"] <= 100

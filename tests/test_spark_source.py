@@ -501,11 +501,11 @@ def test_a_task_is_sent_the_options_and_filters_never_what_planning_loaded(archi
 @given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(1, 40))
 @hypothesis_settings(300)
 def test_bundles_are_no_further_apart_than_the_heaviest_group(weights, bundles):
-    owner = reader.spark.enumerator.balanced(weights, bundles)
+    owner = reader.spark.enumerator.balance(weights, bundles)
     assert len(owner) == len(weights) and all(0 <= b < bundles for b in owner)
     loads = [sum(w for w, b in zip(weights, owner) if b == k) for k in range(bundles)]
     assert max(loads) - min(loads) <= max(weights, default=0)
-    assert owner == reader.spark.enumerator.balanced(list(weights), bundles)  # the same plan every time
+    assert owner == reader.spark.enumerator.balance(list(weights), bundles)  # the same plan every time
 
 
 def test_planning_a_streaming_query_loads_no_decoder_nor_pandas(archive):
@@ -713,7 +713,7 @@ def test_a_running_query_picks_up_appends_exactly_once(spark, tmp_path):
 
     def caught_up(version: int) -> int:
         """Wait until the sink holds everything `version` published; its row count."""
-        want = compacted.load_manifest(open_storage(dest), version).totals["records"]
+        want = compacted.load_manifest(open_storage(dest), version).totals.records
         deadline = time.time() + 180
         while time.time() < deadline:
             q.processAllAvailable()
@@ -724,7 +724,7 @@ def test_a_running_query_picks_up_appends_exactly_once(spark, tmp_path):
         raise AssertionError(f"the query did not reach version {version} ({want} records)")
 
     try:
-        assert caught_up(1) == compacted.load_manifest(open_storage(dest), 1).totals["records"]
+        assert caught_up(1) == compacted.load_manifest(open_storage(dest), 1).totals.records
         for share, version in ((2 / 3, 2), (1.0, 3)):
             copy_share(full, src, share)
             r = compact(CompactConfig(source=src, dest=dest, append=True, seal_all=share == 1.0), spark)

@@ -160,7 +160,7 @@ def test_sums_by_key_keep_keys_that_share_a_hash_apart(rows, hash_bits, large, r
     r_of = (keyed.column("hash").to_numpy().view(np.int64) % reducers).tolist()
     assert r_of == sorted(r_of)  # by reducer, as the map ships them
     slots = np.arange(100, 100 + reducers)
-    shipped = statistics._shipped(summed, slots, codec).to_pylist()  # compressed or not, as on Spark or here
+    shipped = statistics._ship_sums(summed, slots, codec).to_pylist()  # compressed or not, as on Spark or here
     for row in shipped:  # each blob holds its reducer's rows only
         share = from_blobs([row["blob"]], codec)
         r = int(row["slot"]) - 100

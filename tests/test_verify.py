@@ -188,7 +188,7 @@ def test_planted_damage_gets_the_same_report_in_process_and_on_spark(
     on_spark = verify_spark(open_source(src), store, tasks_apart).to_json()
     assert on_spark == in_process
     assert {c for c in CHECKS if in_process["counts"][c]} == failing, in_process
-    assert not in_process["ok"] and in_process["records"] == compacted.load_manifest(store).totals["records"] - (
+    assert not in_process["ok"] and in_process["records"] == compacted.load_manifest(store).totals.records - (
         {"lost record": 1, "lost records": 30, "repeated record": -1}.get(damage, 0)
     )
     assert any(named in m for c in failing for m in in_process["violations"][c]), in_process

@@ -226,12 +226,12 @@ def build_index(store: Storage, *, threads: int = 16) -> ArchiveIndex:
 
 
 def read_chunk(store: Storage, chunk: SourceChunk) -> pa.RecordBatch:
-    """All records of a chunk, checked against its header (`checked`)."""
+    """All records of a chunk, checked against its header (`check_chunk_batch`)."""
     name = store.url_for(chunk.key)
-    return checked(name, chunk, envelope.decode_avro(store.read(chunk.key), name=name)[1])
+    return check_chunk_batch(name, chunk, envelope.decode_avro(store.read(chunk.key), name=name)[1])
 
 
-def checked(name: str, chunk: SourceChunk, batch: pa.RecordBatch) -> pa.RecordBatch:
+def check_chunk_batch(name: str, chunk: SourceChunk, batch: pa.RecordBatch) -> pa.RecordBatch:
     """`batch`, the records of `chunk`, once checked against its header: one partition,
     offsets strictly increasing within the header's bounds, the promised record count."""
     parts = batch.column("partition").to_numpy(zero_copy_only=False)
@@ -271,4 +271,4 @@ class EnvelopeSource(SourceArchive):
 
     def read_encoded(self, chunk: SourceChunk) -> pa.RecordBatch:
         name = self.store.url_for(chunk.key)
-        return checked(name, chunk, envelope.decode_encoded(self.store.read(chunk.key), name=name))
+        return check_chunk_batch(name, chunk, envelope.decode_encoded(self.store.read(chunk.key), name=name))

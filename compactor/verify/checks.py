@@ -130,7 +130,7 @@ def audit(source: SourceArchive, dest: Storage, execution: Execution[Rows]) -> V
     checker = FileChecker(dest, manifest)
     read = verify_records.read_task(source, plan.chunks, checker, plan.files, plan.ranges)
     rows = execution.map(verify_records.inputs(len(plan.chunks), len(plan.files)), read, verify_records.READ_ROWS)
-    with execution.persisted(rows, serialized=True) as rows:
+    with execution.persist(rows, serialized=True) as rows:
         problems = execution.where(rows, "kind", [Read.PROBLEM], ["input", "check", "message"])
         for r in execution.collect("file checks", problems).sort_by("input").to_pylist():
             report.fail(r["check"], r["message"])
@@ -163,7 +163,7 @@ def audit(source: SourceArchive, dest: Storage, execution: Execution[Rows]) -> V
 def late_check(report: VerifyReport, manifest: compacted.Manifest, made_late: int) -> None:
     """Records placed after their own slice: only an append places them (records of idle or
     new partitions, --idle-after), and it counts every one in the manifest."""
-    counted = manifest.totals.get("made_late", 0)
+    counted = manifest.totals.made_late
     if made_late != counted:
         report.fail(
             "slice_bounds",
@@ -192,15 +192,15 @@ def metadata_checks(report: VerifyReport, manifest: compacted.Manifest, metas: l
                     f"not after the previous slice's {last[r.partition]}",
                 )
             last[r.partition] = r.last_offset
-    if report.records != manifest.totals["records"]:
-        report.fail("manifest", f"files hold {report.records} records, manifest says {manifest.totals['records']}")
+    if report.records != manifest.totals.records:
+        report.fail("manifest", f"files hold {report.records} records, manifest says {manifest.totals.records}")
 
 
 def handoff_checks(report: VerifyReport, manifest: compacted.Manifest, expected: dict[int, int]) -> None:
     """`expected`: per source partition, its first record not in a published slice (or the
     offset after its last record)."""
     for p, want in sorted(expected.items()):
-        got = manifest.handoff.get(str(p))
+        got = manifest.handoff.get(p)
         if got != want:
             report.fail(
                 "handoff",

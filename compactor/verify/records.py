@@ -135,7 +135,7 @@ def _problems(i: int, problems: list[tuple[str, str]]) -> pa.RecordBatch:
 
 def compare_task(manifest: compacted.Manifest) -> Task:
     """The checks along each partition's rows (`read_task`'s records, in `SCAN_ORDER`)."""
-    handoff = {int(p): int(o) for p, o in manifest.handoff.items()}
+    handoff = manifest.handoff
     duration, base, slices = manifest.slice_duration_ms, manifest.base, manifest.slices
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

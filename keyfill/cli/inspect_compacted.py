@@ -17,7 +17,7 @@ def summary(store: Storage) -> dict[str, Any]:
 
     m = compacted.load_manifest(store)
     t = m.totals
-    gb = max(t["file_bytes"] / 1e9, 1e-9)
+    gb = max(t.file_bytes / 1e9, 1e-9)
     group_bytes = m.group_file_bytes
     mean = sum(group_bytes) / max(1, len(group_bytes))
     return {
@@ -26,20 +26,20 @@ def summary(store: Storage) -> dict[str, Any]:
         "fingerprint": m.archive,
         "version": m.version,
         "topic": m.topic,
-        "records": t["records"],
-        "keys": t["keys"],
-        "partitions": t["partitions"],
+        "records": t.records,
+        "keys": t.keys,
+        "partitions": t.partitions,
         "groups": m.groups,
         "slices": m.slices,
-        "empty_slices": t["empty_slices"],
+        "empty_slices": t.empty_slices,
         "slice_duration_ms": m.slice_duration_ms,
         "start_ms": m.bounds(0)[0],
-        "end_ms": t["end_ms"],
-        "files": t["files"],
-        "pieces": t["pieces"],
-        "file_bytes": t["file_bytes"],
-        "largest_file_bytes": t["largest_file_bytes"],
-        "target_file_bytes": m.config["target_file_bytes"],
+        "end_ms": t.end_ms,
+        "files": t.files,
+        "pieces": t.pieces,
+        "file_bytes": t.file_bytes,
+        "largest_file_bytes": t.largest_file_bytes,
+        "target_file_bytes": m.config.target_file_bytes,
         "replay_gets_per_gb": round(_gets(m) / gb),
         "group_bytes_max_over_mean": round(max(group_bytes) / mean, 3) if mean else None,
         "handoff": m.handoff,

@@ -163,7 +163,7 @@ def _drain(events: Replay, checkpoints: CheckpointFile, *, progress: bool) -> tu
     from reader.lockstep import Records
 
     records, watermark = 0, None
-    total = None if events.bounds else events.manifest.totals["records"]  # bounded: not known up front
+    total = None if events.bounds else events.manifest.totals.records  # bounded: not known up front
     bar = tqdm(total=total, unit="rec", unit_scale=True, desc="replay", disable=not progress, mininterval=0.5)
     try:
         for ev in events:

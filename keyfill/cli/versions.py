@@ -38,8 +38,8 @@ def rows(store: Storage) -> list[dict[str, Any]]:
                 "parent": m.parent,
                 "archive": m.archive,
                 "slices": m.slices,
-                "records": m.totals["records"],
-                "end_ms": m.totals["end_ms"],
+                "records": m.totals.records,
+                "end_ms": m.totals.end_ms,
                 "run": m.run,
             }
         )

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keyfill.testing.servers import START_S, ScratchServer, free_port, started
+from keyfill.testing.servers import START_S, ScratchServer, free_port, start_retrying
 
 CONTAINER = "keyfill-test"
 ACCOUNT = "devstoreaccount1"
@@ -91,4 +91,4 @@ def _start_once(container: str, timeout: float) -> AzuriteServer:
 
 def start_azurite(container: str = CONTAINER, *, timeout: float = START_S, tries: int = 3) -> AzuriteServer:
     """Start Azurite's blob service in memory and create ``container``."""
-    return started(lambda: _start_once(container, timeout), tries)
+    return start_retrying(lambda: _start_once(container, timeout), tries)

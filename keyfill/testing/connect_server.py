@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from keyfill.testing.servers import ScratchServer, free_port, started
+from keyfill.testing.servers import ScratchServer, free_port, start_retrying
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -95,4 +95,4 @@ def start_connect_server(
     environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
         environ.pop(name, None)  # a server, not another client
-    return started(lambda: _start_once(master, conf or {}, environ, timeout), tries)
+    return start_retrying(lambda: _start_once(master, conf or {}, environ, timeout), tries)

@@ -86,7 +86,7 @@ def compact_example(archive: TopicArchive, settings: BackfillSettings, url: str 
         compact(CompactConfig(**{**cfg, "seal_all": True}))
     finally:
         log.setLevel(level)
-    handoff = {int(p): o for p, o in compacted.load_manifest(open_storage(dest)).handoff.items()}
+    handoff = compacted.load_manifest(open_storage(dest)).handoff
     published = [r for r in archive.records if r.offset < handoff.get(r.partition, 0)]
     return Backfill(source["source"], dest, _read_back(source, published))
 

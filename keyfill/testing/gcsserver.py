@@ -16,7 +16,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 
-from keyfill.testing.servers import START_S, ScratchServer, free_port, packaged_binary, started
+from keyfill.testing.servers import START_S, ScratchServer, free_port, packaged_binary, start_retrying
 
 BUCKET = "keyfill-test"
 PROJECT = "keyfill-test"
@@ -76,4 +76,4 @@ def _start_once(bucket: str, timeout: float) -> GcsServer:
 
 def start_fake_gcs(bucket: str = BUCKET, *, timeout: float = START_S, tries: int = 3) -> GcsServer:
     """Start fake-gcs-server in memory and create ``bucket``."""
-    return started(lambda: _start_once(bucket, timeout), tries)
+    return start_retrying(lambda: _start_once(bucket, timeout), tries)

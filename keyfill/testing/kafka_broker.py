@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from keyfill.testing.servers import START_S, ScratchServer, free_port, started
+from keyfill.testing.servers import START_S, ScratchServer, free_port, start_retrying
 from keyfill.testing.tcp_proxy import FaultProxy
 
 if TYPE_CHECKING:
@@ -147,4 +147,4 @@ def start_broker(
     `FaultProxy`, `broker.proxy`, that drops or stalls their connections on command while
     the broker keeps its data. `on_s3`: its log kept in that S3 server, so it survives
     `broker.restart()` (see the module docstring for what its ListOffsets then answers)."""
-    return started(lambda: _start_once(timeout, proxied, on_s3), tries)
+    return start_retrying(lambda: _start_once(timeout, proxied, on_s3), tries)

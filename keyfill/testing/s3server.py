@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyfill.testing.servers import START_S, ScratchServer, packaged_binary, started
+from keyfill.testing.servers import START_S, ScratchServer, packaged_binary, start_retrying
 from keygroups.storage.s3 import error_code
 
 ACCESS_KEY = "keyfill-test-key"
@@ -152,4 +152,4 @@ def _start_once(bucket: str, timeout: float) -> S3Server:
 def start_seaweedfs(bucket: str = BUCKET, *, timeout: float = START_S, tries: int = 3) -> S3Server:
     """Start `weed mini` and create ``bucket``; retried because a chosen port can be taken
     by someone else between our probe and weed's bind."""
-    return started(lambda: _start_once(bucket, timeout), tries)
+    return start_retrying(lambda: _start_once(bucket, timeout), tries)

@@ -130,14 +130,14 @@ def packaged_binary(dist: str, matches: Callable[[str], bool], on_path: str, ins
 
 def free_port() -> int:
     """A loopback port free now (another process may take it before the server binds it:
-    `started` tries again)."""
+    `start_retrying` tries again)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
 
 
-def started(start: Callable[[], T], tries: int) -> T:
+def start_retrying(start: Callable[[], T], tries: int) -> T:
     """`start()`, tried again when it fails: a port chosen free can be taken by another
     process between our probe and the server's bind."""
     for attempt in range(tries):

@@ -43,11 +43,11 @@ class LazyClient(ABC):
         if client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = self._shared() if self.copied else self._make()
+                    self._client = self._share_client() if self.copied else self._make()
                 client = self._client
         return client
 
-    def _shared(self) -> Any:
+    def _share_client(self) -> Any:
         key = (type(self), self.threads, self.settings(), self.limits, environment(self.ENV_PREFIXES))
         with _CLIENTS_LOCK:
             client = _CLIENTS.get(key)

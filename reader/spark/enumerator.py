@@ -226,7 +226,7 @@ class ArchivePlanner:
             return []
         weights = [sum(p.length for p in by_group[g]) for g in groups]
         bundles = min(self.opts.num_partitions or self.partitions_for(sum(weights), len(groups)), len(groups))
-        owner = balanced(weights, bundles)
+        owner = balance(weights, bundles)
         parts = []
         for b in range(bundles):
             mine = tuple(p for i, g in enumerate(groups) if owner[i] == b for p in by_group[g])
@@ -247,7 +247,7 @@ class ArchivePlanner:
         return cores * max(1, -(-total_bytes // (cores * TASK_BYTES)))
 
 
-def balanced(weights: list[int], bundles: int) -> list[int]:
+def balance(weights: list[int], bundles: int) -> list[int]:
     """The bundle of each weight: the heaviest first, each into the lightest bundle so far
     (greedy LPT, at most 4/3 of the best possible heaviest bundle). Not keygroups' packing:
     it loads numba and its kernels, 0.3 s of every streaming query's start in the process

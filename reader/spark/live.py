@@ -13,7 +13,7 @@ from keygroups.errors import KeyfillError
 from reader.kafka_live import (
     KafkaOptions,
     KafkaRange,
-    capped,
+    cap_ends,
     check_available,
     offsets_at_times,
     partition_marks,
@@ -114,7 +114,7 @@ class LivePlanner:
         latest = {p: max(positions[p], ends.get(p, marks[p][1])) for p in positions}
         if target is not None:
             latest = {p: max(positions[p], min(latest[p], target.get(p, 0))) for p in positions}
-        end = capped(positions, latest, most)
+        end = cap_ends(positions, latest, most)
         if "kafka" in start and end == {int(p): int(o) for p, o in start["kafka"].items()}:
             return start
         if "kafka" not in start and end == positions:

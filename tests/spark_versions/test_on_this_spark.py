@@ -98,7 +98,7 @@ def records_of(compacted) -> int:
     from keygroups import compacted as archive
     from keygroups.storage import open_storage
 
-    return int(archive.load_manifest(open_storage(compacted)).totals["records"])
+    return int(archive.load_manifest(open_storage(compacted)).totals.records)
 
 
 def once_each(rows) -> tuple[int, int]:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
 RP = "redpanda"
 
 
-def needed() -> dict[str, tuple[type, ...]]:
+def needed_types() -> dict[str, tuple[type, ...]]:
     from pyiceberg.types import (
         IntegerType,
         LongType,

@@ -96,15 +96,15 @@ def cut_ranges(extents: list[Extent], target: int) -> list[Range]:
         batch_records = 0.0
         for piece in pieces:
             if batch and (batch_records + piece[3] > target or len(batch) >= 256):
-                out.append(_joined(p, batch))
+                out.append(_join(p, batch))
                 batch, batch_records = [], 0.0
             batch.append(piece)
             batch_records += piece[3]
         if batch:
-            out.append(_joined(p, batch))
+            out.append(_join(p, batch))
     return out
 
 
-def _joined(p: int, batch: list[_Piece]) -> Range:
+def _join(p: int, batch: list[_Piece]) -> Range:
     files = sorted({e.file for piece in batch for e in piece[2]})
     return p, batch[0][0], batch[-1][1], tuple(files), sum(piece[4] for piece in batch)

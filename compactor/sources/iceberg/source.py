@@ -27,7 +27,16 @@ import pyarrow.compute as pc
 
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk
-from compactor.sources.iceberg.columns import RP, binary, json_values, millis, needed, parquet_paths, slim, struct_field
+from compactor.sources.iceberg.columns import (
+    RP,
+    binary,
+    json_values,
+    millis,
+    needed_types,
+    parquet_paths,
+    slim,
+    struct_field,
+)
 from compactor.sources.iceberg.ranges import DataFileBounds, Extent, cut_ranges, int_bound
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
@@ -104,7 +113,7 @@ class IcebergSource(SourceArchive):
         rp = struct_field(schema.as_struct(), RP)
         if rp is None or not isinstance(rp.field_type, StructType):
             raise ArchiveError(f"{self.metadata_location}: the table has no {RP!r} struct column; {shape}")
-        for name, types in needed().items():
+        for name, types in needed_types().items():
             field = struct_field(rp.field_type, name)
             if field is None:
                 raise ArchiveError(f"{self.metadata_location}: the table has no {RP}.{name} field; {shape}")

@@ -186,11 +186,11 @@ def read_avro(data: bytes, name: str, first_offset: int) -> Avro:
     try:
         records.extend(fastavro.reader(io.BytesIO(data), return_record_name=False))
     except Exception as exc:
-        raise _truncated(name, first_offset, len(records), exc) from None
+        raise _truncation(name, first_offset, len(records), exc) from None
     return Avro(schema, records)
 
 
-def _truncated(name: str, first_offset: int, done: int, exc: Exception) -> CorruptFile:
+def _truncation(name: str, first_offset: int, done: int, exc: Exception) -> CorruptFile:
     return CorruptFile(
         f"{name}: truncated or corrupt Avro data after {done} records (at offset {first_offset + done}): "
         f"{type(exc).__name__}: {exc}"

@@ -88,7 +88,7 @@ _Args = ParamSpec("_Args")
 _Out = TypeVar("_Out")
 
 
-def _gzipped(fn: Callable[Concatenate[bytes, str, _Args], _Out]) -> Callable[Concatenate[bytes, str, _Args], _Out]:
+def _gunzip_first(fn: Callable[Concatenate[bytes, str, _Args], _Out]) -> Callable[Concatenate[bytes, str, _Args], _Out]:
     """`fn` for gzipped files: their bytes decompressed before `fn` reads them."""
 
     def read(data: bytes, name: str, /, *args: _Args.args, **kwargs: _Args.kwargs) -> _Out:
@@ -99,7 +99,7 @@ def _gzipped(fn: Callable[Concatenate[bytes, str, _Args], _Out]) -> Callable[Con
 
 AVRO = FileFormat(_avro_values, _avro_keys, _avro_headers)
 JSON = FileFormat(json_values, json_keys, json_headers)
-JSON_GZ = FileFormat(_gzipped(json_values), _gzipped(json_keys), _gzipped(json_headers))
+JSON_GZ = FileFormat(_gunzip_first(json_values), _gunzip_first(json_keys), _gunzip_first(json_headers))
 PARQUET = FileFormat(parquet_values, parquet_keys, parquet_headers)
 # Extensions exactly as the connector writes them: AvroFormat ".avro" (the codec lives in
 # the file); JsonFormat ".json" + the s3.compression.type suffix ("" or ".gz"); ParquetFormat

@@ -195,7 +195,7 @@ class KafkaSegmentsSource(SourceArchive):
             raise CorruptFile(f"{name}: the object ends {size - len(data)} bytes short of what its manifest says")
         return s.manifest.topic, s.manifest.partition, parse_txnindex(data, name)
 
-    def aborted(self, topic: str, partition: int) -> list[Aborted]:
+    def aborted_of(self, topic: str, partition: int) -> list[Aborted]:
         if self._aborted is None:
             self.list_chunks()
         return (self._aborted or {}).get((topic, partition), [])
@@ -216,7 +216,7 @@ class KafkaSegmentsSource(SourceArchive):
             data,
             chunk.partition,
             name=name,
-            aborted=self.aborted(chunk.topic, chunk.partition),
+            aborted=self.aborted_of(chunk.topic, chunk.partition),
             from_offset=chunk.first_offset,
         )
         last = batch.column("offset")[-1].as_py() if batch.num_rows else None
