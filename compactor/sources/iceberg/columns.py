@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from compactor.sources.kafka_connect.avro import encode_json
 from compactor.sources.plain_values import UNIT_DIVISOR, plain
+from keygroups.envelope import HEADER_TYPE, CorruptFile
 
 if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
     from pyiceberg.schema import Schema
@@ -93,3 +95,23 @@ def json_values(table: pa.Table) -> pa.Array:
     cols = {name: plain(table.column(name).combine_chunks()) for name in table.column_names}
     rows = pa.table(cols).to_pylist()
     return pa.array([encode_json(r).encode() for r in rows], pa.binary())
+
+
+def envelope_headers(h: pa.Array, where: str) -> pa.Array:
+    """A list<struct<key, value>> column as envelope headers: null lists as empty, keys as
+    text (older Redpanda wrote them as binary: UTF-8); `where` names the data files in errors."""
+    lengths = pc.list_value_length(h).fill_null(0).to_numpy()
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pc.list_flatten(h)
+    hk = pc.struct_field(values, "key")
+    if hk.null_count:
+        raise CorruptFile(f"{where}: {hk.null_count} headers without a key")
+    try:
+        hk = hk.cast(pa.string())
+    except pa.ArrowInvalid as exc:
+        raise CorruptFile(f"{where}: a header key is not UTF-8 text: {exc}") from None
+    has_value = values.type.get_field_index("value") >= 0
+    hv = binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
+    struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
+    return pa.ListArray.from_arrays(pa.array(offsets), struct)

@@ -30,6 +30,7 @@ from compactor.sources.base import SourceArchive, SourceChunk
 from compactor.sources.iceberg.columns import (
     RP,
     binary,
+    envelope_headers,
     json_values,
     millis,
     needed_types,
@@ -367,7 +368,7 @@ class IcebergSource(SourceArchive):
         else:
             value = json_values(table.select(self.value_columns))
         headers = (
-            self._headers(pc.struct_field(rp, "headers"), files)
+            envelope_headers(pc.struct_field(rp, "headers"), self._names(files))
             if self.has_headers
             else pa.array([[]] * n, pa.list_(HEADER_TYPE))
         )
@@ -382,24 +383,6 @@ class IcebergSource(SourceArchive):
             ],
             schema=ARROW_SCHEMA,
         )
-
-    def _headers(self, h: pa.Array, files: tuple[int, ...]) -> pa.Array:
-        """Null lists as empty; keys as text (older Redpanda wrote them as binary: UTF-8)."""
-        lengths = pc.list_value_length(h).fill_null(0).to_numpy()
-        offsets = np.zeros(len(lengths) + 1, np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        values = pc.list_flatten(h)
-        hk = pc.struct_field(values, "key")
-        if hk.null_count:
-            raise CorruptFile(f"{self._names(files)}: {hk.null_count} headers without a key")
-        try:
-            hk = hk.cast(pa.string())
-        except pa.ArrowInvalid as exc:
-            raise CorruptFile(f"{self._names(files)}: a header key is not UTF-8 text: {exc}") from None
-        has_value = values.type.get_field_index("value") >= 0
-        hv = binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
-        struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
-        return pa.ListArray.from_arrays(pa.array(offsets), struct)
 
     def _names(self, files: tuple[int, ...]) -> str:
         return ", ".join(self._tasks[i].file.file_path for i in files)
