@@ -1,9 +1,9 @@
-"""Format v2's layout at any slice length: the figures the format-v2 issue asks for, in one run.
+"""The compacted layout at any slice length: files, replay and Spark rates, GETs per GB, in one run.
 
-    python -m bench.bench_layout            # the issue's 2M-record archive + a >= 1 GB one (cached sources)
+    python -m bench.bench_layout            # a 2M-record archive + a >= 1 GB one (cached sources)
     python -m bench.bench_layout --quick    # smaller archives: a fast check of the whole table
 
-1. The issue's archive (2M records, 8 partitions, 20K keys, skew 1.0, 1,000 records/s,
+1. A 2M-record archive (8 partitions, 20K keys, skew 1.0, 1,000 records/s,
    seed 3), compacted with 64 groups at 10m, 1m and 10s slices: files, average file,
    pieces, compaction time; `reader.replay` records/s on local disk (4 threads, page cache)
    and on S3 (SeaweedFS on this machine, +--latency-ms per GET, 16 threads), GETs counted at
@@ -16,16 +16,12 @@
    sum over groups of ceil(group bytes / target) plus metadata; GETs per replayed GB;
    compaction time against a sequential fastavro read of the source (fastavro.reader over
    every chunk, one process: what a plain Python job pays to read the archive once).
-
-v1 (one file per slice and group) is gone from the code; its figures on this box are the
-issue's table, printed beside ours for reference, not measured in this run.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import threading
@@ -35,11 +31,6 @@ from pathlib import Path
 from typing import Any
 
 GB, MB = 1e9, 1e6
-V1 = {  # the issue's table, measured on this machine before format v2 (reference only)
-    "10m": (308, 238e3, 4.54e6, 1.17e6),
-    "1m": (2228, 34e3, 1.09e6, 0.26e6),
-    "10s": (12852, 6.9e3, 0.23e6, 0.05e6),
-}
 
 
 class CountingStore:
@@ -160,62 +151,6 @@ def spark_rate(spark, url: str, expect: int, batch_bytes: int, ck: str) -> float
     return best
 
 
-V1_SCRIPT = """
-import json, sys, time
-from compactor.job import CompactConfig, compact
-from compactor.spark_session import local_spark
-import reader
-src, root, records, durations, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-durations = durations.split(",")
-spark = local_spark("local[2]", app="keyfill bench v1", progress=False)
-out = {}
-for d in durations:
-    dest = f"{root}/v1-{d}"
-    r = compact(CompactConfig(source=src, dest=dest, groups=64, slice_duration=d, overwrite=True), spark)
-    out[d] = {"files": r.files, "file_bytes": r.file_bytes, "rate": 0.0}
-spark.stop()
-for _ in range(rounds + 1):
-    for d in durations:
-        started = time.perf_counter()
-        n = 0
-        with reader.replay(f"{root}/v1-{d}", threads=4) as events:
-            for ev in events:
-                if isinstance(ev, reader.Records):
-                    n += ev.batch.num_rows
-        assert n == records, n
-        out[d]["rate"] = max(out[d]["rate"], n / (time.perf_counter() - started))
-print("V1RESULT " + json.dumps(out))
-"""
-
-
-def measure_v1(commit: str, src: str, root: str, records: int, durations: list[str], rounds: int) -> dict:
-    """Format v1's files and local replay rate (4 threads) on the same source, from a git
-    worktree of `commit`, in a process of its own."""
-    import subprocess
-    import sys
-
-    tree = os.path.join(root, f"v1-tree-{commit}")
-    if not os.path.exists(tree):
-        subprocess.run(["git", "worktree", "add", "--detach", tree, commit], check=True, capture_output=True)
-    env = dict(os.environ, PYTHONPATH=tree, NUMBA_CACHE_DIR=os.path.join(root, "v1-numba"))
-    out = subprocess.run(
-        [sys.executable, "-c", V1_SCRIPT, src, root, str(records), ",".join(durations), str(rounds)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(next(line for line in out.splitlines() if line.startswith("V1RESULT "))[len("V1RESULT ") :])
-
-
-def layout_of(url: str) -> dict:
-    from keygroups import compacted
-    from keygroups.storage import open_storage
-
-    return compacted.load_manifest(open_storage(url)).totals
-
-
 def largest_slice_bytes(url: str) -> int:
     from keygroups import compacted
     from keygroups.piece_index import PieceIndex
@@ -253,11 +188,6 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=30.0)
     ap.add_argument("--cases", default="local,s3,spark,big", help="which of local,s3,spark,big to run")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the replay rows, best kept")
-    ap.add_argument(
-        "--v1",
-        default="a7a7978",
-        help="git commit of format v1 (one file per slice and group) to measure in the same run; '' to skip",
-    )
     ap.add_argument("--dir", default="/tmp/keyfill-bench-layout")
     args = ap.parse_args()
     records = args.records or (400_000 if args.quick else 2_000_000)
@@ -317,11 +247,6 @@ def main() -> None:
     finally:
         spark.stop()
 
-    v1 = {}
-    if args.v1 and "local" in cases:
-        print(f"format v1 ({args.v1}) on the same source ...", flush=True)
-        v1 = measure_v1(args.v1, src, args.dir, records, durations, args.rounds)
-
     if "s3" in cases:
         from keyfill.testing.s3server import start_seaweedfs
 
@@ -350,17 +275,15 @@ def main() -> None:
             server.stop()
 
     print(
-        f"\n=== format v2 layout: {records:,} records, 8 partitions, {args.groups} groups, {os.cpu_count()} cores ==="
+        f"\n=== compacted layout: {records:,} records, 8 partitions, {args.groups} groups, {os.cpu_count()} cores ==="
     )
     base = next((r for r in rows if r.duration == "10m"), rows[0])
     print(
         f"{'slices':>6} {'files':>6} {'avg file':>9} {'pieces':>7} {'compact s':>9} "
         f"{'local 4 thr rec/s':>18} {'x10m':>5} {'S3 16 thr rec/s':>16} {'x10m':>5} {'GETs':>5} "
-        f"{'Spark rows/s':>13} {'x10m':>5}   v1 in the issue: files, avg, local, S3"
+        f"{'Spark rows/s':>13} {'x10m':>5}"
     )
     for r in rows:
-        old = V1.get(r.duration)
-        ref = f"{old[0]:,}, {old[1] / 1e3:.0f} KB, {old[2] / 1e6:.2f}M, {old[3] / 1e6:.2f}M" if old else ""
 
         def ratio(a: float, b: float) -> str:
             return f"{a / b:.2f}" if a and b else "-"
@@ -368,18 +291,8 @@ def main() -> None:
         print(
             f"{r.duration:>6} {r.files:>6} {r.file_bytes / max(1, r.files) / MB:>7.2f}MB {r.pieces:>7,} "
             f"{r.compact_s:>9.1f} {r.local:>18,.0f} {ratio(r.local, base.local):>5} {r.s3:>16,.0f} "
-            f"{ratio(r.s3, base.s3):>5} {r.s3_gets:>5} {r.spark:>13,.0f} {ratio(r.spark, base.spark):>5}   {ref}"
+            f"{ratio(r.s3, base.s3):>5} {r.s3_gets:>5} {r.spark:>13,.0f} {ratio(r.spark, base.spark):>5}"
         )
-    if v1:
-        print(f"\nformat v1 ({args.v1}), same source, same run, local disk, 4 threads:")
-        for r in rows:
-            if r.duration in v1:
-                o = v1[r.duration]
-                avg = o["file_bytes"] / max(1, o["files"]) / 1e3
-                print(
-                    f"  {r.duration:>4}: v1 {o['files']:,} files of avg {avg:,.1f} KB, {o['rate']:,.0f} records/s; "
-                    f"v2 {r.files} files, {r.local:,.0f} records/s = {r.local / o['rate']:.2f}x v1"
-                )
     if big:
         n, read_s, result, compact_s, segments, bound, metadata, rate, gets = big
         gb = result.file_bytes / GB
