@@ -33,7 +33,7 @@ from compactor.job import CompactConfig, compact
 from compactor.sources import ArchiveError, open_source
 from compactor.sources.iceberg import IcebergSource
 from compactor.sources.iceberg import source as iceberg_source
-from compactor.sources.iceberg.ranges import Extent, cut_ranges
+from compactor.sources.offset_ranges import Extent, cut_ranges
 from compactor.verify import verify
 from keygroups.envelope import CorruptFile
 from keygroups.storage import open_storage

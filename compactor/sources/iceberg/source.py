@@ -27,19 +27,11 @@ import pyarrow.compute as pc
 
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk
-from compactor.sources.iceberg.columns import (
-    RP,
-    binary,
-    envelope_headers,
-    json_values,
-    millis,
-    needed_types,
-    parquet_paths,
-    slim,
-    struct_field,
-)
-from compactor.sources.iceberg.ranges import DataFileBounds, Extent, cut_ranges, int_bound
+from compactor.sources.iceberg.columns import RP, needed_types, parquet_paths, slim, struct_field
+from compactor.sources.iceberg.ranges import DataFileBounds, int_bound
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
+from compactor.sources.offset_ranges import Extent, cut_ranges, in_range, offset_order
+from compactor.sources.table_columns import binary, envelope_headers, json_values, millis
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
 
@@ -316,23 +308,9 @@ class IcebergSource(SourceArchive):
         table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if table is None or table.num_rows == 0:
             return empty_batch()
-        rp = table.column(RP).combine_chunks()
-        offsets = pc.struct_field(rp, "offset").to_numpy()
-        order = np.argsort(offsets, kind="stable")
-        offsets = offsets[order]
-        dup = np.flatnonzero(offsets[1:] == offsets[:-1])
-        if dup.size:
-            files_at = np.concatenate(origin)[order]
-            names = sorted(
-                {
-                    self._tasks[int(files_at[dup[0]])].file.file_path,
-                    self._tasks[int(files_at[dup[0] + 1])].file.file_path,
-                }
-            )
-            raise CorruptFile(
-                f"{' and '.join(names)}: partition {p} offset {int(offsets[dup[0]])} appears more than once "
-                f"({dup.size} duplicate row(s) in offsets {lo}..{hi})"
-            )
+        offsets = pc.struct_field(table.column(RP).combine_chunks(), "offset").to_numpy()
+        name_of = lambda i: self._tasks[i].file.file_path  # noqa: E731
+        order = offset_order(offsets, np.concatenate(origin), name_of, p, lo, hi)
         return self._envelope(table.take(pa.array(order)), p, files)
 
     def _rows_of(self, index: int, table: pa.Table, p: int, lo: int, hi: int) -> pa.Table:
@@ -343,16 +321,7 @@ class IcebergSource(SourceArchive):
             return table
         rp = table.column(RP).combine_chunks()
         part, off = pc.struct_field(rp, "partition"), pc.struct_field(rp, "offset")
-        self._no_nulls(name, part, off)
-        plo, phi, olo, ohi = self._bounds[index]
-        pmin, pmax = pc.min_max(part).values()
-        omin, omax = pc.min_max(off).values()
-        if pmin.as_py() < plo or pmax.as_py() > phi or omin.as_py() < olo or omax.as_py() > ohi:
-            raise CorruptFile(
-                f"{name}: rows in partitions {pmin}..{pmax}, offsets {omin}..{omax}, outside the bounds its manifest "
-                f"or footer gives (partitions {plo}..{phi}, offsets {olo}..{ohi})"
-            )
-        mask = pc.and_(pc.equal(part, p), pc.and_(pc.greater_equal(off, lo), pc.less_equal(off, hi)))
+        mask = in_range(name, part, off, self._bounds[index], p, lo, hi)
         return table.filter(mask)
 
     def _envelope(self, table: pa.Table, p: int, files: tuple[int, ...]) -> pa.RecordBatch:

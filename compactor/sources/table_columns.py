@@ -1,0 +1,52 @@
+"""Columns of a table source (Iceberg, Delta) as envelope columns: times as epoch
+milliseconds, keys and values as bytes, a value decoded into columns as the JSON the Kafka
+Connect source writes, a list of header structs as envelope headers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compactor.sources.kafka_connect.avro import encode_json
+from compactor.sources.plain_values import UNIT_DIVISOR, plain
+from keygroups.envelope import HEADER_TYPE, CorruptFile
+
+
+def millis(ts: pa.Array) -> np.ndarray:
+    """Epoch milliseconds, floored (writers store Kafka's milliseconds as micro- or nanoseconds;
+    the sources admit only timestamp columns)."""
+    ms: np.ndarray = ts.cast(pa.int64()).to_numpy() // UNIT_DIVISOR[ts.type.unit]
+    return ms
+
+
+def binary(a: pa.Array) -> pa.Array:
+    return a.cast(pa.binary())
+
+
+def json_values(table: pa.Table) -> pa.Array:
+    """Value-schema mode: each row's value columns as the compact JSON object the Kafka
+    Connect source writes (compactor.sources.kafka_connect.avro.encode_json)."""
+    cols = {name: plain(table.column(name).combine_chunks()) for name in table.column_names}
+    rows = pa.table(cols).to_pylist()
+    return pa.array([encode_json(r).encode() for r in rows], pa.binary())
+
+
+def envelope_headers(h: pa.Array, where: str) -> pa.Array:
+    """A list<struct<key, value>> column as envelope headers: null lists as empty, keys as
+    text (older Redpanda wrote them as binary: UTF-8); `where` names the data files in errors."""
+    lengths = pc.list_value_length(h).fill_null(0).to_numpy()
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pc.list_flatten(h)
+    hk = pc.struct_field(values, "key")
+    if hk.null_count:
+        raise CorruptFile(f"{where}: {hk.null_count} headers without a key")
+    try:
+        hk = hk.cast(pa.string())
+    except pa.ArrowInvalid as exc:
+        raise CorruptFile(f"{where}: a header key is not UTF-8 text: {exc}") from None
+    has_value = values.type.get_field_index("value") >= 0
+    hv = binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
+    struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
+    return pa.ListArray.from_arrays(pa.array(offsets), struct)
