@@ -46,6 +46,7 @@ SENSES: dict[str, set[str]] = {
     "source": {
         "EnvelopeSource",
         "IcebergSource",
+        "DeltaSource",
         "KafkaConnectSource",
         "KafkaSegmentsSource",
         "SOURCE",

@@ -7,7 +7,9 @@ more than one module is a package of its own, so its helpers sit with it:
 - `kafka-segments`: Kafka's own log segments, a broker's log directory or tiered storage as
   the Aiven RemoteStorageManager uploads it (`compactor.sources.kafka_segments`);
 - `iceberg`: a topic materialised as an Iceberg table, Redpanda Iceberg Topics' schema
-  (`compactor.sources.iceberg`).
+  (`compactor.sources.iceberg`);
+- `delta`: a topic kept as a Delta Lake table in the Kafka source's columns, a bronze table
+  (`compactor.sources.delta`).
 
 Each yields `SourceChunk`s and reads them as envelope records (`compactor.sources.base`).
 A format is its class: it declares its `--format` name, its own options (a `SourceOptions`
@@ -24,6 +26,7 @@ from typing import Any
 
 from compactor.errors import ArchiveError
 from compactor.sources.base import Option, SourceArchive, SourceChunk, SourceOptions
+from compactor.sources.delta import DeltaSource
 from compactor.sources.envelope import EnvelopeSource
 from compactor.sources.hints import register
 from compactor.sources.iceberg import IcebergSource
@@ -32,7 +35,8 @@ from compactor.sources.kafka_segments import KafkaSegmentsSource
 from keygroups.errors import OptionError
 
 FORMATS: dict[str, type[SourceArchive]] = {
-    source.format: source for source in (EnvelopeSource, KafkaConnectSource, KafkaSegmentsSource, IcebergSource)
+    source.format: source
+    for source in (EnvelopeSource, KafkaConnectSource, KafkaSegmentsSource, IcebergSource, DeltaSource)
 }
 register(FORMATS)  # the formats an error's hint names (compactor.sources.hints)
 

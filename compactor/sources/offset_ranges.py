@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactor.sources.base import SourceChunk
 from keygroups.envelope import CorruptFile
 
 
@@ -93,6 +94,27 @@ def _join(p: int, batch: list[_Piece]) -> Range:
 
 # A data file's planned bounds: partitions plo..phi, offsets olo..ohi.
 Bounds = tuple[int, int, int, int]
+# A chunk's plan: partition, lo, hi, the data files it reads.
+Planned = tuple[int, int, int, tuple[int, ...]]
+
+
+def plan_chunks(
+    extents: list[Extent], target: int, topic: str
+) -> tuple[dict[int, Bounds], dict[str, Planned], list[SourceChunk]]:
+    """Each data file's bounds, each chunk's plan by its key, and the chunks in (topic,
+    partition, first offset) order, named `partition=<p>/offsets=<lo>-<hi>`."""
+    bounds: dict[int, Bounds] = {}
+    for e in extents:
+        b = bounds.get(e.file, (e.partition, e.partition, e.lo, e.hi))
+        bounds[e.file] = (min(b[0], e.partition), max(b[1], e.partition), min(b[2], e.lo), max(b[3], e.hi))
+    plan: dict[str, Planned] = {}
+    chunks = []
+    for p, lo, hi, files, est_size in cut_ranges(extents, target):
+        key = f"partition={p}/offsets={lo}-{hi}"
+        plan[key] = (p, lo, hi, files)
+        chunks.append(SourceChunk(key=key, topic=topic, partition=p, first_offset=lo, size=int(est_size)))
+    chunks.sort(key=lambda c: (c.topic, c.partition, c.first_offset))
+    return bounds, plan, chunks
 
 
 def in_range(name: str, part: pa.Array, off: pa.Array, bounds: Bounds, p: int, lo: int, hi: int) -> pa.Array:

@@ -30,7 +30,7 @@ from compactor.sources.base import SourceArchive, SourceChunk
 from compactor.sources.iceberg.columns import RP, needed_types, parquet_paths, slim, struct_field
 from compactor.sources.iceberg.ranges import DataFileBounds, int_bound
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
-from compactor.sources.offset_ranges import Extent, cut_ranges, in_range, offset_order
+from compactor.sources.offset_ranges import Bounds, Extent, Planned, in_range, offset_order, plan_chunks
 from compactor.sources.table_columns import binary, envelope_headers, json_values, millis
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
@@ -78,8 +78,8 @@ class IcebergSource(SourceArchive):
         self._check_schema()
         self._io: FileIO | None = None
         self._tasks: list[FileScanTask] = []  # the data files, once listed; extents name them by index
-        self._plan: dict[str, tuple[int, int, int, tuple[int, ...]]] | None = None  # None until listed
-        self._bounds: dict[int, tuple[int, int, int, int]] = {}  # file -> partitions and offsets its rows may hold
+        self._plan: dict[str, Planned] | None = None  # None until listed
+        self._bounds: dict[int, Bounds] = {}  # file -> partitions and offsets its rows may hold
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_io"} | {"_io": None}
@@ -162,18 +162,8 @@ class IcebergSource(SourceArchive):
                 )
         self._tasks = tasks
         extents = self._extents(tasks)
-        self._bounds = {}
-        for e in extents:
-            b = self._bounds.get(e.file, (e.partition, e.partition, e.lo, e.hi))
-            self._bounds[e.file] = (min(b[0], e.partition), max(b[1], e.partition), min(b[2], e.lo), max(b[3], e.hi))
         self._tasks = [slim(t) for t in tasks]  # what a read needs: the source travels to every task
-        self._plan = {}
-        chunks = []
-        for p, lo, hi, files, est_size in cut_ranges(extents, self.chunk_records):
-            key = f"partition={p}/offsets={lo}-{hi}"
-            self._plan[key] = (p, lo, hi, files)
-            chunks.append(SourceChunk(key=key, topic=self.topic, partition=p, first_offset=lo, size=int(est_size)))
-        chunks.sort(key=lambda c: (c.topic, c.partition, c.first_offset))
+        self._bounds, self._plan, chunks = plan_chunks(extents, self.chunk_records, self.topic)
         return chunks
 
     def _field_ids(self) -> tuple[int, int]:

@@ -1,0 +1,319 @@
+"""Kafka topics kept as Delta Lake tables (`--format delta`, docs/delta-source.md): a bronze
+table in the columns Spark's Kafka source gives (`key`, `value`, `topic`, `partition`,
+`offset`, `timestamp`, `timestampType`, `headers`), read without a JVM with delta-rs (the
+`deltalake` package).
+
+The table version is pinned when the source is opened, so both compaction passes read the
+same data files. As in an Iceberg table, one partition's rows may lie in any data file in
+any order, so a chunk is an offset range of one partition (compactor.sources.offset_ranges),
+planned from the `add` actions' column statistics (no I/O), or, for a file written without
+them, from reading its two columns once at listing time. Data files are read through
+keyfill's storage layer, with the credentials it already resolves; delta-rs reads the log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from compactor.errors import ArchiveError
+from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
+from compactor.sources.offset_ranges import Bounds, Extent, Planned, in_range, offset_order, plan_chunks
+from compactor.sources.table_columns import binary, envelope_headers, millis
+from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
+from keygroups.storage import open_storage
+
+if TYPE_CHECKING:  # deltalake is imported where a table is opened
+    from deltalake import DeltaTable
+
+__all__ = ["DeltaSource", "DeltaOptions"]
+
+DEFAULT_CHUNK_RECORDS = 1_000_000  # as the Iceberg source: one task's memory, not a task per tiny chunk
+READ_AHEAD_FILES = 4  # data files a chunk read holds at once
+LOG_FILE = re.compile(r"(?:^|/)_delta_log/\d{20}\.json$")  # a commit of a table's log, in a listing
+NEEDED = ("partition", "offset", "timestamp")
+SHAPE = "keyfill reads the Kafka source's columns: partition, offset, timestamp, and key, value, headers, topic"
+
+
+@dataclass(frozen=True)
+class DeltaOptions(SourceOptions):
+    """Which version of the table to read (Delta's time travel)."""
+
+    table_version: int | None = option("read the table as of this version (default: the latest)", metavar="N")
+
+    def continued(self, recorded: Any) -> DeltaOptions:
+        """An append reads the table as it is now, not at the version the archive was built from."""
+        return self
+
+
+def delta_location(url: str) -> str:
+    """A table URL as delta-rs takes it: local paths absolute, s3a/s3n as s3."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return os.path.abspath(url)
+    if scheme.lower() == "file":
+        return os.path.abspath(rest)
+    if scheme.lower() in ("s3a", "s3n"):
+        return "s3://" + rest
+    return url
+
+
+def storage_options(location: str) -> dict[str, str]:
+    """What delta-rs's object store does not take from the standard environment itself: an
+    S3 endpoint from AWS_ENDPOINT_URL_S3 (it reads only AWS_ENDPOINT_URL), and leave to
+    speak plain HTTP to an endpoint that is http:// (a local S3 server)."""
+    if not location.startswith("s3://"):
+        return {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    opts = {}
+    if endpoint:
+        opts["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    return opts
+
+
+def open_table(location: str, version: int | None) -> DeltaTable:
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(location, version=version, storage_options=storage_options(location))
+    except Exception as exc:  # delta-rs raises OSError, TableNotFoundError, DeltaError: all say why
+        at = f" at version {version}" if version is not None else ""
+        raise ArchiveError(f"{location}: cannot read the Delta table{at}: {exc}") from None
+
+
+class DeltaSource(SourceArchive):
+    """A Kafka topic kept as a Delta table in the Kafka source's columns, read as envelope
+    records. See docs/delta-source.md for the mapping and what is refused.
+
+    Picklable: it carries the pinned version and, once listed, the chunk plan (data files by
+    path); the delta-rs table is opened on the driver only."""
+
+    contiguous = False  # offsets skip where Kafka's do (transaction markers, compaction)
+    storage_url = False  # a table folder, opened with delta-rs
+    format = "delta"
+    Options = DeltaOptions
+    layouts = (LOG_FILE,)
+
+    def __init__(self, url: str, *, threads: int = 16, table_version: int | None = None):
+        self.given = url
+        self.location = delta_location(url)
+        table = open_table(self.location, table_version)
+        self.version = table.version()
+        self.threads = threads
+        self.chunk_records = DEFAULT_CHUNK_RECORDS
+        self.store = open_storage(self.location, threads=threads)
+        self._check(table)
+        self._actions = self._add_actions(table)
+        self._files: list[str] = []  # data files, relative to the table; extents name them by index
+        self._constants: list[dict[str, Any]] = []  # per file, the needed columns that are partition values
+        self._plan: dict[str, Planned] | None = None
+        self._bounds: dict[int, Bounds] = {}
+        self._sizes: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"DeltaSource({self.given!r}, version {self.version})"
+
+    def _check(self, table: DeltaTable) -> None:
+        """Refuse, naming the table, what this source cannot read faithfully."""
+        where = f"{self.location} (version {self.version})"
+        meta = table.metadata()
+        mapping = meta.configuration.get("delta.columnMapping.mode", "none")
+        if mapping != "none":
+            raise ArchiveError(f"{where}: column mapping mode {mapping!r} is not read; keyfill reads physical names")
+        schema = pa.schema(table.schema().to_arrow())
+        self.partition_columns = list(meta.partition_columns)
+        kinds = {"partition": pa.types.is_integer, "offset": pa.types.is_integer, "timestamp": pa.types.is_timestamp}
+        for name, ok in kinds.items():
+            if name not in schema.names:
+                raise ArchiveError(f"{where}: the table has no {name!r} column; {SHAPE}")
+            if not ok(schema.field(name).type):
+                raise ArchiveError(
+                    f"{where}: column {name!r} is {schema.field(name).type}, not an integer or timestamp"
+                )
+        for name in ("key", "value"):
+            if (
+                name in schema.names
+                and not pa.types.is_binary(t := schema.field(name).type)
+                and not pa.types.is_string(t)
+            ):
+                raise ArchiveError(f"{where}: column {name!r} is {t}, not binary or string")
+        headers = schema.field("headers").type if "headers" in schema.names else None
+        if headers is not None and not (
+            pa.types.is_list(headers)
+            and pa.types.is_struct(headers.value_type)
+            and headers.value_type.get_field_index("key") >= 0
+        ):
+            raise ArchiveError(f"{where}: column 'headers' is {headers}, not list<struct<key, value>>")
+        self.columns = [c for c in ("partition", "offset", "timestamp", "key", "value", "headers") if c in schema.names]
+        self.has_topic = "topic" in schema.names
+
+    def _add_actions(self, table: DeltaTable) -> pa.Table:
+        """The version's data files with what listing needs of their statistics; the topic
+        from the topic column's bounds."""
+        if pa.table(table.deletion_vectors()).num_rows:
+            raise ArchiveError(
+                f"{self.location} (version {self.version}): has deletion vectors; keyfill reads tables without them"
+            )
+        actions = pa.table(table.get_add_actions(flatten=True))
+        self.topic = self.location.rstrip("/").rsplit("/", 1)[-1]
+        self._topic_of(actions)
+        wanted = [
+            "path",
+            "size_bytes",
+            "num_records",
+            *(f"{m}.{c}" for m in ("min", "max") for c in ("partition", "offset")),
+        ]
+        wanted += [f"partition.{c}" for c in self.partition_columns if c in NEEDED]
+        return actions.select([c for c in wanted if c in actions.column_names])
+
+    # -- listing
+
+    def list_chunks(self) -> list[SourceChunk]:
+        """Each partition's offsets cut into ranges of about `chunk_records` rows, each
+        covering whole groups of data files whose offset bounds overlap."""
+        actions = self._actions
+        self._files = [unquote(p) for p in actions.column("path").to_pylist()]
+        self._sizes = actions.column("size_bytes").to_pylist()
+        self._constants = [
+            {c: actions.column(f"partition.{c}")[i].as_py() for c in self.partition_columns if c in NEEDED}
+            for i in range(actions.num_rows)
+        ]
+        extents: list[Extent] = []
+        missing: list[int] = []
+        stats = ("min.partition", "max.partition", "min.offset", "max.offset")
+        columns = {
+            c: actions.column(c).to_pylist() if c in actions.column_names else [None] * actions.num_rows for c in stats
+        }
+        records, sizes = actions.column("num_records").to_pylist(), self._sizes
+        for i in range(actions.num_rows):
+            stat: list[Any] = [
+                self._constants[i].get("partition", columns[c][i]) if "partition" in c else columns[c][i] for c in stats
+            ]
+            if records[i] == 0:
+                continue
+            if records[i] is None or any(v is None for v in stat):
+                missing.append(i)
+                continue
+            plo, phi, olo, ohi = (int(v) for v in stat)
+            n = phi - plo + 1
+            extents += [Extent(p, olo, ohi, records[i] / n, sizes[i] / n, i) for p in range(plo, phi + 1)]
+        if missing:
+            with ThreadPoolExecutor(max(1, min(self.threads, len(missing)))) as pool:
+                for found in pool.map(self._measure, missing):
+                    extents += found
+        self._bounds, self._plan, chunks = plan_chunks(extents, self.chunk_records, self.topic)
+        return chunks
+
+    def _topic_of(self, actions: pa.Table) -> None:
+        """The topic column's one value, from the files' statistics: a table of several topics
+        is refused, since their partitions would share numbers."""
+        if not self.has_topic or "min.topic" not in actions.column_names:
+            return
+        topics = set(actions.column("min.topic").drop_null().to_pylist()) | set(
+            actions.column("max.topic").drop_null().to_pylist()
+        )
+        if len(topics) > 1:
+            raise ArchiveError(
+                f"{self.location} (version {self.version}): holds several topics ({', '.join(sorted(topics)[:5])}); "
+                "keyfill compacts one topic into an archive"
+            )
+        if topics:
+            self.topic = topics.pop()
+
+    def _measure(self, index: int) -> list[Extent]:
+        """A data file without statistics: its partitions and offset ranges from its two columns."""
+        t = self._read_file(index, ["partition", "offset"])
+        part, off = t.column("partition").combine_chunks(), t.column("offset").combine_chunks()
+        if part.null_count or off.null_count:
+            raise CorruptFile(f"{self.store.url_for(self._files[index])}: rows without a partition or an offset")
+        g = pa.table({"p": part, "o": off}).group_by("p").aggregate([("o", "min"), ("o", "max"), ("o", "count")])
+        size = self._sizes[index]
+        total = max(t.num_rows, 1)
+        return [
+            Extent(int(p), int(lo), int(hi), int(n), size * n / total, index)
+            for p, lo, hi, n in zip(*(g.column(c).to_pylist() for c in ("p", "o_min", "o_max", "o_count")))
+        ]
+
+    # -- reading
+
+    def _read_file(self, index: int, columns: list[str] | None = None) -> pa.Table:
+        path = self._files[index]
+        wanted = columns or self.columns
+        constants = self._constants[index]
+        try:
+            table = pq.read_table(
+                pa.BufferReader(self.store.read(path)), columns=[c for c in wanted if c not in constants]
+            )
+        except (OSError, ValueError) as exc:  # missing object, not Parquet, a column the file lacks
+            raise ArchiveError(f"{self.store.url_for(path)}: cannot read the data file: {exc}") from None
+        for c in wanted:
+            if c in constants:
+                table = table.append_column(c, pa.array([constants[c]] * table.num_rows, pa.int64()))
+        return table
+
+    def read(self, chunk: SourceChunk) -> pa.RecordBatch:
+        if self._plan is None:
+            self.list_chunks()
+        assert self._plan is not None
+        try:
+            p, lo, hi, files = self._plan[chunk.key]
+        except KeyError:
+            raise ArchiveError(f"{self.store.url_for(chunk.key)}: no such chunk in version {self.version}") from None
+        parts: list[pa.Table] = []
+        origin: list[np.ndarray] = []
+        window = max(1, min(self.threads, READ_AHEAD_FILES))
+        with ThreadPoolExecutor(window) as pool:
+            for at in range(0, len(files), window):
+                some = files[at : at + window]
+                for index, table in zip(some, pool.map(self._read_file, some)):
+                    if table.num_rows:
+                        part, off = table.column("partition").combine_chunks(), table.column("offset").combine_chunks()
+                        mask = in_range(
+                            self.store.url_for(self._files[index]), part, off, self._bounds[index], p, lo, hi
+                        )
+                        table = table.filter(mask)
+                    parts.append(table)
+                    origin.append(np.full(table.num_rows, index, np.int64))
+        table = pa.concat_tables(parts, promote_options="permissive") if parts else None
+        if table is None or table.num_rows == 0:
+            return empty_batch()
+        offsets = table.column("offset").combine_chunks().to_numpy()
+        order = offset_order(offsets, np.concatenate(origin), lambda i: self.store.url_for(self._files[i]), p, lo, hi)
+        return self._envelope(table.take(pa.array(order)), p, files)
+
+    def _envelope(self, table: pa.Table, p: int, files: tuple[int, ...]) -> pa.RecordBatch:
+        n = table.num_rows
+        where = ", ".join(self.store.url_for(self._files[i]) for i in files)
+        ts = table.column("timestamp").combine_chunks()
+        if ts.null_count:
+            raise CorruptFile(f"{where}: {ts.null_count} rows of partition {p} without a timestamp")
+
+        def column(name: str) -> pa.Array:
+            return binary(table.column(name).combine_chunks()) if name in self.columns else pa.nulls(n, pa.binary())
+
+        headers = (
+            envelope_headers(table.column("headers").combine_chunks(), where)
+            if "headers" in self.columns
+            else pa.array([[]] * n, pa.list_(HEADER_TYPE))
+        )
+        return pa.RecordBatch.from_arrays(
+            [
+                table.column("partition").combine_chunks().cast(pa.int32()),
+                table.column("offset").combine_chunks().cast(pa.int64()),
+                pa.array(millis(ts), pa.timestamp("ms", tz="UTC")),
+                column("key"),
+                column("value"),
+                headers,
+            ],
+            schema=ARROW_SCHEMA,
+        )
