@@ -98,7 +98,7 @@ Bounds = tuple[int, int, int, int]
 Planned = tuple[int, int, int, tuple[int, ...]]
 
 
-def plan_chunks(
+def cut_chunks(
     extents: list[Extent], target: int, topic: str
 ) -> tuple[dict[int, Bounds], dict[str, Planned], list[SourceChunk]]:
     """Each data file's bounds, each chunk's plan by its key, and the chunks in (topic,

@@ -113,7 +113,7 @@ def _retry_policy(limits: StoreLimits) -> Any:
     )
 
 
-def _connection_fields() -> dict[str, str]:
+def connection_fields() -> dict[str, str]:
     """The `Name=value` fields of AZURE_STORAGE_CONNECTION_STRING (none when it is unset)."""
     raw = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
     pairs = (part.split("=", 1) for part in raw.split(";") if "=" in part)
@@ -123,7 +123,7 @@ def _connection_fields() -> dict[str, str]:
 def connection_string_account() -> str:
     """The account of AZURE_STORAGE_CONNECTION_STRING: its AccountName, or for a SAS string
     without one the first label of its BlobEndpoint's host ("" when none is set)."""
-    fields = _connection_fields()
+    fields = connection_fields()
     if fields.get("AccountName"):
         return fields["AccountName"]
     host = urlparse(fields.get("BlobEndpoint", "")).hostname or ""
@@ -220,7 +220,7 @@ def credential_origin(now: datetime | None = None) -> str:
     them, for an error that says access was denied; a SAS says when it expires or expired
     (its `se` field): a SAS with a short life ends in the middle of a long run."""
     if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
-        sas = _connection_fields().get("SharedAccessSignature")
+        sas = connection_fields().get("SharedAccessSignature")
         return _sas_origin("AZURE_STORAGE_CONNECTION_STRING", sas, now) if sas else "AZURE_STORAGE_CONNECTION_STRING"
     if os.environ.get("AZURE_STORAGE_KEY"):
         return "AZURE_STORAGE_KEY"

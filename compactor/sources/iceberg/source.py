@@ -30,7 +30,7 @@ from compactor.sources.base import SourceArchive, SourceChunk
 from compactor.sources.iceberg.columns import RP, needed_types, parquet_paths, slim, struct_field
 from compactor.sources.iceberg.ranges import DataFileBounds, int_bound
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
-from compactor.sources.offset_ranges import Bounds, Extent, Planned, in_range, offset_order, plan_chunks
+from compactor.sources.offset_ranges import Bounds, Extent, Planned, cut_chunks, in_range, offset_order
 from compactor.sources.table_columns import binary, envelope_headers, json_values, millis
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
@@ -163,7 +163,7 @@ class IcebergSource(SourceArchive):
         self._tasks = tasks
         extents = self._extents(tasks)
         self._tasks = [slim(t) for t in tasks]  # what a read needs: the source travels to every task
-        self._bounds, self._plan, chunks = plan_chunks(extents, self.chunk_records, self.topic)
+        self._bounds, self._plan, chunks = cut_chunks(extents, self.chunk_records, self.topic)
         return chunks
 
     def _field_ids(self) -> tuple[int, int]:

@@ -13,7 +13,6 @@ keyfill's storage layer, with the credentials it already resolves; delta-rs read
 
 from __future__ import annotations
 
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ import pyarrow.parquet as pq
 
 from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
-from compactor.sources.offset_ranges import Bounds, Extent, Planned, in_range, offset_order, plan_chunks
+from compactor.sources.delta.table import delta_location, open_table
+from compactor.sources.offset_ranges import Bounds, Extent, Planned, cut_chunks, in_range, offset_order
 from compactor.sources.table_columns import binary, envelope_headers, millis
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
@@ -52,43 +52,6 @@ class DeltaOptions(SourceOptions):
     def continued(self, recorded: Any) -> DeltaOptions:
         """An append reads the table as it is now, not at the version the archive was built from."""
         return self
-
-
-def delta_location(url: str) -> str:
-    """A table URL as delta-rs takes it: local paths absolute, s3a/s3n as s3."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return os.path.abspath(url)
-    if scheme.lower() == "file":
-        return os.path.abspath(rest)
-    if scheme.lower() in ("s3a", "s3n"):
-        return "s3://" + rest
-    return url
-
-
-def storage_options(location: str) -> dict[str, str]:
-    """What delta-rs's object store does not take from the standard environment itself: an
-    S3 endpoint from AWS_ENDPOINT_URL_S3 (it reads only AWS_ENDPOINT_URL), and leave to
-    speak plain HTTP to an endpoint that is http:// (a local S3 server)."""
-    if not location.startswith("s3://"):
-        return {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    opts = {}
-    if endpoint:
-        opts["AWS_ENDPOINT_URL"] = endpoint
-        if endpoint.startswith("http://"):
-            opts["AWS_ALLOW_HTTP"] = "true"
-    return opts
-
-
-def open_table(location: str, version: int | None) -> DeltaTable:
-    from deltalake import DeltaTable
-
-    try:
-        return DeltaTable(location, version=version, storage_options=storage_options(location))
-    except Exception as exc:  # delta-rs raises OSError, TableNotFoundError, DeltaError: all say why
-        at = f" at version {version}" if version is not None else ""
-        raise ArchiveError(f"{location}: cannot read the Delta table{at}: {exc}") from None
 
 
 class DeltaSource(SourceArchive):
@@ -211,7 +174,7 @@ class DeltaSource(SourceArchive):
             with ThreadPoolExecutor(max(1, min(self.threads, len(missing)))) as pool:
                 for found in pool.map(self._measure, missing):
                     extents += found
-        self._bounds, self._plan, chunks = plan_chunks(extents, self.chunk_records, self.topic)
+        self._bounds, self._plan, chunks = cut_chunks(extents, self.chunk_records, self.topic)
         return chunks
 
     def _topic_of(self, actions: pa.Table) -> None:
