@@ -178,3 +178,21 @@ def test_what_cannot_be_read_is_refused_by_name(tmp_path):
         read_all(source)
     with pytest.raises(ArchiveError, match=r"nowhere: cannot read the Delta table"):
         DeltaSource(str(tmp_path / "nowhere"))
+
+
+def test_rows_deleted_below_the_hand_off_stay_in_the_archive(tmp_path):
+    """A GDPR delete rewrites files without the rows: an append reads on from the hand-off
+    and the archive keeps what it already holds (it is immutable: re-compact to drop them);
+    verify reports each record the table no longer has."""
+    url = str(tmp_path / "t")
+    records = topic(2, 300)
+    write(url, bronze(records[:200] + records[300:500]), mode="error")
+    dest = str(tmp_path / "c")
+    compact(CompactConfig(source=url, dest=dest, source_format="delta", groups=2, slice_duration="1m"))
+    DeltaTable(url).delete("offset < 20")  # copy-on-write: no deletion vectors
+    write(url, bronze(records[200:300] + records[500:]))
+    r = compact(CompactConfig(source=url, dest=dest, source_format="delta", append=True, seal_all=True))
+    assert r.records == len(records)  # the 20 deleted rows are still in the archive
+    report = verify(open_source(url, format="delta"), open_storage(dest))
+    assert report.counts["exactly_once"] == 20  # one violation a deleted record, and nothing else
+    assert sum(report.counts.values()) == 20

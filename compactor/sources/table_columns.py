@@ -50,3 +50,23 @@ def envelope_headers(h: pa.Array, where: str) -> pa.Array:
     hv = binary(pc.struct_field(values, "value")) if has_value else pa.nulls(len(values), pa.binary())
     struct = pa.StructArray.from_arrays([hk, hv], fields=list(HEADER_TYPE))
     return pa.ListArray.from_arrays(pa.array(offsets), struct)
+
+
+def without_views(table: pa.Table) -> pa.Table:
+    """The table with Arrow's view types as their plain forms: writers that keep an Arrow
+    schema in the Parquet footer (delta-rs after a DELETE or MERGE) give binary_view and
+    string_view columns, which this pyarrow cannot take or sort."""
+
+    def plain_type(t: pa.DataType) -> pa.DataType:
+        if t == pa.binary_view():
+            return pa.binary()
+        if t == pa.string_view():
+            return pa.string()
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            return pa.list_(pa.field(t.value_field.name, plain_type(t.value_type), t.value_field.nullable))
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, plain_type(f.type), f.nullable) for f in t])
+        return t
+
+    schema = pa.schema([pa.field(f.name, plain_type(f.type), f.nullable, f.metadata) for f in table.schema])
+    return table if schema.equals(table.schema) else table.cast(schema)

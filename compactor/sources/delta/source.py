@@ -27,7 +27,7 @@ from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
 from compactor.sources.delta.table import delta_location, open_table
 from compactor.sources.offset_ranges import Bounds, Extent, Planned, cut_chunks, in_range, offset_order
-from compactor.sources.table_columns import binary, envelope_headers, millis
+from compactor.sources.table_columns import binary, envelope_headers, millis, without_views
 from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
 from keygroups.storage import open_storage
 
@@ -219,6 +219,7 @@ class DeltaSource(SourceArchive):
             )
         except (OSError, ValueError) as exc:  # missing object, not Parquet, a column the file lacks
             raise ArchiveError(f"{self.store.url_for(path)}: cannot read the data file: {exc}") from None
+        table = without_views(table)
         for c in wanted:
             if c in constants:
                 table = table.append_column(c, pa.array([constants[c]] * table.num_rows, pa.int64()))
