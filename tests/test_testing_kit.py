@@ -256,7 +256,7 @@ def test_the_reference_merges_by_running_maximum_and_holds_the_watermark_for_pro
     assert marks == [500, 2_500, 8_500, 2**63 - 1]
 
 
-@pytest.mark.parametrize("layout", ["envelope", "kafka-connect", "kafka-segments"])
+@pytest.mark.parametrize("layout", ["envelope", "kafka-connect", "kafka-segments", "delta"])
 def test_every_layout_backfills_what_it_holds(layout):
     archive = TopicArchive(
         "t",

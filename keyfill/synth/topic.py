@@ -19,13 +19,14 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from compactor.sources.delta import DeltaSource
 from compactor.sources.envelope import EnvelopeSource, write_chunk
 from compactor.sources.kafka_connect import KafkaConnectSource
 from compactor.sources.kafka_segments import KafkaSegmentsSource
 from keygroups import envelope
 from keygroups.storage import Storage, open_storage
 
-LAYOUTS = (EnvelopeSource.format, KafkaConnectSource.format, KafkaSegmentsSource.format)
+LAYOUTS = (EnvelopeSource.format, KafkaConnectSource.format, KafkaSegmentsSource.format, DeltaSource.format)
 
 # What the Connect layout stores as a record's value: Connect keeps no Kafka timestamp, so
 # the value carries it (`timestamp_field`), with the payload as text.
@@ -120,7 +121,40 @@ def write_archive(archive: TopicArchive, url: str | Storage, layout: str = Envel
             base = chunk[0].offset
             store.write(f"{archive.topic}-{chunk[0].partition}/{base:020d}.log", _segment(chunk))
         return {"source": store.url, "source_format": layout}
+    if layout == DeltaSource.format:
+        _write_delta(archive, store)
+        return {"source": store.url, "source_format": layout}
     raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+
+
+def _write_delta(archive: TopicArchive, store: Storage) -> None:
+    """A bronze table as a streaming job writes it: commits of `chunk_records` rows in
+    event-time order, each holding rows of every partition, in the Kafka source's columns.
+    delta-rs writes it on local disk; the files are then copied to the store."""
+    import tempfile
+
+    from deltalake import write_deltalake
+
+    rows = sorted((r for part in archive.partitions for r in part), key=lambda r: (r.timestamp, r.partition, r.offset))
+    header = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    with tempfile.TemporaryDirectory(prefix="keyfill-delta-") as folder:
+        for at in range(0, len(rows), max(1, archive.chunk_records)):
+            some = rows[at : at + max(1, archive.chunk_records)]
+            table = pa.table(
+                {
+                    "key": pa.array([r.key for r in some], pa.binary()),
+                    "value": pa.array([r.value for r in some], pa.binary()),
+                    "topic": pa.array([archive.topic] * len(some)),
+                    "partition": pa.array([r.partition for r in some], pa.int32()),
+                    "offset": pa.array([r.offset for r in some], pa.int64()),
+                    "timestamp": pa.array([r.timestamp * 1000 for r in some], pa.timestamp("us", tz="UTC")),
+                    "headers": pa.array([[{"key": k, "value": v} for k, v in r.headers] for r in some], header),
+                }
+            )
+            write_deltalake(folder, table, mode="append")
+        local = open_storage(folder)
+        for o in local.list():
+            store.write(o.key, local.read(o.key))
 
 
 def _segment(records: list[Record], per_batch: int = 7) -> bytes:
