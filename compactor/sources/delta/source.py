@@ -1,7 +1,7 @@
 """Kafka topics kept as Delta Lake tables (`--format delta`, docs/delta-source.md): a bronze
 table in the columns Spark's Kafka source gives (`key`, `value`, `topic`, `partition`,
-`offset`, `timestamp`, `timestampType`, `headers`), read without a JVM with delta-rs (the
-`deltalake` package).
+`offset`, `timestamp`, `timestampType`, `headers`) or another writer's (`table_layouts`),
+read without a JVM with delta-rs (the `deltalake` package).
 
 The table version is pinned when the source is opened, so both compaction passes read the
 same data files. As in an Iceberg table, one partition's rows may lie in any data file in
@@ -27,8 +27,9 @@ from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
 from compactor.sources.delta.table import delta_location, open_table
 from compactor.sources.offset_ranges import Bounds, Extent, Planned, cut_chunks, in_range, offset_order
-from compactor.sources.table_columns import binary, envelope_headers, millis, without_views
-from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
+from compactor.sources.table_columns import envelope_batch, without_views
+from compactor.sources.table_layouts import COLUMNS_HELP, column, resolve, top_columns, value_columns
+from keygroups.envelope import CorruptFile, empty_batch
 from keygroups.storage import open_storage
 
 if TYPE_CHECKING:  # deltalake is imported where a table is opened
@@ -39,15 +40,14 @@ __all__ = ["DeltaSource", "DeltaOptions"]
 DEFAULT_CHUNK_RECORDS = 1_000_000  # as the Iceberg source: one task's memory, not a task per tiny chunk
 READ_AHEAD_FILES = 4  # data files a chunk read holds at once
 LOG_FILE = re.compile(r"(?:^|/)_delta_log/\d{20}\.json$")  # a commit of a table's log, in a listing
-NEEDED = ("partition", "offset", "timestamp")
-SHAPE = "keyfill reads the Kafka source's columns: partition, offset, timestamp, and key, value, headers, topic"
 
 
 @dataclass(frozen=True)
 class DeltaOptions(SourceOptions):
-    """Which version of the table to read (Delta's time travel)."""
+    """Which version of the table to read (Delta's time travel), and where it keeps each Kafka field."""
 
     table_version: int | None = option("read the table as of this version (default: the latest)", metavar="N")
+    columns: str | None = option(COLUMNS_HELP, metavar="PRESET|FIELD=COLUMN,...")
 
     def continued(self, recorded: Any) -> DeltaOptions:
         """An append reads the table as it is now, not at the version the archive was built from."""
@@ -55,8 +55,8 @@ class DeltaOptions(SourceOptions):
 
 
 class DeltaSource(SourceArchive):
-    """A Kafka topic kept as a Delta table in the Kafka source's columns, read as envelope
-    records. See docs/delta-source.md for the mapping and what is refused.
+    """A Kafka topic kept as a Delta table, read as envelope records. See
+    docs/delta-source.md for the layouts and what is refused.
 
     Picklable: it carries the pinned version and, once listed, the chunk plan (data files by
     path); the delta-rs table is opened on the driver only."""
@@ -67,7 +67,7 @@ class DeltaSource(SourceArchive):
     Options = DeltaOptions
     layouts = (LOG_FILE,)
 
-    def __init__(self, url: str, *, threads: int = 16, table_version: int | None = None):
+    def __init__(self, url: str, *, threads: int = 16, table_version: int | None = None, columns: str | None = None):
         self.given = url
         self.location = delta_location(url)
         table = open_table(self.location, table_version)
@@ -75,7 +75,7 @@ class DeltaSource(SourceArchive):
         self.threads = threads
         self.chunk_records = DEFAULT_CHUNK_RECORDS
         self.store = open_storage(self.location, threads=threads)
-        self._check(table)
+        self._check(table, columns)
         self._actions = self._add_actions(table)
         self._files: list[str] = []  # data files, relative to the table; extents name them by index
         self._constants: list[dict[str, Any]] = []  # per file, the needed columns that are partition values
@@ -86,39 +86,19 @@ class DeltaSource(SourceArchive):
     def __repr__(self) -> str:
         return f"DeltaSource({self.given!r}, version {self.version})"
 
-    def _check(self, table: DeltaTable) -> None:
-        """Refuse, naming the table, what this source cannot read faithfully."""
+    def _check(self, table: DeltaTable, columns: str | None) -> None:
+        """The layout of the table's columns (`--columns`, or the writer's found from them);
+        what this source cannot read faithfully is refused naming the table."""
         where = f"{self.location} (version {self.version})"
         meta = table.metadata()
         mapping = meta.configuration.get("delta.columnMapping.mode", "none")
         if mapping != "none":
             raise ArchiveError(f"{where}: column mapping mode {mapping!r} is not read; keyfill reads physical names")
-        schema = pa.schema(table.schema().to_arrow())
+        self.schema = pa.schema(table.schema().to_arrow())
         self.partition_columns = list(meta.partition_columns)
-        kinds = {"partition": pa.types.is_integer, "offset": pa.types.is_integer, "timestamp": pa.types.is_timestamp}
-        for name, ok in kinds.items():
-            if name not in schema.names:
-                raise ArchiveError(f"{where}: the table has no {name!r} column; {SHAPE}")
-            if not ok(schema.field(name).type):
-                raise ArchiveError(
-                    f"{where}: column {name!r} is {schema.field(name).type}, not an integer or timestamp"
-                )
-        for name in ("key", "value"):
-            if (
-                name in schema.names
-                and not pa.types.is_binary(t := schema.field(name).type)
-                and not pa.types.is_string(t)
-            ):
-                raise ArchiveError(f"{where}: column {name!r} is {t}, not binary or string")
-        headers = schema.field("headers").type if "headers" in schema.names else None
-        if headers is not None and not (
-            pa.types.is_list(headers)
-            and pa.types.is_struct(headers.value_type)
-            and headers.value_type.get_field_index("key") >= 0
-        ):
-            raise ArchiveError(f"{where}: column 'headers' is {headers}, not list<struct<key, value>>")
-        self.columns = [c for c in ("partition", "offset", "timestamp", "key", "value", "headers") if c in schema.names]
-        self.has_topic = "topic" in schema.names
+        self.layout = resolve(columns, self.schema, where)
+        self.columns = top_columns(self.layout, self.schema.names)
+        self.value_columns = value_columns(self.layout, self.schema.names) if self.layout.value is None else []
 
     def _add_actions(self, table: DeltaTable) -> pa.Table:
         """The version's data files with what listing needs of their statistics; the topic
@@ -134,9 +114,9 @@ class DeltaSource(SourceArchive):
             "path",
             "size_bytes",
             "num_records",
-            *(f"{m}.{c}" for m in ("min", "max") for c in ("partition", "offset")),
+            *(f"{m}.{c}" for m in ("min", "max") for c in (self.layout.partition, self.layout.offset)),
         ]
-        wanted += [f"partition.{c}" for c in self.partition_columns if c in NEEDED]
+        wanted += [f"partition.{c}" for c in self.partition_columns if c in self.columns]
         return actions.select([c for c in wanted if c in actions.column_names])
 
     # -- listing
@@ -148,20 +128,22 @@ class DeltaSource(SourceArchive):
         self._files = [unquote(p) for p in actions.column("path").to_pylist()]
         self._sizes = actions.column("size_bytes").to_pylist()
         self._constants = [
-            {c: actions.column(f"partition.{c}")[i].as_py() for c in self.partition_columns if c in NEEDED}
+            {c: actions.column(f"partition.{c}")[i].as_py() for c in self.partition_columns if c in self.columns}
             for i in range(actions.num_rows)
         ]
         extents: list[Extent] = []
         missing: list[int] = []
-        stats = ("min.partition", "max.partition", "min.offset", "max.offset")
+        part, off = self.layout.partition, self.layout.offset
+        stats = (f"min.{part}", f"max.{part}", f"min.{off}", f"max.{off}")
         columns = {
             c: actions.column(c).to_pylist() if c in actions.column_names else [None] * actions.num_rows for c in stats
         }
         records, sizes = actions.column("num_records").to_pylist(), self._sizes
         for i in range(actions.num_rows):
             stat: list[Any] = [
-                self._constants[i].get("partition", columns[c][i]) if "partition" in c else columns[c][i] for c in stats
+                self._constants[i].get(part, columns[c][i]) if c.endswith(part) else columns[c][i] for c in stats[:2]
             ]
+            stat += [columns[c][i] for c in stats[2:]]
             if records[i] == 0:
                 continue
             if records[i] is None or any(v is None for v in stat):
@@ -180,10 +162,11 @@ class DeltaSource(SourceArchive):
     def _topic_of(self, actions: pa.Table) -> None:
         """The topic column's one value, from the files' statistics: a table of several topics
         is refused, since their partitions would share numbers."""
-        if not self.has_topic or "min.topic" not in actions.column_names:
+        topic = self.layout.topic
+        if topic is None or f"min.{topic}" not in actions.column_names:
             return
-        topics = set(actions.column("min.topic").drop_null().to_pylist()) | set(
-            actions.column("max.topic").drop_null().to_pylist()
+        topics = set(actions.column(f"min.{topic}").drop_null().to_pylist()) | set(
+            actions.column(f"max.{topic}").drop_null().to_pylist()
         )
         if len(topics) > 1:
             raise ArchiveError(
@@ -195,8 +178,9 @@ class DeltaSource(SourceArchive):
 
     def _measure(self, index: int) -> list[Extent]:
         """A data file without statistics: its partitions and offset ranges from its two columns."""
-        t = self._read_file(index, ["partition", "offset"])
-        part, off = t.column("partition").combine_chunks(), t.column("offset").combine_chunks()
+        layout = self.layout
+        t = self._read_file(index, sorted({p.split(".")[0] for p in (layout.partition, layout.offset)}))
+        part, off = column(t, layout.partition), column(t, layout.offset)
         if part.null_count or off.null_count:
             raise CorruptFile(f"{self.store.url_for(self._files[index])}: rows without a partition or an offset")
         g = pa.table({"p": part, "o": off}).group_by("p").aggregate([("o", "min"), ("o", "max"), ("o", "count")])
@@ -222,8 +206,10 @@ class DeltaSource(SourceArchive):
         table = without_views(table)
         for c in wanted:
             if c in constants:
-                table = table.append_column(c, pa.array([constants[c]] * table.num_rows, pa.int64()))
-        return table
+                table = table.append_column(
+                    c, pa.array([constants[c]] * table.num_rows).cast(self.schema.field(c).type)
+                )
+        return table.select(wanted)
 
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
         if self._plan is None:
@@ -241,7 +227,7 @@ class DeltaSource(SourceArchive):
                 some = files[at : at + window]
                 for index, table in zip(some, pool.map(self._read_file, some)):
                     if table.num_rows:
-                        part, off = table.column("partition").combine_chunks(), table.column("offset").combine_chunks()
+                        part, off = column(table, self.layout.partition), column(table, self.layout.offset)
                         mask = in_range(
                             self.store.url_for(self._files[index]), part, off, self._bounds[index], p, lo, hi
                         )
@@ -251,33 +237,7 @@ class DeltaSource(SourceArchive):
         table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if table is None or table.num_rows == 0:
             return empty_batch()
-        offsets = table.column("offset").combine_chunks().to_numpy()
+        offsets = column(table, self.layout.offset).to_numpy()
         order = offset_order(offsets, np.concatenate(origin), lambda i: self.store.url_for(self._files[i]), p, lo, hi)
-        return self._envelope(table.take(pa.array(order)), p, files)
-
-    def _envelope(self, table: pa.Table, p: int, files: tuple[int, ...]) -> pa.RecordBatch:
-        n = table.num_rows
         where = ", ".join(self.store.url_for(self._files[i]) for i in files)
-        ts = table.column("timestamp").combine_chunks()
-        if ts.null_count:
-            raise CorruptFile(f"{where}: {ts.null_count} rows of partition {p} without a timestamp")
-
-        def column(name: str) -> pa.Array:
-            return binary(table.column(name).combine_chunks()) if name in self.columns else pa.nulls(n, pa.binary())
-
-        headers = (
-            envelope_headers(table.column("headers").combine_chunks(), where)
-            if "headers" in self.columns
-            else pa.array([[]] * n, pa.list_(HEADER_TYPE))
-        )
-        return pa.RecordBatch.from_arrays(
-            [
-                table.column("partition").combine_chunks().cast(pa.int32()),
-                table.column("offset").combine_chunks().cast(pa.int64()),
-                pa.array(millis(ts), pa.timestamp("ms", tz="UTC")),
-                column("key"),
-                column("value"),
-                headers,
-            ],
-            schema=ARROW_SCHEMA,
-        )
+        return envelope_batch(table.take(pa.array(order)), self.layout, self.value_columns, p, where)

@@ -1,6 +1,6 @@
-"""Redpanda Iceberg Topics' columns as `--format iceberg` reads them: the types the
-`redpanda` struct must have, and where its partition and offset lie in a Parquet file
-(the conversions to envelope columns are `compactor.sources.table_columns`)."""
+"""An Iceberg table's columns as `--format iceberg` reads them: a scan task made light enough
+to travel to every task, and where the layout's partition and offset columns lie in a Parquet
+file (found by field id, so a renamed column is still found)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,8 @@ import pyarrow as pa
 if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask
-    from pyiceberg.types import NestedField, StructType
 
-RP = "redpanda"
-
-
-def needed_types() -> dict[str, tuple[type, ...]]:
-    from pyiceberg.types import (
-        IntegerType,
-        LongType,
-        TimestampNanoType,
-        TimestampType,
-        TimestamptzNanoType,
-        TimestamptzType,
-    )
-
-    times = (TimestamptzType, TimestampType, TimestamptzNanoType, TimestampNanoType)  # older Redpanda: timestamp
-    return {"partition": (IntegerType, LongType), "offset": (LongType, IntegerType), "timestamp": times}
-
-
-def struct_field(struct: StructType, name: str) -> NestedField | None:
-    try:
-        return struct.field_by_name(name)
-    except (AttributeError, ValueError):
-        return None
+    from compactor.sources.table_layouts import ColumnLayout
 
 
 def slim(task: FileScanTask) -> FileScanTask:
@@ -55,18 +33,23 @@ def slim(task: FileScanTask) -> FileScanTask:
     return FileScanTask(slim)
 
 
-def parquet_paths(file_schema: pa.Schema, schema: Schema) -> dict[str, str]:
+def parquet_paths(file_schema: pa.Schema, schema: Schema, layout: ColumnLayout) -> dict[str, str]:
     """Parquet column path -> "partition" / "offset", matched by Iceberg field id (a renamed
     column keeps its id), or by the table's names when the file carries no ids."""
-    ids = {schema.find_field(f"{RP}.{name}").field_id: name for name in ("partition", "offset")}
-    rp_id = schema.find_field(RP).field_id
+    ids = {schema.find_field(getattr(layout, name)).field_id: name for name in ("partition", "offset")}
 
     def field_id(field: pa.Field) -> int | None:
         raw = (field.metadata or {}).get(b"PARQUET:field_id")
         return int(raw) if raw is not None else None
 
     out: dict[str, str] = {}
-    for top in file_schema:
-        if field_id(top) == rp_id and pa.types.is_struct(top.type):
-            out.update({f"{top.name}.{c.name}": ids[i] for c in top.type if (i := field_id(c)) in ids})
-    return out or {f"{RP}.{name}": name for name in ids.values()}
+
+    def walk(fields: list[pa.Field], prefix: str) -> None:
+        for f in fields:
+            if (i := field_id(f)) in ids:
+                out[prefix + f.name] = ids[i]
+            elif pa.types.is_struct(f.type):
+                walk(list(f.type), f"{prefix}{f.name}.")
+
+    walk(list(file_schema), "")
+    return out or {getattr(layout, name): name for name in ids.values()}

@@ -1,6 +1,7 @@
-"""Kafka topics materialised as Iceberg tables (`--format iceberg`, docs/iceberg-source.md):
-Redpanda Iceberg Topics' schema, a `redpanda` struct (partition, offset, timestamp, headers,
-key) beside the value, read with pyiceberg.
+"""Kafka topics materialised as Iceberg tables (`--format iceberg`, docs/iceberg-source.md),
+in the columns each writer gives them (Redpanda's `redpanda` struct, Tableflow's system
+columns, the Iceberg Kafka Connect sink's metadata struct, ...: `table_layouts`), read with
+pyiceberg.
 
 The table is named by its metadata file, its folder (`metadata/version-hint.text`), or an
 SQL catalog URL with the table identifier as fragment (`sqlite:////path/catalog.db#ns.topic`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,13 +28,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compactor.errors import ArchiveError
-from compactor.sources.base import SourceArchive, SourceChunk
-from compactor.sources.iceberg.columns import RP, needed_types, parquet_paths, slim, struct_field
+from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
+from compactor.sources.iceberg.columns import parquet_paths, slim
 from compactor.sources.iceberg.ranges import DataFileBounds, int_bound
 from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
 from compactor.sources.offset_ranges import Bounds, Extent, Planned, cut_chunks, in_range, offset_order
-from compactor.sources.table_columns import binary, envelope_headers, json_values, millis
-from keygroups.envelope import ARROW_SCHEMA, HEADER_TYPE, CorruptFile, empty_batch
+from compactor.sources.table_columns import envelope_batch
+from compactor.sources.table_layouts import COLUMNS_HELP, column, resolve, top_columns, value_columns
+from keygroups.envelope import CorruptFile, empty_batch
 from keygroups.storage import open_storage
 
 if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
@@ -40,7 +43,7 @@ if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
     from pyiceberg.schema import Schema
     from pyiceberg.table import FileScanTask, Table
 
-__all__ = ["IcebergSource", "DEFAULT_CHUNK_RECORDS"]
+__all__ = ["IcebergSource", "IcebergOptions", "DEFAULT_CHUNK_RECORDS"]
 
 # About this many rows per chunk (estimated from the manifests): a chunk is read into one
 # task's memory, and many tiny chunks cost a task each.
@@ -51,9 +54,16 @@ SQL_SCHEMES = ("sqlite",)  # SQLAlchemy URLs of catalogs pyiceberg's SqlCatalog 
 READ_AHEAD_FILES = 4  # data files a chunk read fetches at once (each held whole until filtered)
 
 
+@dataclass(frozen=True)
+class IcebergOptions(SourceOptions):
+    """Where the table keeps each Kafka field."""
+
+    columns: str | None = option(COLUMNS_HELP, metavar="PRESET|FIELD=COLUMN,...")
+
+
 class IcebergSource(SourceArchive):
-    """A Kafka topic materialised as an Iceberg table with Redpanda's schema, read as
-    envelope records. See docs/iceberg-source.md for the mapping and what is refused.
+    """A Kafka topic materialised as an Iceberg table, read as envelope records. See
+    docs/iceberg-source.md for the layouts and what is refused.
 
     Picklable: it carries the pinned table metadata and, once listed, the chunk plan (data
     files by reference); the FileIO is rebuilt in each process."""
@@ -61,9 +71,10 @@ class IcebergSource(SourceArchive):
     contiguous = False  # offsets skip where Kafka's do (transaction markers, aborted data, compaction)
     storage_url = False  # a metadata file, a table folder or a catalog URL: opened with pyiceberg
     format = "iceberg"
+    Options = IcebergOptions
     layouts = (METADATA_FILE,)
 
-    def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None):
+    def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None, columns: str | None = None):
         scheme = url.partition("://")[0].lower() if "://" in url else ""
         table = sql_catalog_table(url) if scheme.split("+")[0] in SQL_SCHEMES else static_table(url)
         self.given = url
@@ -75,7 +86,7 @@ class IcebergSource(SourceArchive):
         # Redpanda names the table after the topic; a table folder is named after the table.
         self.topic = table.name()[-1] if "#" in url else self.metadata.location.rstrip("/").rsplit("/", 1)[-1]
         self.store = open_storage(self.metadata.location, threads=threads)
-        self._check_schema()
+        self._check_schema(columns)
         self._io: FileIO | None = None
         self._tasks: list[FileScanTask] = []  # the data files, once listed; extents name them by index
         self._plan: dict[str, Planned] | None = None  # None until listed
@@ -92,45 +103,18 @@ class IcebergSource(SourceArchive):
     @property
     def io(self) -> FileIO:
         if self._io is None:
-            from pyiceberg.io import load_file_io
+            from compactor.sources.iceberg.file_io import StoreFileIO
 
-            self._io = load_file_io({**self.metadata.properties, **io_properties()}, self.metadata.location)
+            self._io = StoreFileIO({**self.metadata.properties, **io_properties()})
         return self._io
 
-    def _check_schema(self) -> None:
-        """Refuse, naming the metadata file, a table without the fields the envelope needs."""
-        from pyiceberg.types import BinaryType, ListType, StringType, StructType
-
-        schema = self.metadata.schema()
-        shape = "keyfill reads a redpanda struct<partition, offset, timestamp, headers, key> beside a value column"
-        rp = struct_field(schema.as_struct(), RP)
-        if rp is None or not isinstance(rp.field_type, StructType):
-            raise ArchiveError(f"{self.metadata_location}: the table has no {RP!r} struct column; {shape}")
-        for name, types in needed_types().items():
-            field = struct_field(rp.field_type, name)
-            if field is None:
-                raise ArchiveError(f"{self.metadata_location}: the table has no {RP}.{name} field; {shape}")
-            if not isinstance(field.field_type, types):
-                raise ArchiveError(
-                    f"{self.metadata_location}: {RP}.{name} is {field.field_type}, not "
-                    + " or ".join(str(t()) for t in types)
-                )
-        headers = struct_field(rp.field_type, "headers")
-        if headers is not None and not (
-            isinstance(headers.field_type, ListType)
-            and isinstance(headers.field_type.element_type, StructType)
-            and struct_field(headers.field_type.element_type, "key") is not None
-        ):
-            raise ArchiveError(
-                f"{self.metadata_location}: {RP}.headers is {headers.field_type}, not list<struct<key, value>>"
-            )
-        value = struct_field(schema.as_struct(), "value")
-        self.value_columns = [f.name for f in schema.fields if f.name != RP]
-        self.raw_value = value is not None and isinstance(value.field_type, (BinaryType, StringType))
-        if not self.value_columns:
-            raise ArchiveError(f"{self.metadata_location}: the table has no value column beside {RP!r}; {shape}")
-        self.has_key = struct_field(rp.field_type, "key") is not None
-        self.has_headers = headers is not None
+    def _check_schema(self, columns: str | None) -> None:
+        """The layout of the table's columns (`--columns`, or the writer's found from them);
+        a table that does not fit it is refused naming the metadata file and the column."""
+        arrow = self.metadata.schema().as_arrow()
+        self.layout = resolve(columns, arrow, self.metadata_location)
+        self.value_columns = value_columns(self.layout, arrow.names) if self.layout.value is None else []
+        self._read_ids = {self.metadata.schema().find_field(c).field_id for c in top_columns(self.layout, arrow.names)}
 
     def _table(self) -> Table:
         from pyiceberg.catalog.noop import NoopCatalog
@@ -168,7 +152,7 @@ class IcebergSource(SourceArchive):
 
     def _field_ids(self) -> tuple[int, int]:
         schema = self.metadata.schema()
-        return schema.find_field(f"{RP}.partition").field_id, schema.find_field(f"{RP}.offset").field_id
+        return schema.find_field(self.layout.partition).field_id, schema.find_field(self.layout.offset).field_id
 
     def _extents(self, tasks: list[FileScanTask]) -> list[Extent]:
         schema = self.metadata.schema()
@@ -211,8 +195,8 @@ class IcebergSource(SourceArchive):
         return self._footer_extents(index) or self._column_extents(index)
 
     def _footer_extents(self, index: int) -> list[Extent] | None:
-        """One extent per row group and partition, from the Parquet footer's min/max of
-        redpanda.partition and redpanda.offset (columns found by field id, else by name)."""
+        """One extent per row group and partition, from the Parquet footer's min/max of the
+        partition and offset columns (found by field id, else by name)."""
         import pyarrow.parquet as pq
         from pyiceberg.manifest import FileFormat
 
@@ -224,7 +208,7 @@ class IcebergSource(SourceArchive):
                 meta = pq.ParquetFile(stream).metadata
         except (OSError, ValueError) as exc:  # missing file, not Parquet
             raise ArchiveError(f"{f.file_path}: cannot read the data file's Parquet footer: {exc}") from None
-        paths = parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema())
+        paths = parquet_paths(meta.schema.to_arrow_schema(), self.metadata.schema(), self.layout)
         extents: list[Extent] = []
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
@@ -247,8 +231,8 @@ class IcebergSource(SourceArchive):
 
         f = self._tasks[index].file
         schema = prune_columns(self.metadata.schema(), set(self._field_ids()), select_full_types=False)
-        rp = self._read_file(index, schema).column(RP).combine_chunks()
-        part, off = pc.struct_field(rp, "partition"), pc.struct_field(rp, "offset")
+        read = self._read_file(index, schema)
+        part, off = column(read, self.layout.partition), column(read, self.layout.offset)
         self._no_nulls(f.file_path, part, off)
         t = pa.table({"p": part, "o": off}).group_by("p").aggregate([("o", "min"), ("o", "max"), ("o", "count")])
         records = max(t.num_rows and int(pc.sum(t.column("o_count")).as_py()), 1)
@@ -260,20 +244,26 @@ class IcebergSource(SourceArchive):
     # -- reading
 
     def _read_file(self, index: int, schema: Schema | None = None) -> pa.Table:
+        """The data file's rows, in the columns a read needs (or `schema`'s)."""
         from pyiceberg.expressions import AlwaysTrue
         from pyiceberg.io.pyarrow import ArrowScan
+        from pyiceberg.schema import prune_columns
 
         task = self._tasks[index]
-        scan = ArrowScan(self.metadata, self.io, schema or self.metadata.schema(), AlwaysTrue())
+        if schema is None:
+            schema = prune_columns(self.metadata.schema(), self._read_ids, select_full_types=True)
+        scan = ArrowScan(self.metadata, self.io, schema, AlwaysTrue())
         try:
             return scan.to_table([task])
         except (OSError, ValueError) as exc:  # missing or unreadable data file, a schema the file does not fit
             raise ArchiveError(f"{task.file.file_path}: cannot read the data file: {exc}") from None
 
-    @staticmethod
-    def _no_nulls(name: str, part: pa.Array, off: pa.Array) -> None:
+    def _no_nulls(self, name: str, part: pa.Array, off: pa.Array) -> None:
         if part.null_count or off.null_count:
-            raise CorruptFile(f"{name}: {part.null_count + off.null_count} rows without {RP}.partition or {RP}.offset")
+            raise CorruptFile(
+                f"{name}: {part.null_count + off.null_count} rows without "
+                f"{self.layout.partition} or {self.layout.offset}"
+            )
 
     def read(self, chunk: SourceChunk) -> pa.RecordBatch:
         if self._plan is None:
@@ -298,10 +288,10 @@ class IcebergSource(SourceArchive):
         table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if table is None or table.num_rows == 0:
             return empty_batch()
-        offsets = pc.struct_field(table.column(RP).combine_chunks(), "offset").to_numpy()
+        offsets = column(table, self.layout.offset).to_numpy()
         name_of = lambda i: self._tasks[i].file.file_path  # noqa: E731
         order = offset_order(offsets, np.concatenate(origin), name_of, p, lo, hi)
-        return self._envelope(table.take(pa.array(order)), p, files)
+        return envelope_batch(table.take(pa.array(order)), self.layout, self.value_columns, p, self._names(files))
 
     def _rows_of(self, index: int, table: pa.Table, p: int, lo: int, hi: int) -> pa.Table:
         """The file's rows of partition p in lo..hi, after checking every row lies inside the
@@ -309,39 +299,9 @@ class IcebergSource(SourceArchive):
         name = self._tasks[index].file.file_path
         if not table.num_rows:
             return table
-        rp = table.column(RP).combine_chunks()
-        part, off = pc.struct_field(rp, "partition"), pc.struct_field(rp, "offset")
+        part, off = column(table, self.layout.partition), column(table, self.layout.offset)
         mask = in_range(name, part, off, self._bounds[index], p, lo, hi)
         return table.filter(mask)
-
-    def _envelope(self, table: pa.Table, p: int, files: tuple[int, ...]) -> pa.RecordBatch:
-        rp = table.column(RP).combine_chunks()
-        n = table.num_rows
-        ts = pc.struct_field(rp, "timestamp")
-        if ts.null_count:
-            raise CorruptFile(f"{self._names(files)}: {ts.null_count} rows of partition {p} without {RP}.timestamp")
-        ms = millis(ts)
-        key = binary(pc.struct_field(rp, "key")) if self.has_key else pa.nulls(n, pa.binary())
-        if self.raw_value:
-            value = binary(table.column("value").combine_chunks())
-        else:
-            value = json_values(table.select(self.value_columns))
-        headers = (
-            envelope_headers(pc.struct_field(rp, "headers"), self._names(files))
-            if self.has_headers
-            else pa.array([[]] * n, pa.list_(HEADER_TYPE))
-        )
-        return pa.RecordBatch.from_arrays(
-            [
-                pc.struct_field(rp, "partition").cast(pa.int32()),
-                pc.struct_field(rp, "offset").cast(pa.int64()),
-                pa.array(ms, pa.timestamp("ms", tz="UTC")),
-                key,
-                value,
-                headers,
-            ],
-            schema=ARROW_SCHEMA,
-        )
 
     def _names(self, files: tuple[int, ...]) -> str:
         return ", ".join(self._tasks[i].file.file_path for i in files)

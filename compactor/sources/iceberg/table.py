@@ -1,6 +1,6 @@
 """Opening an Iceberg table the way `--format iceberg` names it: a metadata file, a table
 folder (`metadata/version-hint.text`), or an SQL catalog URL with the table identifier as
-fragment; with the FileIO settings pyiceberg needs from the standard AWS environment."""
+fragment; with keyfill's FileIO and the settings pyiceberg needs from the AWS environment."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ if TYPE_CHECKING:  # pyiceberg is imported where a table is opened
 
 
 def io_properties() -> dict[str, str]:
-    """pyiceberg FileIO properties from the standard AWS settings that the AWS SDK inside
+    """pyiceberg FileIO properties: keyfill's FileIO (tables on GCS and Azure read through
+    keyfill's storage layer), and for S3 the standard AWS settings that the AWS SDK inside
     pyarrow does not read itself (the endpoint); credentials it finds on its own chain."""
-    props = {}
+    props = {"py-io-impl": "compactor.sources.iceberg.file_io.StoreFileIO"}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         props["s3.endpoint"] = endpoint
