@@ -365,6 +365,30 @@ def test_inspect_and_verify_commands_take_an_iceberg_table(tmp_path, capsys):
         ]
 
 
+def test_a_catalog_configured_for_pyiceberg_is_named_catalog_name(tmp_path):
+    """`catalog://NAME#ns.table`: the catalog pyiceberg's own configuration gives NAME (here
+    its environment variables, read when pyiceberg is imported: a fresh process), the way a
+    REST, Glue or Hive catalog is configured; an unconfigured name is one line naming it."""
+    import subprocess
+    import sys
+
+    records = topic_records(6, partitions=2, per_partition=20)
+    write_table(tmp_path, records, files=2)
+    env = dict(
+        os.environ,
+        PYICEBERG_CATALOG__DEFAULT__TYPE="sql",
+        PYICEBERG_CATALOG__DEFAULT__URI=f"sqlite:///{tmp_path}/catalog.db",
+    )
+    env["PYICEBERG_CATALOG__DEFAULT__INIT_CATALOG_TABLES"] = "false"
+    run = [sys.executable, "-m", "keyfill", "inspect", "--format", "iceberg", "--json", "--no-progress"]
+    done = subprocess.run([*run, "catalog://default#redpanda.payments"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["records"] == 40
+    done = subprocess.run([*run, "catalog://prod#redpanda.payments"], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "cannot open pyiceberg catalog 'prod'" in done.stderr
+    assert "PYICEBERG_CATALOG__PROD__*" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 # --- bad tables ---------------------------------------------------------------------------
 
 

@@ -3,8 +3,9 @@ in the columns each writer gives them (Redpanda's `redpanda` struct, Tableflow's
 columns, the Iceberg Kafka Connect sink's metadata struct, ...: `table_layouts`), read with
 pyiceberg.
 
-The table is named by its metadata file, its folder (`metadata/version-hint.text`), or an
-SQL catalog URL with the table identifier as fragment (`sqlite:////path/catalog.db#ns.topic`).
+The table is named by its metadata file, its folder (`metadata/version-hint.text`), an SQL
+catalog URL with the table identifier as fragment (`sqlite:////path/catalog.db#ns.topic`), or
+a catalog pyiceberg is configured with (`catalog://NAME#ns.topic`: REST, Glue, Hive, ...).
 The current snapshot is pinned when the source is opened, so both compaction passes read the
 same data files.
 
@@ -31,7 +32,7 @@ from compactor.errors import ArchiveError
 from compactor.sources.base import SourceArchive, SourceChunk, SourceOptions, option
 from compactor.sources.iceberg.columns import parquet_paths, slim
 from compactor.sources.iceberg.ranges import DataFileBounds, int_bound
-from compactor.sources.iceberg.table import io_properties, sql_catalog_table, static_table
+from compactor.sources.iceberg.table import io_properties, named_catalog_table, sql_catalog_table, static_table
 from compactor.sources.offset_ranges import Bounds, Extent, Planned, cut_chunks, in_range, offset_order
 from compactor.sources.table_columns import envelope_batch
 from compactor.sources.table_layouts import COLUMNS_HELP, column, resolve, top_columns, value_columns
@@ -76,7 +77,12 @@ class IcebergSource(SourceArchive):
 
     def __init__(self, url: str, *, threads: int = 16, chunk_records: int | None = None, columns: str | None = None):
         scheme = url.partition("://")[0].lower() if "://" in url else ""
-        table = sql_catalog_table(url) if scheme.split("+")[0] in SQL_SCHEMES else static_table(url)
+        if scheme == "catalog":
+            table = named_catalog_table(url)
+        elif scheme.split("+")[0] in SQL_SCHEMES:
+            table = sql_catalog_table(url)
+        else:
+            table = static_table(url)
         self.given = url
         self.metadata = table.metadata
         self.metadata_location = table.metadata_location

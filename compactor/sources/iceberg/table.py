@@ -1,6 +1,8 @@
 """Opening an Iceberg table the way `--format iceberg` names it: a metadata file, a table
-folder (`metadata/version-hint.text`), or an SQL catalog URL with the table identifier as
-fragment; with keyfill's FileIO and the settings pyiceberg needs from the AWS environment."""
+folder (`metadata/version-hint.text`), an SQL catalog URL with the table identifier as
+fragment, or `catalog://NAME#ns.table`, a catalog configured for pyiceberg (REST, Glue, Hive,
+...: `.pyiceberg.yaml` or `PYICEBERG_CATALOG__NAME__*`); with keyfill's FileIO and the
+settings pyiceberg needs from the AWS environment."""
 
 from __future__ import annotations
 
@@ -63,6 +65,31 @@ def sql_catalog_table(url: str) -> Table:
         ) from None
     except Exception as exc:  # SQLAlchemy errors: not a catalog database
         raise ArchiveError(f"{url}: cannot read the table from this SQL catalog: {exc}") from None
+
+
+def named_catalog_table(url: str) -> Table:
+    """The table `#ns.table` of the catalog pyiceberg's own configuration names NAME in
+    `catalog://NAME` (its type, URI, credentials: `.pyiceberg.yaml`, PYICEBERG_CATALOG__NAME__*)."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    base, _, ident = url.partition("#")
+    name = base.removeprefix("catalog://").strip("/")
+    if not name or not ident or "." not in ident:
+        raise ArchiveError(f"{url}: write catalog://NAME#namespace.table (NAME as configured for pyiceberg)")
+    try:
+        catalog = load_catalog(name, **io_properties())
+    except Exception as exc:  # pyiceberg's errors for a catalog it cannot configure or reach
+        raise ArchiveError(
+            f"{url}: cannot open pyiceberg catalog {name!r} (configured in .pyiceberg.yaml or "
+            f"PYICEBERG_CATALOG__{name.upper()}__*): {exc}"
+        ) from None
+    try:
+        return catalog.load_table(ident)
+    except NoSuchTableError:
+        raise ArchiveError(f"{url}: catalog {name!r} has no table {ident}") from None
+    except Exception as exc:  # a catalog server's errors (REST, Glue, Hive)
+        raise ArchiveError(f"{url}: cannot read the table from catalog {name!r}: {exc}") from None
 
 
 def static_table(url: str) -> StaticTable:
