@@ -319,3 +319,35 @@ def test_a_mapping_names_what_the_table_lacks_and_bad_mappings_are_refused(tmp_p
         "key": "key",
         "value": "value",
     }
+
+
+def test_a_tableflow_delta_table_on_azure_compacts_on_spark_and_the_spark_source_reads_it(spark, azure_url, tmp_path):
+    """Tableflow writes Delta too: the table on Azurite (written locally, then copied: the
+    layout, not the store, is under test), compacted by a Spark job, read back by the
+    `format("keyfill")` source: each record once, with the key and value bytes the table
+    holds and its $$topic as the topic."""
+    import reader.spark
+    from tests.test_delta_source import copy_table
+
+    records = topic(3, 60, seed=11)
+    lake = str(tmp_path / "lake")
+    write_deltalake(lake, tableflow(records[::2]))
+    write_deltalake(lake, tableflow(records[1::2]), mode="append")
+    url = f"{azure_url}/tableflow/payments"
+    copy_table(lake, url)
+    dest = f"{azure_url}/compacted"
+    r = compact(
+        CompactConfig(source=url, dest=dest, source_format="delta", groups=3, slice_duration="20s", seal_all=True),
+        spark,
+    )
+    assert r.records == len(records)
+    reader.spark.register(spark)
+    rows = spark.read.format("keyfill").option("includeHeaders", "true").load(dest).toArrow()
+    assert set(rows.column("topic").to_pylist()) == {"payments"}
+    got = sorted(zip(*(rows.column(c).to_pylist() for c in ("partition", "offset", "key", "value"))))
+    assert got == sorted((p, o, k, v) for p, o, _, k, v, _ in expected(records, "tableflow"))
+    headers = {
+        (p, o): [(h["key"], h["value"]) for h in hs]
+        for p, o, hs in zip(*(rows.column(c).to_pylist() for c in ("partition", "offset", "headers")))
+    }
+    assert headers == {(r["p"], r["o"]): r["h"] for r in records}
