@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -50,8 +50,10 @@ class DeltaOptions(SourceOptions):
     columns: str | None = option(COLUMNS_HELP, metavar="PRESET|FIELD=COLUMN,...")
 
     def continued(self, recorded: Any) -> DeltaOptions:
-        """An append reads the table as it is now, not at the version the archive was built from."""
-        return self
+        """An append reads the table as it is now, not at the version the archive was built
+        from, in the columns the archive was read in (a key taken from another column stays
+        the key)."""
+        return replace(self, columns=recorded["columns"]) if "columns" in recorded else self
 
 
 class DeltaSource(SourceArchive):
