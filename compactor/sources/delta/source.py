@@ -142,9 +142,8 @@ class DeltaSource(SourceArchive):
         }
         records, sizes = actions.column("num_records").to_pylist(), self._sizes
         for i in range(actions.num_rows):
-            stat: list[Any] = [
-                self._constants[i].get(part, columns[c][i]) if c.endswith(part) else columns[c][i] for c in stats[:2]
-            ]
+            # a partition column's value is the file's constant, not a statistic
+            stat: list[Any] = [self._constants[i].get(part, columns[c][i]) for c in stats[:2]]
             stat += [columns[c][i] for c in stats[2:]]
             if records[i] == 0:
                 continue
