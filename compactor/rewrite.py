@@ -21,6 +21,7 @@ from compactor.sources import SourceArchive, SourceChunk
 from keygroups import piece_index
 from keygroups.assignment import MISSING, cached_assignment
 from keygroups.envelope.buffers import binary_buffers, take_binary
+from keygroups.envelope.decoder import leading_fields
 from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
@@ -34,13 +35,23 @@ PARCEL_SCHEMA = pa.schema(
     [
         ("slice", pa.int32()),
         ("order_ts", pa.int64()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.int64()),
         ("record", pa.large_binary()),  # as the map holds it and the merge needs it: no cast per parcel
     ]
 )
-_HELD = pa.schema([("grp", pa.int32()), *PARCEL_SCHEMA])
+# A record's partition, offset and timestamp are the first fields of its encoding: the map sorts
+# by them, the write task reads them back from the record (`envelope.leading_fields`) rather than
+# receive them (8% of the parcels' bytes, compressed).
+_SORTED = pa.schema(
+    [
+        ("slice", pa.int32()),
+        ("order_ts", pa.int64()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("record", pa.large_binary()),
+    ]
+)
+_HELD = pa.schema([("grp", pa.int32()), *_SORTED])
 # lo: the parcel's first slice; parcel: packed (shuffle_codec)
 PARCELS = pa.schema([("slot", pa.int64()), ("grp", pa.int32()), ("lo", pa.int32()), ("parcel", pa.binary())])
 # Record bytes a map task gathers before it sorts them into parcels: 32 KiB per group (so a parcel
@@ -176,9 +187,13 @@ class _Pending:
         self.low = np.iinfo(np.int64).max  # the lowest slice held
 
     def add(self, parcel: pa.RecordBatch) -> None:
+        """A parcel (PARCEL_SCHEMA), held with the fields read back from its records (_SORTED)."""
         if parcel.num_rows:
             sl = parcel.column("slice").to_numpy()
-            self.parcels.append((parcel, sl))
+            records = parcel.column("record")
+            part, off, ts = leading_fields(records)
+            columns = [parcel.column("slice"), parcel.column("order_ts"), pa.array(part), pa.array(off), pa.array(ts)]
+            self.parcels.append((pa.RecordBatch.from_arrays([*columns, records], schema=_SORTED), sl))
             self.low = min(self.low, int(sl[0]))
 
     def take_below(self, bound: int | None) -> pa.Table | None:

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups import envelope
+from keygroups.envelope import decoder
 from tests.test_envelope import damaged, record
 
 SYNC = bytes(range(16))
@@ -134,3 +135,21 @@ def test_a_header_key_that_is_not_utf8_is_named():
     bad = good[:-1] + varint(1) + blob(b"\xff\xfe") + b"\x00" + b"\x00"
     with pytest.raises(envelope.CorruptFile, match=r"chunk\.avro: a header key is not UTF-8"):
         envelope.decode_encoded(container([bad], "null", 4096), name="chunk.avro")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(record, max_size=40), start=st.integers(0, 5))
+def test_leading_fields_are_the_encoded_records_partition_offset_and_timestamp(records, start):
+    """The rewrite ships records' encodings alone and reads these three back where it merges."""
+    batch = envelope.batch_from_records(records)
+    encoded = envelope.encode_records(batch).cast(pa.large_binary())
+    start = min(start, len(encoded))
+    part, off, ts = decoder.leading_fields(encoded.slice(start))
+    assert part.tolist() == batch.column("partition").to_pylist()[start:]
+    assert off.tolist() == batch.column("offset").to_pylist()[start:]
+    assert ts.tolist() == batch.column("timestamp").cast(pa.int64()).to_pylist()[start:]
+
+
+def test_leading_fields_refuse_a_record_cut_short():
+    with pytest.raises(ValueError, match="shorter than its leading fields"):
+        decoder.leading_fields(pa.array([varint(3) + varint(7)], pa.large_binary()))
