@@ -53,7 +53,9 @@ import pyarrow as pa
 
 import reader.spark as rs
 from bench.archives import cached_compacted
-from reader.spark.rows import arrow_schema
+from reader.spark.enumerator import ArchivePlanner
+from reader.spark.options import Options
+from reader.spark.rows import arrow_schema, schema_ddl
 from reader.spark.split_reader import read_archive
 
 PYTHON_TARGET, PARQUET_TARGET = 0.9, 0.75
@@ -72,7 +74,7 @@ def write_records(url: str, dest: str) -> list[str]:
         return files
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
-    planner = rs.ArchivePlanner(rs.Options.parse({"path": url}))
+    planner = ArchivePlanner(Options.parse({"path": url}))
     batches = [b for part in planner.plan(0, planner.manifest.slices) for b in read_archive(planner.opts, part)]
     table = pa.Table.from_batches(batches, arrow_schema(False)).combine_chunks()
     per = -(-table.num_rows // PYTHON_PARTITIONS)
@@ -85,7 +87,7 @@ def write_records(url: str, dest: str) -> list[str]:
 
 def write_partitions(url: str, path: str) -> str:
     """keyfill's input partitions of the whole archive, one per Python source partition, pickled."""
-    planner = rs.ArchivePlanner(rs.Options.parse({"path": url, "numPartitions": str(PYTHON_PARTITIONS)}))
+    planner = ArchivePlanner(Options.parse({"path": url, "numPartitions": str(PYTHON_PARTITIONS)}))
     with open(path, "wb") as f:
         pickle.dump(planner.plan(0, planner.manifest.slices), f)
     return path
@@ -105,7 +107,7 @@ def query(spark, source: str, url: str, windowed: bool, extra: dict):
     from pyspark.sql import functions as F
 
     if source == "parquet":
-        df = spark.readStream.schema(rs.schema_ddl(False)).parquet(extra["parquet"])
+        df = spark.readStream.schema(schema_ddl(False)).parquet(extra["parquet"])
     elif source.startswith("python"):
         df = spark.readStream.format("prebuilt").option("files", ",".join(extra["files"]))
         if source.startswith(DECODING):

@@ -23,11 +23,16 @@ from reader.memory import bounded_read_ahead
 from reader.spark.enumerator import GroupsPartition
 from reader.spark.options import Options
 from reader.spark.pushdown import RowFilter
-from reader.spark.rows import Constants, arrow_schema, to_spark_batches
+from reader.spark.rows import Constants, arrow_schema, coalesced, to_spark_batches
 
 
 def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | None = None) -> Iterator[pa.RecordBatch]:
-    """The partition's groups through the replay's group reader, only the records `rows` keeps."""
+    """The partition's groups through the replay's group reader, only the records `rows` keeps,
+    in batches of up to `batchSize` rows (`coalesced`)."""
+    return coalesced(_archive_batches(opts, partition, rows), opts.batch_size)
+
+
+def _archive_batches(opts: Options, partition: GroupsPartition, rows: RowFilter | None) -> Iterator[pa.RecordBatch]:
     budget = bounded_read_ahead(opts.read_ahead_bytes, os.cpu_count() or 1)  # a task per core at most
     constants = Constants()
     for step, batch in read_groups(
