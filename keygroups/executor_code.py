@@ -33,7 +33,7 @@ from keygroups.spark_kind import is_connect, to_arrow
 PACKAGES = ("keyfill", "keygroups", "compactor", "reader", "jobs")  # what a task may import of keyfill
 # What keyfill's tasks import from PyPI, by module name (the storage SDKs depend on the URL:
 # a task that lacks one names it when it opens the store).
-NEEDED = ("numpy", "pyarrow", "fastavro", "numba", "cramjam", "google_crc32c")
+NEEDED = ("numpy", "pyarrow", "fastavro", "numba", "cramjam", "google_crc32c", "zlib_ng", "zstandard")
 
 _ARCHIVE = re.compile(r"^(.+?\.whl)[/\\]")
 _shipped: dict[str, str | None] = {}  # an application's or a Connect session's id -> what it was given
