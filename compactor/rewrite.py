@@ -21,7 +21,7 @@ from compactor.sources import SourceArchive, SourceChunk
 from keygroups import piece_index
 from keygroups.assignment import MISSING, cached_assignment
 from keygroups.envelope.buffers import binary_buffers, take_binary
-from keygroups.envelope.decoder import leading_fields
+from keygroups.envelope.encoder import leading_fields
 from keygroups.segments import SegmentWriter, Tail
 from keygroups.storage import Storage
 
@@ -39,7 +39,7 @@ PARCEL_SCHEMA = pa.schema(
     ]
 )
 # A record's partition, offset and timestamp are the first fields of its encoding: the map sorts
-# by them, the write task reads them back from the record (`envelope.leading_fields`) rather than
+# by them, the write task reads them back from the record (`envelope.encoder.leading_fields`) rather than
 # receive them (8% of the parcels' bytes, compressed).
 _SORTED = pa.schema(
     [

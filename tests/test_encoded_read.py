@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keygroups import envelope
-from keygroups.envelope import decoder
+from keygroups.envelope import encoder
 from tests.test_envelope import damaged, record
 
 SYNC = bytes(range(16))
@@ -144,7 +144,7 @@ def test_leading_fields_are_the_encoded_records_partition_offset_and_timestamp(r
     batch = envelope.batch_from_records(records)
     encoded = envelope.encode_records(batch).cast(pa.large_binary())
     start = min(start, len(encoded))
-    part, off, ts = decoder.leading_fields(encoded.slice(start))
+    part, off, ts = encoder.leading_fields(encoded.slice(start))
     assert part.tolist() == batch.column("partition").to_pylist()[start:]
     assert off.tolist() == batch.column("offset").to_pylist()[start:]
     assert ts.tolist() == batch.column("timestamp").cast(pa.int64()).to_pylist()[start:]
@@ -152,4 +152,4 @@ def test_leading_fields_are_the_encoded_records_partition_offset_and_timestamp(r
 
 def test_leading_fields_refuse_a_record_cut_short():
     with pytest.raises(ValueError, match="shorter than its leading fields"):
-        decoder.leading_fields(pa.array([varint(3) + varint(7)], pa.large_binary()))
+        encoder.leading_fields(pa.array([varint(3) + varint(7)], pa.large_binary()))

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from keygroups._numba import Int, njit
 from keygroups.envelope.buffers import EnvelopeBuffers, arrow_binary, binary_buffers
-from keygroups.envelope.framing import compress, put_bytes, put_varint, varint_bytes, varint_size
+from keygroups.envelope.framing import compress, put_bytes, put_varint, read_varint, varint_bytes, varint_size
 from keygroups.envelope.schema import (
     CODECS,
     DEFAULT_BLOCK_BYTES,
@@ -234,3 +234,26 @@ def _content_marker(sizes: np.ndarray, ts: np.ndarray) -> bytes:
     h.update(sizes.tobytes())
     h.update(np.ascontiguousarray(ts).tobytes())
     return h.digest()
+
+
+@njit(cache=True, nogil=True)
+def _leading_fields(offsets: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = offsets.shape[0] - 1
+    part, off, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
+    for i in range(n):
+        pos, end = offsets[i], offsets[i + 1]
+        p, pos = read_varint(data, pos, end)
+        o, pos = read_varint(data, pos, end)
+        t, pos = read_varint(data, pos, end)
+        if pos < 0:
+            raise ValueError("an encoded record shorter than its leading fields")
+        part[i], off[i], ts[i] = p, o, t
+    return part, off, ts
+
+
+def leading_fields(records: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(partition, offset, timestamp in epoch ms) of records encoded as `encode_records`
+    encodes them (ENCODED_SCHEMA's `record`): the fields every encoding begins with. The
+    compaction ships the encodings alone and reads these back where it sorts."""
+    cols = binary_buffers(records)
+    return _leading_fields(cols.offsets, cols.data)
