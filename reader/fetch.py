@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from keygroups import compacted
+from keygroups.batch_join import join_batches
 from keygroups.compacted import Piece
 from keygroups.errors import FormatError, IntegrityError, KeyfillError, ObjectNotFound
 from keygroups.piece_columns import PieceColumns
@@ -59,6 +60,7 @@ class PieceFetcher:
         caller_consumes: bool = False,
         finish: Callable[[pa.RecordBatch, int], pa.RecordBatch] = lambda batch, group: batch,
         headers: bool = True,
+        step_bytes: int = DECODE_BYTES,
     ) -> None:
         self.store, self.pool, self.group_pieces, self.slices = store, pool, group_pieces, slices
         self.span_bytes, self.range_bytes, self.ahead = span_bytes, range_bytes or (1 << 62), ahead
@@ -70,6 +72,7 @@ class PieceFetcher:
         self.finish = finish  # applied to a span's records once, e.g. to tag them with their group
         self.caller_consumes = caller_consumes
         self.headers = headers  # False: records are decoded without their `headers` column
+        self.step_bytes = step_bytes  # compressed bytes of pieces decoded together (`FetchedSpan.step`)
         self._spans: dict[int, deque[FetchedSpan]] = {g: deque() for g in groups}
         self._frontier: dict[int, int] = {}  # group -> first slice not yet scanned for spans
         self._headers: dict[str, Future[bytes] | bytes] = {}  # a file's Avro header, or its GET in flight
@@ -246,6 +249,7 @@ class PieceFetcher:
             self._consumer_slice(at),
             self._waiting(at),
             headers=self.headers,
+            step_bytes=self.step_bytes,
         )
         if fetched.done:
             spans.popleft()
@@ -293,8 +297,7 @@ class PieceFetcher:
             )
             batches.append(batch)
             held += charged
-        if len(batches) > 1:
-            batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        batch = join_batches(batches)
         if fetched.done:
             spans.popleft()
             if self.ahead:
@@ -334,16 +337,16 @@ def read_groups(
     range_bytes: int,
     workers: int | None = None,
     headers: bool = True,
+    step_bytes: int = DECODE_BYTES,
 ) -> Iterator[tuple[PieceColumns, pa.RecordBatch]]:
     """Pieces of some groups (each group's in slice order, groups in the order they come),
     read group after group by a `PieceFetcher` as the replay reads them: the spans of the
     groups to come put in flight as far as `read_ahead_bytes` allows (what is fetched and not
     yet yielded stays within it, or one piece past it: `reader.read_budget`), consecutive
     pieces of a file coalesced into ranged GETs of at most `range_bytes`, every piece checked
-    before its records are decoded. Yields the decode steps: their pieces, and their records
-    back to back. A failure is raised naming the piece (a FormatError names its own).
-    `headers` False: the records come without their `headers` column (a reader that drops
-    them: decoding them is a sixth of the decode)."""
+    before its records are decoded. Yields the decode steps (about `step_bytes` of compressed
+    pieces): their pieces, and their records back to back. A failure is raised naming the
+    piece (a FormatError names its own). `headers` False: no `headers` column (a sixth of the decode)."""
     if not pieces:
         return
     cols = PieceColumns.of(list(pieces))
@@ -372,6 +375,7 @@ def read_groups(
         ahead=read_ahead_bytes > 0,
         caller_consumes=True,
         headers=headers,
+        step_bytes=step_bytes,
     )
     try:
         for g in order:

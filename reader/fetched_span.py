@@ -97,8 +97,9 @@ class FetchedSpan:
         before_wait: Callable[[], object] | None,
         most: int | None = None,
         headers: bool = True,
+        step_bytes: int = DECODE_BYTES,
     ) -> Decoded:
-        """The span's next pieces, about DECODE_BYTES of them (at least one, at most `most`),
+        """The span's next pieces, about `step_bytes` of them (at least one, at most `most`),
         checked and decoded in one pass and `finish`ed once: their records back to back,
         piece after piece, and the bytes they hold, now charged to the budget; or the next
         step of a piece larger than STEPPED_BYTES (`partial` until its last). Waits for the
@@ -110,7 +111,7 @@ class FetchedSpan:
         if int(pieces.length[i]) > STEPPED_BYTES:
             return self._piece_step(url, header, finish, slice, before_wait, headers)
         done = int(self._ends[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(self._ends, done + DECODE_BYTES, side="right")))
+        j = max(i + 1, int(np.searchsorted(self._ends, done + step_bytes, side="right")))
         if most is not None:
             j = min(j, i + most)
         budget, one = self.budget, int(pieces.length[i])

@@ -24,6 +24,7 @@ from pyspark.sql.datasource import EqualTo
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
 from test_reader import hypothesis_settings, source_table
 
+import reader.fetched_span
 import reader.spark
 import reader.spark.enumerator
 import reader.spark.planning_process as planning_process
@@ -32,6 +33,7 @@ from compactor.job import CompactConfig, compact
 from keyfill.synth.generate import GeneratorConfig, generate
 from keygroups import compacted
 from keygroups.storage import open_storage
+from reader.fetch import read_groups
 from tests.connect_client import CONNECT
 from tests.records import archive_metas, below_handoff
 
@@ -496,6 +498,29 @@ def test_a_task_is_sent_the_options_and_filters_never_what_planning_loaded(archi
     assert copy.pushed == pushing.pushed and copy.pushed.exact and copy.archive._manifest is None
     rows = [r for b in copy.read(parts[0]) for r in b.column("partition").to_pylist()]
     assert rows and set(rows) == {1}
+
+
+@pytest.mark.parametrize("step_bytes", [1, 3_000, reader.spark.rows.STEP_BYTES])
+def test_a_task_decodes_steps_of_any_size_into_the_same_records(archive, step_bytes):
+    """A Spark task decodes more pieces at once than a replay thread (`STEP_BYTES`): every
+    step size yields each group's records once, in slice order, each step of whole pieces
+    of one group, no more than `step_bytes` of them before its last."""
+    url, _ = archive
+    rdr = reader.spark.KeyfillBatchReader(reader.spark.Options.parse({"path": url}))
+    store = open_storage(url)
+
+    def decoded(pieces, step: int) -> tuple[list[tuple], list]:
+        steps = list(read_groups(store, pieces, read_ahead_bytes=64 << 20, range_bytes=8 << 20, step_bytes=step))
+        cols = ("partition", "offset", "key")
+        return [r for _, b in steps for r in zip(*(b.column(c).to_pylist() for c in cols))], [p for p, _ in steps]
+
+    for part in rdr.partitions():
+        want, _ = decoded(part.pieces, reader.fetched_span.DECODE_BYTES)
+        got, steps = decoded(part.pieces, step_bytes)
+        assert got == want and len(got) == sum(p.records for p in part.pieces)
+        for p in steps:
+            assert len(set(p.group.tolist())) == 1 and (np.diff(p.slice) > 0).all()
+            assert len(p) == 1 or int(p.length[:-1].sum()) < step_bytes
 
 
 @given(st.lists(st.integers(0, 1 << 40), max_size=300), st.integers(1, 40))

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from keygroups import compacted, envelope
 from keygroups.assignment import MISSING, KeyAssignment, load_assignment
+from keygroups.batch_join import join_batches
 from keygroups.compacted import Piece
 from keygroups.errors import ObjectNotFound
 from keygroups.storage import Storage
@@ -81,7 +82,7 @@ class FileChecker:
             problems.append(("checksums", f"{name}: the pieces end at byte {at}, the file at {size}"))
         if not batches:
             return envelope.empty_batch(), np.zeros(0, np.int64), problems
-        batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        batch = join_batches(batches)
         problems += [("key_order", f"{name}: {v}") for v in _key_order_violations(batch)]
         problems += self._membership(batch, group, name)
         return batch, np.concatenate(tags), problems

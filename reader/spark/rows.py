@@ -20,6 +20,7 @@ from functools import cache
 import numpy as np
 import pyarrow as pa
 
+from keygroups.batch_join import join_batches
 from reader.errors import DataSourceOptionError
 
 CREATE_TIME = 0  # Kafka's TimestampType ids, as Spark's Kafka source gives them
@@ -141,6 +142,12 @@ def to_spark_batches(
 # Decoded bytes a batch handed to Spark gathers at most, whatever `batchSize` allows: a task
 # holds one such batch beyond its read-ahead (`reader.read_budget`), so records of 1 MB keep it small.
 HANDOFF_BYTES = 16 << 20
+# Compressed bytes of pieces a Spark task decodes at once (the replay's threads: 1 MiB,
+# `reader.fetched_span.DECODE_BYTES`): ~64K records of a typical topic, so a decode step is
+# about a hand-off batch and `coalesced` seldom copies steps together. On the source bench
+# at 10M records the source-only query took 0.92-0.96x the time with 1 MiB steps
+# (docs/performance.md#hand-off-batches).
+STEP_BYTES = 4 << 20
 
 
 def coalesced(batches: Iterable[pa.RecordBatch], rows: int, max_bytes: int = HANDOFF_BYTES) -> Iterator[pa.RecordBatch]:
@@ -154,15 +161,9 @@ def coalesced(batches: Iterable[pa.RecordBatch], rows: int, max_bytes: int = HAN
         if not b.num_rows:
             continue  # nothing to hand over (and Arrow joins no rows into no batch at all)
         if pending and (n + b.num_rows > rows or size + b.nbytes > max_bytes):
-            yield _joined(pending)
+            yield join_batches(pending)
             pending, n, size = [], 0, 0
         pending.append(b)
         n, size = n + b.num_rows, size + b.nbytes
     if pending:
-        yield _joined(pending)
-
-
-def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        yield join_batches(pending)

@@ -23,7 +23,7 @@ from reader.memory import bounded_read_ahead
 from reader.spark.enumerator import GroupsPartition
 from reader.spark.options import Options
 from reader.spark.pushdown import RowFilter
-from reader.spark.rows import Constants, arrow_schema, coalesced, to_spark_batches
+from reader.spark.rows import STEP_BYTES, Constants, arrow_schema, coalesced, to_spark_batches
 
 
 def read_archive(opts: Options, partition: GroupsPartition, rows: RowFilter | None = None) -> Iterator[pa.RecordBatch]:
@@ -41,6 +41,7 @@ def _archive_batches(opts: Options, partition: GroupsPartition, rows: RowFilter 
         read_ahead_bytes=budget,
         range_bytes=opts.range_bytes,
         headers=opts.include_headers,  # not decoded unless the query has the column
+        step_bytes=STEP_BYTES,
     ):
         slices = np.repeat(step.slice, step.records)
         if partition.bounds is not None and any(map(partition.bounds.cuts, step.slice.tolist())):
