@@ -17,7 +17,7 @@ from compactor.history import last_records
 from compactor.slicing import SlicePlan
 from compactor.vacuum import named_files
 from keygroups import compacted, piece_index
-from keygroups.assignment import assignment_keys
+from keygroups.assignment import assignment_keys, group_sums
 from keygroups.compacted import Manifest, SliceMeta
 from keygroups.manifest import ArchiveConfig, LastRecord, SourceRef, Totals
 from keygroups.piece_index import PieceIndex
@@ -45,13 +45,6 @@ def slice_metas(plan: SlicePlan, pieces: pa.Table) -> list[SliceMeta]:
             )
         metas.append(SliceMeta(i, start, end, int(records[i]), int(nbytes[i]), partitions=ranges))
     return metas
-
-
-def group_sums(table: pa.Table, column: str, groups: int) -> np.ndarray:
-    """`column` summed per group (the table's `group` column): of the assignment, or of the pieces."""
-    return np.bincount(
-        table.column("group").to_numpy(), weights=table.column(column).to_numpy(), minlength=groups
-    ).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,12 @@ hash lands in partition g. The rewrite shuffles on the slot, and task g receives
 alone. The slots are found by Spark itself (its `hash` function is the partitioner's
 hash), so they stay right whatever Spark's implementation.
 
+Spark starts a stage's tasks in partition order, so the slots also say which group is
+written first: the heaviest (`heaviest_first`). Keys are never split, so a group is at
+least as heavy as its heaviest key (a Zipf topic's top key made one group 8x the mean in
+`bench_peer`), and such a group started last runs alone while the other cores idle; started
+first it overlaps the rest (longest-processing-time-first list scheduling).
+
 Groups are never split across tasks: a group's segment files are cut at slice boundaries
 by one writer, which keeps the file-count bound (one file per target size of a group's
 bytes, plus its last). With more cores than groups, raise --groups.
@@ -45,3 +51,13 @@ def group_slots(spark: SparkSession, groups: int) -> npt.NDArray[np.int64]:
         slots[part] = slot
     _found[groups] = slots
     return np.copy(slots)
+
+
+def heaviest_first(slots: npt.NDArray[np.int64], weights: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Slots by group (`weights[g]`: group g's bytes) such that the heaviest group goes to
+    partition 0, the next to partition 1, and so on (ties by group id): `slots[p]` is the
+    slot of partition p, as `group_slots` returns them."""
+    order = np.lexsort((np.arange(len(weights)), -np.asarray(weights, np.int64)))
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return np.asarray(slots)[rank]

@@ -15,11 +15,12 @@ from compactor.chunks import chunk_rows, read_checked
 from compactor.config import Analysis, Prepared
 from compactor.errors import CompactionError
 from compactor.execution import Execution, Rows, Task
+from compactor.group_partitioning import heaviest_first
 from compactor.shuffle_codec import pack, unpack
 from compactor.slicing import record_slices
 from compactor.sources import SourceArchive, SourceChunk
 from keygroups import piece_index
-from keygroups.assignment import MISSING, cached_assignment
+from keygroups.assignment import MISSING, cached_assignment, group_sums
 from keygroups.envelope.buffers import binary_buffers, take_binary
 from keygroups.envelope.encoder import leading_fields
 from keygroups.segments import SegmentWriter, Tail
@@ -333,7 +334,8 @@ def rewrite_groups(prepared: Prepared, analysis: Analysis, carried: Carried, exe
     driver's)."""
     cfg, plan, groups = analysis.cfg, analysis.plan, analysis.groups
     source, chunks, dest = prepared.source, prepared.chunks, prepared.dest
-    slots = execution.slots(groups)  # task g holds group g alone
+    # a task per group, the heaviest started first (the assignment's bytes: an append's too)
+    slots = heaviest_first(execution.slots(groups), group_sums(analysis.assignment, "bytes", groups))
     ship = _parcels_task(
         source, chunks, dest, prepared.assignment_key, plan.duration_ms, plan.base, plan.slices, slots, execution.codec
     )

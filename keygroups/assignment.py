@@ -97,6 +97,13 @@ def bucket_rows(buckets: pa.Table, groups: np.ndarray | None = None) -> pa.Table
     )
 
 
+def group_sums(table: pa.Table, column: str, groups: int) -> np.ndarray:
+    """`column` summed per group (the table's `group` column): of an assignment, or of pieces."""
+    return np.bincount(
+        table.column("group").to_numpy(), weights=table.column(column).to_numpy(), minlength=groups
+    ).astype(np.int64)
+
+
 def write_assignment(store: Storage, key: str, table: pa.Table) -> None:
     import pyarrow.parquet as pq
 

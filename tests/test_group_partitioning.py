@@ -4,9 +4,12 @@ counts from 1 to 4,096 — where hashing the group ids put 64 groups in 37 tasks
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from compactor.group_partitioning import group_slots
+from compactor.group_partitioning import group_slots, heaviest_first
 
 
 @pytest.mark.parametrize("groups", [1, 2, 3, 16, 64, 1000, 1024])
@@ -37,3 +40,17 @@ def test_slots_for_thousands_of_groups_hash_each_to_its_own_partition(spark):
     frame = spark.createDataFrame([(g, int(s)) for g, s in enumerate(slots.tolist())], "grp int, slot long")
     wrong = frame.where(f"pmod(hash(slot), {groups}) != grp").count()
     assert wrong == 0 and len(set(slots.tolist())) == groups
+
+
+@given(st.lists(st.integers(0, 1 << 40), min_size=1, max_size=300))
+@settings(max_examples=300, deadline=None)
+def test_the_heaviest_group_gets_the_first_partition(weights):
+    """`heaviest_first`: Spark starts partition 0's task first, so the slots of partitions
+    0, 1, ... go to the groups by weight, heaviest first (ties: the lower group id), and every
+    partition still holds exactly one group."""
+    base = np.arange(100, 100 + len(weights), dtype=np.int64)  # partition p's slot: 100 + p
+    slots = heaviest_first(base, np.array(weights, np.int64))
+    assert sorted(slots.tolist()) == base.tolist()  # a permutation: one group per partition
+    partition_of = slots - 100
+    by_partition = sorted(range(len(weights)), key=lambda g: partition_of[g])
+    assert by_partition == sorted(range(len(weights)), key=lambda g: (-weights[g], g))
