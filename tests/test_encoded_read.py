@@ -150,6 +150,10 @@ def test_leading_fields_are_the_encoded_records_partition_offset_and_timestamp(r
     assert ts.tolist() == batch.column("timestamp").cast(pa.int64()).to_pylist()[start:]
 
 
-def test_leading_fields_refuse_a_record_cut_short():
-    with pytest.raises(ValueError, match="shorter than its leading fields"):
-        encoder.leading_fields(pa.array([varint(3) + varint(7)], pa.large_binary()))
+@pytest.mark.parametrize("cut", [b"", varint(3), varint(3) + varint(7), b"\x80"])
+def test_leading_fields_refuse_a_record_cut_short(cut):
+    """Cut within any of the three fields, before or after a whole record."""
+    good = varint(1) + varint(2) + varint(3) + b"rest"
+    for records in ([cut], [cut, good], [good, cut]):
+        with pytest.raises(ValueError, match="shorter than its leading fields"):
+            encoder.leading_fields(pa.array(records, pa.large_binary()))

@@ -240,14 +240,14 @@ def _content_marker(sizes: np.ndarray, ts: np.ndarray) -> bytes:
 def _leading_fields(offsets: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = offsets.shape[0] - 1
     part, off, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
+    fields = np.empty(3, np.int64)
     for i in range(n):
         pos, end = offsets[i], offsets[i + 1]
-        p, pos = read_varint(data, pos, end)
-        o, pos = read_varint(data, pos, end)
-        t, pos = read_varint(data, pos, end)
-        if pos < 0:
-            raise ValueError("an encoded record shorter than its leading fields")
-        part[i], off[i], ts[i] = p, o, t
+        for f in range(3):  # a failed read leaves pos at -1, where the next would wrap around: stop at once
+            fields[f], pos = read_varint(data, pos, end)
+            if pos < 0:
+                raise ValueError("an encoded record shorter than its leading fields")
+        part[i], off[i], ts[i] = fields[0], fields[1], fields[2]
     return part, off, ts
 
 
