@@ -54,9 +54,9 @@ def group_slots(spark: SparkSession, groups: int) -> npt.NDArray[np.int64]:
 
 
 def heaviest_first(slots: npt.NDArray[np.int64], weights: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Slots by group (`weights[g]`: group g's bytes) such that the heaviest group goes to
-    partition 0, the next to partition 1, and so on (ties by group id): `slots[p]` is the
-    slot of partition p, as `group_slots` returns them."""
+    """Each group's slot, from `slots[p]`, the slot of partition p (as `group_slots` gives
+    them), and `weights[g]`, group g's bytes: the heaviest group gets partition 0's slot,
+    the next partition 1's, and so on (ties by group id)."""
     order = np.lexsort((np.arange(len(weights)), -np.asarray(weights, np.int64)))
     rank = np.empty(len(order), np.int64)
     rank[order] = np.arange(len(order))

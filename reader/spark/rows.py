@@ -144,17 +144,18 @@ def to_spark_batches(
 HANDOFF_BYTES = 16 << 20
 # Compressed bytes of pieces a Spark task decodes at once (the replay's threads: 1 MiB,
 # `reader.fetched_span.DECODE_BYTES`): ~64K records of a typical topic, so a decode step is
-# about a hand-off batch and `coalesced` seldom copies steps together. On the source bench
-# at 10M records the source-only query took 0.92-0.96x the time with 1 MiB steps
+# about a hand-off batch and `coalesced` seldom copies steps together. The 10M-record
+# source-only query took 0.86-0.91x the time it took with 1 MiB steps
 # (docs/performance.md#hand-off-batches).
 STEP_BYTES = 4 << 20
 
 
 def coalesced(batches: Iterable[pa.RecordBatch], rows: int, max_bytes: int = HANDOFF_BYTES) -> Iterator[pa.RecordBatch]:
     """Consecutive batches joined, in order, into batches of at most `rows` rows (and
-    `max_bytes`, but one batch at least); empty ones dropped. A decode step holds ~16K records of a typical
-    topic, and the JVM takes each batch at a cost of its own: 0.74 us of JVM CPU a row in
-    batches of 16K rows, 0.55 in batches of 64K (docs/performance.md#hand-off-batches)."""
+    `max_bytes`, but one batch at least); empty ones dropped. The JVM takes each batch at a
+    cost of its own (0.74 us of JVM CPU a row in batches of 16K rows, 0.55 in batches of 64K:
+    docs/performance.md#hand-off-batches), and a decode step can fall short of `rows`: the
+    end of a group, a filter, pieces larger than STEP_BYTES."""
     pending: list[pa.RecordBatch] = []
     n = size = 0
     for b in batches:
