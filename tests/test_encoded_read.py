@@ -34,22 +34,34 @@ def blob(b: bytes, pad: int = 0) -> bytes:
     return varint(len(b), pad) + b
 
 
-def encode(r: dict, pad: int, split: int, negative: bool) -> bytes:
-    """One record by hand: `pad` needless groups in its offset's varint, its headers in
-    blocks of `split` items (0: one block), each count negative (with the block's size)
-    when `negative`."""
-    out = varint(r["partition"]) + varint(r["offset"], pad) + varint(r["timestamp"])
+# The varints of a record, any of which another writer may encode with needless groups.
+VARINTS = ("partition", "offset", "timestamp", "branch", "length", "count", "item length", "item branch", "end")
+
+
+def encode(r: dict, pad: int, split: int, negative: bool, where: str = "offset") -> bytes:
+    """One record by hand: `pad` needless groups in its varints of kind `where` (VARINTS),
+    its headers in blocks of `split` items (0: one block), each count negative (with the
+    block's size) when `negative`."""
+
+    def v(n: int, kind: str) -> bytes:
+        return varint(n, pad if kind == where else 0)
+
+    out = v(r["partition"], "partition") + v(r["offset"], "offset") + v(r["timestamp"], "timestamp")
     for field in ("key", "value"):
-        out += b"\x00" if r[field] is None else b"\x02" + blob(r[field])
+        out += v(0, "branch") if r[field] is None else v(1, "branch") + v(len(r[field]), "length") + r[field]
     items = [
-        blob(h["key"].encode()) + (b"\x00" if h["value"] is None else b"\x02" + blob(h["value"])) for h in r["headers"]
+        v(len(h["key"].encode()), "item length")
+        + h["key"].encode()
+        + (v(0, "item branch") if h["value"] is None else v(1, "item branch") + v(len(h["value"]), "item length"))
+        + (h["value"] or b"")
+        for h in r["headers"]
     ]
     step = split or max(1, len(items))
     for i in range(0, len(items), step):
         block = b"".join(items[i : i + step])
         n = len(items[i : i + step])
-        out += varint(-n) + varint(len(block)) + block if negative else varint(n) + block
-    return out + b"\x00"
+        out += varint(-n) + varint(len(block)) + block if negative else v(n, "count") + block
+    return out + v(0, "end")
 
 
 def container(encoded: list[bytes], codec: str, block_bytes: int) -> bytes:
@@ -84,7 +96,8 @@ def test_keyfills_files_give_their_own_record_bytes(records, codec, block_bytes)
     records=st.lists(
         st.tuples(
             record.map(lambda r: {**r, "headers": r["headers"] * 20}),  # up to 80: two-byte counts too
-            st.integers(0, 2),  # needless varint groups in the offset
+            st.integers(0, 2),  # needless varint groups
+            st.sampled_from(VARINTS),  # in which of the record's varints
             st.sampled_from([0, 0, 1, 32, 3]),  # headers' items a block (0: one block)
             st.booleans(),  # negative block counts
         ),
@@ -98,7 +111,7 @@ def test_other_encodings_of_the_same_records_are_encoded_again(records, codec, b
     """Any valid encoding another writer may choose (longer varints, headers in several
     blocks, negative counts; 64 headers as two blocks of 32 are as long as one block): the
     same batch as decoding and encoding, so the archive does not depend on the writer."""
-    data = container([encode(r, pad, split, neg) for r, pad, split, neg in records], codec, block_bytes)
+    data = container([encode(r, pad, split, neg, where) for r, pad, where, split, neg in records], codec, block_bytes)
     got = envelope.decode_encoded(data, name="chunk.avro")
     assert got.equals(reference(data))
     assert (
