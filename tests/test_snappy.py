@@ -15,7 +15,7 @@ from keygroups.envelope.snappy import SLACK, decompress_blocks, snappy_lengths
 def _decode(raw: list[bytes], sizes: list[int] | None = None) -> tuple[int, list[bytes]]:
     """decompress_blocks over blocks laid back to back; (its result, each block's output).
     The output buffer has 64 bytes more than the decoder is told it may use: a copy may
-    write up to 7 bytes past its block's end, never further."""
+    write up to SLACK - 1 bytes past its block's end (two 8-byte words), never further."""
     src = np.frombuffer(b"".join(raw), np.uint8)
     lengths = np.array([len(r) for r in raw], np.int64)
     ends = np.cumsum(lengths)
@@ -27,7 +27,7 @@ def _decode(raw: list[bytes], sizes: list[int] | None = None) -> tuple[int, list
     total = int(size.sum())
     out = np.full(total + SLACK + 64, 0xAB, np.uint8)
     bad = decompress_blocks(src, starts, ends, out[: total + SLACK], out_ends - size, out_ends)
-    assert (out[total + 8 :] == 0xAB).all()  # never written past
+    assert (out[total + SLACK :] == 0xAB).all()  # never written past what it was given
     return bad, [bytes(out[a:z]) for a, z in zip((out_ends - size).tolist(), out_ends.tolist())]
 
 

@@ -114,7 +114,10 @@ def decompress_blocks(
                 n += 1
                 if ip + n > end or op + n > stop:
                     return b
-                if ip + n + 8 <= n_src:
+                if n <= 16 and ip + 16 <= n_src:  # most literals: two words, no loop
+                    _copy8(out, op, src, ip)  # type: ignore[call-arg]  # numba stub: see _copy8
+                    _copy8(out, op + 8, src, ip + 8)  # type: ignore[call-arg]
+                elif ip + n + 8 <= n_src:
                     j = 0
                     while j < n:
                         _copy8(out, op + j, src, ip + j)  # type: ignore[call-arg]  # numba stub: see _copy8
@@ -151,7 +154,10 @@ def decompress_blocks(
             if offset == 0 or offset > op - base or op + n > stop:
                 return b
             at = op - offset
-            if offset >= 8:  # each 8 bytes read were written before (by this copy or earlier)
+            if offset >= 8 and n <= 16:  # most copies: two words (the output has SLACK past `stop`)
+                _copy8(out, op, out, at)  # type: ignore[call-arg]  # numba stub: see _copy8
+                _copy8(out, op + 8, out, at + 8)  # type: ignore[call-arg]
+            elif offset >= 8:  # each 8 bytes read were written before (by this copy or earlier)
                 j = 0
                 while j < n:
                     _copy8(out, op + j, out, at + j)  # type: ignore[call-arg]  # numba stub: see _copy8
