@@ -116,7 +116,7 @@ def decompress_blocks(
                     return b
                 if n <= 16 and ip + 16 <= n_src:  # most literals: two words, no loop
                     _copy8(out, op, src, ip)  # type: ignore[call-arg]  # numba stub: see _copy8
-                    _copy8(out, op + 8, src, ip + 8)  # type: ignore[call-arg]
+                    _copy8(out, op + 8, src, ip + 8)
                 elif ip + n + 8 <= n_src:
                     j = 0
                     while j < n:
@@ -156,7 +156,7 @@ def decompress_blocks(
             at = op - offset
             if offset >= 8 and n <= 16:  # most copies: two words (the output has SLACK past `stop`)
                 _copy8(out, op, out, at)  # type: ignore[call-arg]  # numba stub: see _copy8
-                _copy8(out, op + 8, out, at + 8)  # type: ignore[call-arg]
+                _copy8(out, op + 8, out, at + 8)
             elif offset >= 8:  # each 8 bytes read were written before (by this copy or earlier)
                 j = 0
                 while j < n:
