@@ -308,7 +308,7 @@ def _records_headers(f: Framed, k: np.ndarray, v: np.ndarray, hk: np.ndarray, hv
 
 
 @njit(cache=True, nogil=True)
-def _records_spans(f: Framed, k_data: np.ndarray, hk_data: np.ndarray, r_data: np.ndarray) -> tuple[Any, ...]:
+def _records_encoded(f: Framed, k_data: np.ndarray, hk_data: np.ndarray, r_data: np.ndarray) -> tuple[Any, ...]:
     """`_walk_records` with spans (and the header keys, for their check): the compaction's."""
     none = np.empty(0, np.uint8)
     return _walk_records(f[0], f[1], f[2], f[3], True, k_data, none, hk_data, none, True, r_data)
@@ -364,7 +364,7 @@ def _decode(
     r_data = np.empty(int((ends - starts).sum()) + 8, np.uint8) if spans else _NONE
     framed = (buf, starts, ends, counts)
     if spans:  # the kernel compiled for these flags (`_walk_records`); spans walk the header keys
-        walked = _records_spans(framed, k_data, hk_data, r_data)
+        walked = _records_encoded(framed, k_data, hk_data, r_data)
     elif headers:
         walked = _records_headers(framed, k_data, v_data, hk_data, hv_data)
     else:
