@@ -5,6 +5,11 @@ so compiled loops read the records straight into Arrow buffers with the GIL rele
 the small header, decompression and the Arrow wrapping run in Python), letting reader
 threads decode in parallel. `tests/avro_reference.py` (fastavro) is the reference this
 decoder is proven equal to by property tests.
+
+Over 400 lines because the walk is one concept in three compiled settings (no headers,
+headers, the compaction's record bytes) with the checks and the Arrow wrapping they share;
+split, the kernels would inline a body from another module and its callers would lose the
+one place that says what each setting skips.
 """
 
 from __future__ import annotations
