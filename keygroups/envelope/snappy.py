@@ -114,13 +114,12 @@ def decompress_blocks(
                 n += 1
                 if ip + n > end or op + n > stop:
                     return b
-                if n <= 16 and ip + 16 <= n_src:  # most literals: two words, no loop
+                if ip + 16 <= n_src and ip + n + 8 <= n_src:  # two words (most literals: all), then the rest
                     _copy8(out, op, src, ip)  # type: ignore[call-arg]  # numba stub: see _copy8
                     _copy8(out, op + 8, src, ip + 8)
-                elif ip + n + 8 <= n_src:
-                    j = 0
+                    j = 16
                     while j < n:
-                        _copy8(out, op + j, src, ip + j)  # type: ignore[call-arg]  # numba stub: see _copy8
+                        _copy8(out, op + j, src, ip + j)
                         j += 8
                 else:  # the input's last bytes: no 8-byte read past them
                     for j in range(n):
@@ -154,13 +153,13 @@ def decompress_blocks(
             if offset == 0 or offset > op - base or op + n > stop:
                 return b
             at = op - offset
-            if offset >= 8 and n <= 16:  # most copies: two words (the output has SLACK past `stop`)
+            if offset >= 8:  # each 8 bytes read were written before (by this copy or earlier)
+                # two words (most copies: all; the output has SLACK past `stop`), then the rest
                 _copy8(out, op, out, at)  # type: ignore[call-arg]  # numba stub: see _copy8
                 _copy8(out, op + 8, out, at + 8)
-            elif offset >= 8:  # each 8 bytes read were written before (by this copy or earlier)
-                j = 0
+                j = 16
                 while j < n:
-                    _copy8(out, op + j, out, at + j)  # type: ignore[call-arg]  # numba stub: see _copy8
+                    _copy8(out, op + j, out, at + j)
                     j += 8
             else:  # a pattern shorter than 8 bytes repeats: its first bytes one by one, until
                 # whole patterns span 8 bytes, then words from that far back (the same bytes)
