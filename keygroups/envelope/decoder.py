@@ -92,7 +92,7 @@ def _walk_records(
     copied whole into `r_data` (a copy a block, not an item), with each record's weight and
     whether every record is encoded as `encode_records` encodes it: only then are those
     bytes what the compaction writes (else the caller encodes). A record is when every
-    varint in it is minimal (union branches one byte), its headers are one block and no
+    varint in it is minimal (a union branch, 0 or 1, is one byte), its headers are one block and no
     block count is negative: every other encoding of the same values has a varint with a
     zero last group, a negative count with its size, or more blocks (two blocks can be as
     long as one: 64 items take 2 bytes of count, as do two counts of 32). Checked by each
@@ -172,7 +172,7 @@ def _walk_records(
                     err = ERR_UNION
                     break
                 if spans:
-                    padded |= pos - at > 1
+                    padded |= _padded(buf, at, pos)
                 if branch == 1:
                     at = pos
                     start, length, pos = skip_bytes(buf, pos, end)
@@ -230,7 +230,7 @@ def _walk_records(
                         err = ERR_UNION
                         break
                     if spans:
-                        padded |= pos - at > 1
+                        padded |= _padded(buf, at, pos)
                     if branch == 1:
                         at = pos
                         start, length, pos = skip_bytes(buf, pos, end)
