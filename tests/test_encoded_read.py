@@ -142,6 +142,22 @@ def test_a_damaged_file_is_refused_as_the_full_decode_refuses_it(records, cut, f
         assert envelope.decode_encoded(data).equals(want)
 
 
+def test_a_header_key_beyond_ascii_is_checked_and_kept_as_written():
+    """The walk tells only ASCII keys valid; any other key has the whole decode check it."""
+    r = {
+        "partition": 0,
+        "offset": 5,
+        "timestamp": 1,
+        "key": b"k",
+        "value": b"v",
+        "headers": [{"key": "clé", "value": b"x"}],
+    }
+    data = container([encode({**r, "offset": 4, "headers": []}, 0, 0, False), encode(r, 0, 0, False)], "null", 4096)
+    got = envelope.decode_encoded(data, name="chunk.avro")
+    assert got.equals(reference(data))
+    assert got.column("record")[1].as_py() == encode(r, 0, 0, False)
+
+
 def test_a_header_key_that_is_not_utf8_is_named():
     r = {"partition": 0, "offset": 5, "timestamp": 1, "key": b"k", "value": b"v", "headers": []}
     good = encode(r, 0, 0, False)

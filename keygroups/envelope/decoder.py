@@ -30,7 +30,6 @@ from keygroups.envelope.framing import (
     ERR_RANGE,
     ERR_UNION,
     RECORD_ERRORS,
-    grow,
     read_block_count,
     read_blocks,
     read_varint,
@@ -63,6 +62,15 @@ def _padded(buf: np.ndarray, start: Int, end: Int) -> bool:
     return bool((end - start > 1) & (buf[end - 1] == 0))  # no branch: `and` made the walk slower
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _or_bytes(buf: np.ndarray, start: Int, length: Int) -> Int:
+    """The bytes buf[start : start + length] OR-ed together: below 128 when all are ASCII."""
+    x: Int = 0
+    for q in range(start, start + length):
+        x |= buf[q]
+    return x
+
+
 # The walk is one body inlined into a kernel per setting of (headers, spans): with the flags
 # constants, numba drops the work they switch off (the canonical sizes, the weights, the
 # header items) from the loop instead of testing them per record. A kernel taking the flags
@@ -87,8 +95,12 @@ def _walk_records(
     holds no slack: the read budget counts `nbytes`). One pass instead of two (positions,
     then a copy per item) took a third off the decode.
     `headers` False: header items are read past, not kept (their arrays come back empty).
-    `spans` True (with `headers`): values and header values are read past, not kept (header
-    keys are, for their UTF-8 check); each record's own bytes are kept instead, the blocks
+    Header items are held in arrays sized for as many as the blocks could hold (two bytes
+    each at least), never zero-filled or grown: arrays rebound inside the loop cost the walk
+    with headers a third of its time (docs/performance.md#header-items-in-arrays-of-their-largest-size).
+    `spans` True (without `headers`): values and header items are read past, not kept; header
+    keys are OR-ed together, whose result says whether every key is ASCII (else the caller
+    has them checked as UTF-8); each record's own bytes are kept instead, the blocks
     copied whole into `r_data` (a copy a block, not an item), with each record's weight and
     whether every record is encoded as `encode_records` encodes it: only then are those
     bytes what the compaction writes (else the caller encodes). A record is when every
@@ -100,7 +112,7 @@ def _walk_records(
     Returns (error, failing record, partition, offset, timestamp, key offsets, key bytes
     written, key valid, value offsets, value bytes written, value valid, header offsets,
     header key offsets, header key bytes written, header value offsets, header value bytes
-    written, header value valid)."""
+    written, header value valid, record offsets, weights, all canonical, all header keys ASCII)."""
     n = 0
     for b in range(counts.shape[0]):
         n += counts[b]
@@ -110,9 +122,12 @@ def _walk_records(
     k_off, v_off = np.empty(n + 1, np.int32), np.empty(n + 1, np.int32)
     k_valid, v_valid = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
     h_off = np.empty(n + 1, np.int32)
-    cap = 16 if headers else 0
+    cap = 0
+    if headers:
+        for b in range(starts.shape[0]):
+            cap += (ends[b] - starts[b]) // 2
     hk_off, hv_off = np.empty(cap + 1, np.int32), np.empty(cap + 1, np.int32)
-    hv_valid = np.zeros(cap, np.bool_)
+    hv_valid = np.empty(cap, np.bool_)  # every item sets its own: no memset of the whole
     # bytes written to each data buffer
     kz: Int = 0
     vz: Int = 0
@@ -123,6 +138,7 @@ def _walk_records(
     weight = np.zeros(m, np.int64)
     rz: Int = 0
     padded = False  # a record encoded otherwise than `encode_records` would (spans only)
+    high: Int = 0  # the header keys' bytes OR-ed together (spans only)
     i = 0
     j = 0
     err = 0
@@ -205,9 +221,6 @@ def _walk_records(
                 if count > (end - pos) // 2:  # every item takes at least two bytes
                     err = ERR_EOF
                     break
-                if headers and j + count > hv_valid.shape[0]:
-                    hv_valid = grow(hv_valid, j + count)
-                    hk_off, hv_off = grow(hk_off, hv_valid.shape[0] + 1), grow(hv_off, hv_valid.shape[0] + 1)
                 for _ in range(count):
                     at = pos
                     start, length, pos = skip_bytes(buf, pos, end)
@@ -217,6 +230,7 @@ def _walk_records(
                     w += length
                     if spans:
                         padded |= _padded(buf, at, start)
+                        high |= _or_bytes(buf, start, length)
                     if headers:
                         hk_off[j] = hkz
                         hv_off[j] = hvz
@@ -284,14 +298,15 @@ def _walk_records(
         vz,
         v_valid,
         h_off,
-        hk_off,
+        hk_off[: j + 1].copy(),  # not the arrays sized for the most items the blocks could hold
         hkz,
-        hv_off,
+        hv_off[: j + 1].copy(),
         hvz,
-        hv_valid[:j],
+        hv_valid[:j].copy(),
         r_off[: i + 1] if spans else r_off,
         weight[:i] if spans else weight,
         not padded,
+        high < 128,
     )
 
 
@@ -313,10 +328,10 @@ def _records_headers(f: Framed, k: np.ndarray, v: np.ndarray, hk: np.ndarray, hv
 
 
 @njit(cache=True, nogil=True)
-def _records_encoded(f: Framed, k_data: np.ndarray, hk_data: np.ndarray, r_data: np.ndarray) -> tuple[Any, ...]:
-    """`_walk_records` with spans (and the header keys, for their check): the compaction's."""
+def _records_encoded(f: Framed, k_data: np.ndarray, r_data: np.ndarray) -> tuple[Any, ...]:
+    """`_walk_records` with spans, without headers: the compaction's."""
     none = np.empty(0, np.uint8)
-    return _walk_records(f[0], f[1], f[2], f[3], True, k_data, none, hk_data, none, True, r_data)
+    return _walk_records(f[0], f[1], f[2], f[3], False, k_data, none, none, none, True, r_data)
 
 
 _NONE = np.empty(0, np.uint8)
@@ -346,9 +361,10 @@ def _is_envelope(schema: bytes | None) -> bool:
 
 def _decode(
     data: bytes, name: str, verified: bool, header: bytes | None, headers: bool, spans: bool
-) -> tuple[dict[str, str], EnvelopeBuffers, tuple[np.ndarray, np.ndarray, np.ndarray, bool]]:
+) -> tuple[dict[str, str], EnvelopeBuffers, tuple[np.ndarray, np.ndarray, np.ndarray, bool, bool]]:
     """The file's metadata, its records' buffers and, with `spans`, (record offsets, record
-    bytes, weights, all canonical): `_walk_records` on the file's blocks, its errors raised."""
+    bytes, weights, all canonical, all header keys ASCII): `_walk_records` on the file's
+    blocks, its errors raised."""
     blocks = read_blocks(data, name, verified=verified, header=header, scratch=_SCRATCH)
     meta = text_metadata(blocks.meta, name)
     if not _is_envelope(blocks.meta.get("avro.schema")):
@@ -368,8 +384,8 @@ def _decode(
     hv_data = np.empty(room, np.uint8) if headers and not spans else _NONE
     r_data = np.empty(int((ends - starts).sum()) + 8, np.uint8) if spans else _NONE
     framed = (buf, starts, ends, counts)
-    if spans:  # the kernel compiled for these flags (`_walk_records`); spans walk the header keys
-        walked = _records_encoded(framed, k_data, hk_data, r_data)
+    if spans:  # the kernel compiled for these flags (`_walk_records`)
+        walked = _records_encoded(framed, k_data, r_data)
     elif headers:
         walked = _records_headers(framed, k_data, v_data, hk_data, hv_data)
     else:
@@ -384,8 +400,8 @@ def _decode(
     if err:
         where = f"record {at}" + (f" (after offset {c.off[at - 1]})" if at else "")
         raise CorruptFile(f"{name}: {RECORD_ERRORS[err]} at {where}")
-    r_off, weight, canonical = rest
-    return meta, c, (r_off, _shrunk(r_data, int(r_off[-1])) if spans else r_data, weight, canonical)
+    r_off, weight, canonical, ascii_keys = rest
+    return meta, c, (r_off, _shrunk(r_data, int(r_off[-1])) if spans else r_data, weight, canonical, ascii_keys)
 
 
 def _header_keys(c: EnvelopeBuffers, name: str) -> pa.Array:
@@ -403,11 +419,13 @@ def decode_encoded(data: bytes, *, name: str = "<bytes>") -> pa.RecordBatch:
     fields it sorts and groups by, each record's weight and its Avro encoding, checked as
     `decode_avro` checks them. The encodings are the file's own bytes where they are what
     `encode_records` writes (keyfill's and any canonical writer's: a copy a block, values
-    never gathered); otherwise the records are decoded whole and encoded again."""
-    _, c, (r_off, r_data, weight, canonical) = _decode(data, name, False, None, True, spans=True)
-    _header_keys(c, name)
+    never gathered); otherwise the records are decoded whole and encoded again. Header keys
+    beyond ASCII are checked as UTF-8 by that whole decode."""
+    _, c, (r_off, r_data, weight, canonical, ascii_keys) = _decode(data, name, False, None, False, spans=True)
     if not canonical:
         return encoded_batch(decode_avro(data, name=name)[1])
+    if not ascii_keys:
+        decode_avro(data, name=name)  # refuses a key that is not UTF-8, naming the file
     n = len(c.part)
     record = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(r_off), pa.py_buffer(r_data)])
     columns = [

@@ -205,15 +205,6 @@ def skip_bytes(buf: np.ndarray, pos: Int, end: Int) -> tuple[Int, Int, Int]:
     return pos, length, pos + length
 
 
-@njit(cache=True, nogil=True)
-def grow(a: np.ndarray, need: Int) -> np.ndarray:
-    if need <= a.shape[0]:
-        return a
-    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
-    b[: a.shape[0]] = a
-    return b
-
-
 def _read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     z = shift = 0
     while True:
