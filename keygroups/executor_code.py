@@ -18,7 +18,6 @@ platform): when the executors lack one, the error names it.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import re
@@ -110,6 +109,8 @@ def look_on_executors(spark: Any) -> dict[str, Any]:
 
 
 def _version() -> str:
+    import importlib.metadata  # here, not at the top: 25 ms of every Spark source query's start
+
     try:
         return importlib.metadata.version("keyfill")
     except importlib.metadata.PackageNotFoundError:

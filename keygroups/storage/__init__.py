@@ -10,20 +10,40 @@ alone is useless. See docs/storage.md.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import ParseResult, unquote, urlparse
 
 from keygroups.errors import InvalidKey, ObjectExists, ObjectNotFound, StorageError
-from keygroups.storage.azure import AzureStorage
-from keygroups.storage.azure_client import AzureClient, connection_string_account
 from keygroups.storage.base import ObjectInfo, Storage, check_key
-from keygroups.storage.gcs import GcsStorage
 from keygroups.storage.limits import StoreLimits
 from keygroups.storage.local import LocalStorage
-from keygroups.storage.s3 import S3Storage
-from keygroups.storage.s3_client import S3Limits
+
+if TYPE_CHECKING:
+    from keygroups.storage.azure import AzureStorage
+    from keygroups.storage.gcs import GcsStorage
+    from keygroups.storage.s3 import S3Storage
+    from keygroups.storage.s3_client import S3Limits
+
+# The remote stores' modules are imported when a URL of theirs is opened (or a name of theirs
+# asked for): every query over the Spark source starts a Python process that imports this
+# package, and the three cost it ~20 ms it spends for nothing on the other stores' URLs.
+_LAZY = {
+    "AzureStorage": "keygroups.storage.azure",
+    "GcsStorage": "keygroups.storage.gcs",
+    "S3Storage": "keygroups.storage.s3",
+    "S3Limits": "keygroups.storage.s3_client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "StorageError",
@@ -68,10 +88,14 @@ def _bucket_and_prefix(url: str, parsed: ParseResult, store: str, bucket: str = 
 
 
 def _open_s3(url: str, parsed: ParseResult, threads: int) -> Storage:
+    from keygroups.storage.s3 import S3Storage
+
     return S3Storage(*_bucket_and_prefix(url, parsed, "S3"), threads=threads)
 
 
 def _open_gcs(url: str, parsed: ParseResult, threads: int) -> Storage:
+    from keygroups.storage.gcs import GcsStorage
+
     return GcsStorage(*_bucket_and_prefix(url, parsed, "GCS"), threads=threads)
 
 
@@ -81,6 +105,9 @@ _AZURE_HOST = re.compile(r"^([a-z0-9]{3,24})\.(?:dfs|blob)\.(.+)$")
 
 
 def _open_azure(url: str, parsed: ParseResult, threads: int) -> Storage:
+    from keygroups.storage.azure import AzureStorage
+    from keygroups.storage.azure_client import AzureClient, connection_string_account
+
     netloc, prefix = _bucket_and_prefix(url, parsed, "Azure", "container")
     container, at, host = netloc.partition("@")
     conn_account = connection_string_account()
