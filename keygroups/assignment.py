@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keygroups.key_hash import hash_keys
+from keygroups._numba import njit
+from keygroups.key_hash import hash_keys, key_buffers
 from keygroups.storage import Storage
 
 ASSIGNMENT_SCHEMA = pa.schema(
@@ -54,11 +55,6 @@ def exact_limit(groups: int) -> int:
 def heavy_threshold(payload: int, groups: int) -> int:
     """Bytes above which a key keeps an exact entry in a bucketed assignment."""
     return payload // (HEAVY_SHARE * groups)
-
-
-def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
-    bucket: np.ndarray = (hashes & np.uint64(buckets - 1)).astype(np.int32)
-    return bucket
 
 
 def exact_rows(totals: pa.Table, groups: np.ndarray | None = None) -> pa.Table:
@@ -135,6 +131,7 @@ def assignment_keys(t: pa.Table) -> int:
 
 
 MISSING = -1  # group_of: a key the assignment does not know
+_NO_BUCKETS = np.zeros(0, np.int32)
 
 
 @dataclass
@@ -142,20 +139,23 @@ class KeyAssignment:
     """The assignment as a lookup: keyed records by key, null-key records by partition.
 
     Built once per process: the keys sorted by their 64-bit hash (`keygroups.key_hash`). A
-    batch is looked up by binary search on its keys' hashes, then the bytes of each match
-    are compared, so a key the assignment lacks is MISSING even if its hash collides with a
-    known key's. Keys of the assignment that share a hash (about one pair in 10^5 archives
-    of 20M keys) go through an exact lookup of those few keys. Cost per batch: O(batch x log
-    keys), never O(keys); memory: the keys, 8 bytes of hash and 4 of group per key. Keys
-    without an entry go to their bucket's group when the assignment has buckets."""
+    batch is looked up in one compiled pass (`_lookup`): each key's hash found
+    by binary search, then the bytes of each key with that hash compared, so a key the
+    assignment lacks is MISSING even if its hash collides with a known key's, and keys of the
+    assignment that share a hash (about one pair in 10^5 archives of 20M keys) are each
+    found. Cost per batch: O(batch x log keys), never O(keys); memory: the keys, 8 bytes of
+    hash and 4 of group per key. Keys without an entry go to their bucket's group when the
+    assignment has buckets."""
 
     keys: pa.Array  # sorted by hash
     hashes: np.ndarray  # uint64, ascending
     groups: np.ndarray  # int32, in the same order
     null_groups: dict[int, int]
-    shared: pa.Array  # keys whose hash another key of the assignment shares
-    shared_groups: np.ndarray
     bucket_groups: np.ndarray | None = None  # int32 per bucket; None: every key has an entry
+
+    def __post_init__(self) -> None:
+        offsets, data = key_buffers(self.keys)  # views that keep `keys`' buffers alive
+        self._known = (offsets.astype(np.int64, copy=False), data)
 
     @classmethod
     def from_table(cls, t: pa.Table) -> KeyAssignment:
@@ -174,18 +174,11 @@ class KeyAssignment:
         hashes = hashes[order]
         keys = keys.take(pa.array(order))
         groups = keyed.column("group").to_numpy()[order].astype(np.int32)
-        same = np.zeros(len(hashes), bool)
-        if len(hashes) > 1:
-            dup = hashes[1:] == hashes[:-1]
-            same[1:] |= dup
-            same[:-1] |= dup
         return cls(
             keys=keys,
             hashes=hashes,
             groups=groups,
             null_groups=dict(zip(nulls.column("null_key_partition").to_pylist(), nulls.column("group").to_pylist())),
-            shared=keys.filter(pa.array(same)),
-            shared_groups=groups[same],
             bucket_groups=bucket_groups,
         )
 
@@ -195,25 +188,59 @@ class KeyAssignment:
             keys = keys.combine_chunks()
         out = np.full(len(keys), MISSING, np.int32)
         null = keys.is_null().to_numpy(zero_copy_only=False)
-        h = hash_keys(keys) if len(keys) and (len(self.hashes) or self.bucket_groups is not None) else None
-        if len(self.hashes) and len(keys) and h is not None:  # h is None only without keys or hashes
-            pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
-            candidate = self.keys.take(pa.array(pos))
-            same = pc.fill_null(pc.equal(keys, candidate), False).to_numpy(zero_copy_only=False)
-            hit = ~null & (self.hashes[pos] == h) & same
-            out[hit] = self.groups[pos[hit]]
-            if len(self.shared):  # the second key of a shared hash is not where the search lands
-                rest = ~null & ~hit
-                idx = pc.index_in(keys.filter(pa.array(rest)), value_set=self.shared).to_numpy(zero_copy_only=False)
-                found = ~np.isnan(idx.astype(np.float64))
-                where = np.flatnonzero(rest)[found]
-                out[where] = self.shared_groups[idx[found].astype(np.int64)]
-        if self.bucket_groups is not None and h is not None:
-            rest = ~null & (out == MISSING)
-            out[rest] = self.bucket_groups[bucket_of(h[rest], len(self.bucket_groups))]
+        if len(keys) and (len(self.hashes) or self.bucket_groups is not None):
+            offsets, data = key_buffers(keys)
+            offsets = offsets.astype(np.int64, copy=False)  # one compiled signature, whatever the key type
+            by_bucket = self.bucket_groups if self.bucket_groups is not None else _NO_BUCKETS
+            h = hash_keys(keys)
+            _lookup(offsets, data, h, null, self.hashes, *self._known, self.groups, by_bucket, MISSING, out)
         for p in np.unique(partitions[null]).tolist():
             out[null & (partitions == p)] = self.null_groups.get(p, MISSING)
         return out
+
+
+@njit(cache=True, nogil=True)
+def _lookup(
+    offsets: np.ndarray,
+    data: np.ndarray,
+    h: np.ndarray,
+    skip: np.ndarray,
+    hashes: np.ndarray,
+    known_offsets: np.ndarray,
+    known_data: np.ndarray,
+    values: np.ndarray,
+    by_bucket: np.ndarray,
+    missing: int,
+    out: np.ndarray,
+) -> None:
+    """out[i]: the value of key i (hash h[i]) among the known keys (sorted by `hashes`,
+    ascending; the bytes compared, so a hash shared with another key never matches it), else
+    its bucket's (`by_bucket`, by the hash's low bits; a power of two long, or empty: no
+    buckets), else `missing`. Keys where `skip` is set are left as they are. One pass of
+    binary search and byte compares: in array steps (search, gather the candidates, compare
+    them, then the shared hashes and the buckets) the lookup cost ~4x the time."""
+    buckets = by_bucket.shape[0]
+    for i in range(out.shape[0]):
+        if skip[i]:
+            continue
+        a, b = offsets[i], offsets[i + 1]
+        value = missing
+        pos = np.searchsorted(hashes, h[i])
+        while pos < hashes.shape[0] and hashes[pos] == h[i]:
+            c, d = known_offsets[pos], known_offsets[pos + 1]
+            if d - c == b - a:
+                same = True
+                for k in range(b - a):
+                    if data[a + k] != known_data[c + k]:
+                        same = False
+                        break
+                if same:
+                    value = values[pos]
+                    break
+            pos += 1
+        if value == missing and buckets:
+            value = by_bucket[h[i] & np.uint64(buckets - 1)]  # the statistics' buckets: the hash's low bits
+        out[i] = value
 
 
 _cached: dict[str, KeyAssignment] = {}  # assignment file URL -> its lookup: the last one asked for, per process
