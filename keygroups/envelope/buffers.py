@@ -56,7 +56,8 @@ def binary_buffers(arr: pa.Array) -> BinaryBuffers:
     bufs = arr.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64, count=len(arr) + 1)
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    # no compute call where nothing is null (records, keys): one per parcel and piece added up to 1% of the rewrite
+    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(len(arr), np.bool_)
     return BinaryBuffers(offsets, data, valid)
 
 
