@@ -156,7 +156,8 @@ def _parcels(held: list[pa.RecordBatch], slots: npt.NDArray[np.int64], codec: st
         while a < end:  # parcels of the group's records [a, end): PARCEL_BYTES at most, one record at least
             before = int(ends[a - 1]) if a else 0
             b = min(max(int(np.searchsorted(ends, before + PARCEL_BYTES, side="right")), a + 1), end)
-            messages.append(pack(body.slice(a, b - a).combine_chunks().to_batches()[0].serialize(), codec))
+            # one chunk (`_sort_by` builds it): a slice of it serialises as it is, no concatenation
+            messages.append(pack(body.slice(a, b - a).to_batches()[0].serialize(), codec))
             rows.append((int(slots[grp[a]]), int(grp[a]), int(slices[a])))
             size += len(messages[-1])
             a = b
