@@ -256,8 +256,7 @@ def _walk_records(
                             padded |= _padded(buf, at, start)
                         if headers:
                             hv_valid[j] = True
-                            if not spans:
-                                hvz = _put(hv_data, hvz, buf, start, length)
+                            hvz = _put(hv_data, hvz, buf, start, length)
                     elif headers:
                         hv_valid[j] = False
                     if headers:
@@ -381,7 +380,7 @@ def _decode(
     k_data = np.empty(room, np.uint8)
     v_data = _NONE if spans else np.empty(room, np.uint8)
     hk_data = np.empty(room, np.uint8) if headers else _NONE
-    hv_data = np.empty(room, np.uint8) if headers and not spans else _NONE
+    hv_data = np.empty(room, np.uint8) if headers else _NONE
     r_data = np.empty(int((ends - starts).sum()) + 8, np.uint8) if spans else _NONE
     framed = (buf, starts, ends, counts)
     if spans:  # the kernel compiled for these flags (`_walk_records`)
