@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keygroups._numba import njit
-from keygroups.key_hash import hash_keys, key_buffers
+from keygroups.envelope.buffers import binary_buffers
+from keygroups.key_hash import hash_keys
 from keygroups.storage import Storage
 
 ASSIGNMENT_SCHEMA = pa.schema(
@@ -154,8 +155,8 @@ class KeyAssignment:
     bucket_groups: np.ndarray | None = None  # int32 per bucket; None: every key has an entry
 
     def __post_init__(self) -> None:
-        offsets, data = key_buffers(self.keys)  # views that keep `keys`' buffers alive
-        self._known = (offsets.astype(np.int64, copy=False), data)
+        known = binary_buffers(self.keys)  # int64 offsets: one compiled signature of `_lookup`
+        self._known = (known.offsets, known.data)
 
     @classmethod
     def from_table(cls, t: pa.Table) -> KeyAssignment:
@@ -187,13 +188,12 @@ class KeyAssignment:
         if isinstance(keys, pa.ChunkedArray):
             keys = keys.combine_chunks()
         out = np.full(len(keys), MISSING, np.int32)
-        null = keys.is_null().to_numpy(zero_copy_only=False)
+        cols = binary_buffers(keys)  # int64 offsets whatever the key type: one compiled signature
+        null = ~cols.valid
         if len(keys) and (len(self.hashes) or self.bucket_groups is not None):
-            offsets, data = key_buffers(keys)
-            offsets = offsets.astype(np.int64, copy=False)  # one compiled signature, whatever the key type
             by_bucket = self.bucket_groups if self.bucket_groups is not None else _NO_BUCKETS
             h = hash_keys(keys)
-            _lookup(offsets, data, h, null, self.hashes, *self._known, self.groups, by_bucket, MISSING, out)
+            _lookup(cols.offsets, cols.data, h, null, self.hashes, *self._known, self.groups, by_bucket, MISSING, out)
         for p in np.unique(partitions[null]).tolist():
             out[null & (partitions == p)] = self.null_groups.get(p, MISSING)
         return out

@@ -6,7 +6,7 @@ O(keys) per batch (docs/performance.md#key-hashes). Arrow's compute layer expose
 element-wise hash, so keyfill hashes keys itself: FNV-1a over the bytes, then the SplitMix64
 finaliser for avalanche (FNV alone leaves the low bits of short, similar keys correlated).
 The assignment sorts its keys' hashes once per process and looks a batch up by binary
-search, in one compiled pass over `key_buffers` (`keygroups.assignment`).
+search (`keygroups.assignment`).
 """
 
 from __future__ import annotations
@@ -36,28 +36,20 @@ def _hash_ranges(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None
         out[i] = h
 
 
-def key_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A binary (or string) array's offsets (n + 1 of them, from its own start) and data
-    bytes, as numpy views: what the compiled loops over keys take."""
+def hash_keys(keys: pa.Array) -> np.ndarray:
+    """uint64 per element of a binary (or large_binary) array. A null's hash means nothing:
+    callers route null keys apart."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
         keys = keys.cast(pa.large_binary() if pa.types.is_large_string(keys.type) else pa.binary())
     n = len(keys)
+    out = np.empty(n, np.uint64)
     if n == 0:
-        return np.zeros(1, np.int64), np.zeros(0, np.uint8)
+        return out
     width = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
     _, offsets_buf, data_buf = keys.buffers()
     offsets = np.frombuffer(offsets_buf, width)[keys.offset : keys.offset + n + 1]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return offsets, data
-
-
-def hash_keys(keys: pa.Array) -> np.ndarray:
-    """uint64 per element of a binary (or large_binary) array. A null's hash means nothing:
-    callers route null keys apart."""
-    offsets, data = key_buffers(keys)
-    out = np.empty(len(offsets) - 1, np.uint64)
-    if len(out):
-        _hash_ranges(offsets, data, out)
+    _hash_ranges(offsets, data, out)
     return out
